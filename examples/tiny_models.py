@@ -1,0 +1,64 @@
+"""Three tiny models built in code with random weights (nothing is downloaded)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in: int = 64, d_hidden: int = 256, d_out: int = 10) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, d_hidden), nn.GELU(),
+                                 nn.Linear(d_hidden, d_hidden), nn.GELU(),
+                                 nn.Linear(d_hidden, d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(32, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm block over token ids: embedding, causal self-attention, MLP, logits."""
+
+    def __init__(self, vocab: int = 512, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.out = nn.Linear(d, vocab)
+        self.heads = heads
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        att = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
+        x = x + self.mlp(self.ln2(x))
+        return self.out(x)
+
+
+def mlp() -> nn.Module:
+    return MLP()
+
+
+def cnn() -> nn.Module:
+    return SmallCNN()
+
+
+def transformer_block() -> nn.Module:
+    return TransformerBlock()

@@ -1,0 +1,13 @@
+"""gatekeeper: make torch.compile safe and fast to ship."""
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "warm_start"]
+
+
+def warm_start(*args, **kwargs):  # noqa: D103 - documented in gatekeeper.warm
+    from .warm import warm_start as _warm_start
+
+    return _warm_start(*args, **kwargs)
+
+
+warm_start.__doc__ = "Restore compiled artifacts for this process; see gatekeeper.warm.warm_start."

@@ -1,0 +1,246 @@
+"""Bundles: a target's compile artifacts packed as one verified ``tar.zst``.
+
+Archive members::
+
+    cache/...        the whole inductor cache dir of the compile (C++ .so files, Triton
+                     kernels, FX graph and AOTAutograd entries), minus its lock files
+    megacache.bin    torch.compiler.save_cache_artifacts(), portable across cache paths
+
+The manifest (JSON, stored beside the archive, never inside it) lists every member's
+sha256 and size and the archive's own sha256; when a signing key is set it carries an
+HMAC-SHA256 over everything else in it. Loading a bundle runs its code (pickles, shared
+objects), so nothing is extracted before the manifest, the archive hash and then every
+member verify, and nothing reaches the destination before the whole archive has.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import zstandard
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import BundleError
+
+FORMAT = 1
+MEGACACHE = "megacache.bin"
+CACHE_PREFIX = "cache/"
+SKIP_DIRS = {"locks"}  # inductor's lock files: meaningless in another process
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sha256: str
+    size: int
+
+
+class ArchiveEntry(FileEntry):
+    name: str
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = FORMAT
+    target: str
+    env_key: str
+    code_hash: str
+    key: dict[str, Any]  # every component of the cache key (fingerprint.CacheKey.as_dict)
+    files: dict[str, FileEntry]
+    archive: ArchiveEntry
+    compile: dict[str, Any]  # compile seconds, torch counters, graphs, graph breaks
+    creator: dict[str, Any]
+    created_at: str
+    gatekeeper_version: str
+    signature: str | None = None
+
+    def signed_bytes(self) -> bytes:
+        body = self.model_dump(exclude={"signature"})
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.model_dump(), indent=2, sort_keys=True).encode() + b"\n"
+
+
+def _sign(data: bytes, key: bytes) -> str:
+    return "hmac-sha256:" + hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+# -- packing ---------------------------------------------------------------------------
+def _members(cache_dir: Path, megacache: Path | None) -> dict[str, Path]:
+    members: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(cache_dir):
+        rel_dir = Path(dirpath).relative_to(cache_dir)
+        dirnames[:] = sorted(d for d in dirnames
+                             if not (rel_dir == Path(".") and d in SKIP_DIRS))
+        for name in sorted(filenames):
+            full = Path(dirpath) / name
+            if full.is_file() and not full.is_symlink():
+                members[CACHE_PREFIX + (rel_dir / name).as_posix()] = full
+    if megacache is not None:
+        members[MEGACACHE] = megacache
+    return members
+
+
+def pack(cache_dir: Path, megacache: Path | None, dest_dir: Path, *, target: str,
+         key: dict, compile_info: dict, creator: dict, version: str,
+         signing_key: bytes | None) -> tuple[Path, Manifest]:
+    """Pack a compile's cache dir (and Mega-Cache blob) into ``dest_dir``.
+
+    Returns the archive path (``bundle-<sha16>.tar.zst``) and its manifest.
+    """
+    members = _members(cache_dir, megacache)
+    files = {name: FileEntry(sha256=_file_sha256(p), size=p.stat().st_size)
+             for name, p in members.items()}
+    tmp = dest_dir / "bundle.tar.zst.part"
+    cctx = zstandard.ZstdCompressor(level=3, threads=-1)
+    with open(tmp, "wb") as raw, cctx.stream_writer(raw) as zw, \
+            tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for name, path in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = files[name].size
+            info.mode = 0o644
+            info.mtime = 0  # reproducible: content, not time, defines the archive
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+    digest = _file_sha256(tmp)
+    archive = dest_dir / f"bundle-{digest[:16]}.tar.zst"
+    os.replace(tmp, archive)
+    manifest = Manifest(
+        target=target, env_key=key["env_key"], code_hash=key["code_hash"], key=key,
+        files=files, archive=ArchiveEntry(name=archive.name, sha256=digest,
+                                          size=archive.stat().st_size),
+        compile=compile_info, creator=creator, created_at=now_iso(),
+        gatekeeper_version=version,
+    )
+    if signing_key:
+        manifest = manifest.model_copy(update={"signature": _sign(manifest.signed_bytes(),
+                                                                  signing_key)})
+    return archive, manifest
+
+
+# -- verifying and extracting ----------------------------------------------------------
+def verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> Manifest:
+    """Parse and authenticate a manifest; raises BundleError naming target and reason."""
+    try:
+        manifest = Manifest.model_validate_json(data)
+    except ValidationError as e:
+        raise BundleError(f"{target}: bundle refused: manifest is malformed "
+                          f"({e.errors()[0]['msg']})") from None
+    if manifest.format != FORMAT:
+        raise BundleError(f"{target}: bundle refused: manifest format {manifest.format} "
+                          f"is not {FORMAT}")
+    if manifest.target != target:
+        raise BundleError(f"{target}: bundle refused: manifest is for {manifest.target}")
+    if signing_key:
+        if not manifest.signature:
+            raise BundleError(f"{target}: bundle refused: unsigned, and a signing key is set")
+        expected = _sign(manifest.signed_bytes(), signing_key)
+        if not hmac.compare_digest(manifest.signature, expected):
+            raise BundleError(f"{target}: bundle refused: signature does not verify")
+    if not PurePosixPath(manifest.archive.name).name == manifest.archive.name:
+        raise BundleError(f"{target}: bundle refused: bad archive name")
+    return manifest
+
+
+def _check_member(info: tarfile.TarInfo, target: str) -> None:
+    name = info.name
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or PurePosixPath(name).is_absolute() or ".." in parts \
+            or "\\" in name or not parts:
+        raise BundleError(f"{target}: bundle refused: unsafe path {name!r} in archive")
+    if info.issym() or info.islnk():
+        raise BundleError(f"{target}: bundle refused: link {name!r} in archive")
+    if not (info.isfile() or info.isdir()):
+        raise BundleError(f"{target}: bundle refused: special file {name!r} in archive")
+
+
+def extract(archive: Path, manifest: Manifest, staging: Path) -> None:
+    """Verify ``archive`` against ``manifest`` and unpack it into the empty ``staging``.
+
+    On any failure ``staging`` is removed, so nothing half-verified is left behind.
+    """
+    target = manifest.target
+    try:
+        if _file_sha256(archive) != manifest.archive.sha256:
+            raise BundleError(f"{target}: bundle refused: archive sha256 does not match "
+                              "its manifest (corrupted or tampered)")
+        seen: set[str] = set()
+        dctx = zstandard.ZstdDecompressor()
+        with open(archive, "rb") as raw, dctx.stream_reader(raw) as zr, \
+                tarfile.open(fileobj=zr, mode="r|") as tar:
+            for info in tar:
+                _check_member(info, target)
+                if info.isdir():
+                    continue
+                entry = manifest.files.get(info.name)
+                if entry is None:
+                    raise BundleError(f"{target}: bundle refused: {info.name!r} is not "
+                                      "in the manifest")
+                if info.name in seen:
+                    raise BundleError(f"{target}: bundle refused: {info.name!r} twice")
+                seen.add(info.name)
+                out = staging.joinpath(*PurePosixPath(info.name).parts)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                h = hashlib.sha256()
+                src = tar.extractfile(info)
+                assert src is not None
+                with open(out, "wb") as f:
+                    for chunk in iter(lambda: src.read(1 << 20), b""):
+                        h.update(chunk)
+                        f.write(chunk)
+                if h.hexdigest() != entry.sha256:
+                    raise BundleError(f"{target}: bundle refused: {info.name} sha256 does "
+                                      "not match the manifest")
+        if missing := set(manifest.files) - seen:
+            raise BundleError(f"{target}: bundle refused: {sorted(missing)[0]} is missing "
+                              "from the archive")
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError) as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise BundleError(f"{target}: bundle refused: unreadable archive ({e})") from None
+    except BundleError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def install_cache(staging: Path, cache_dir: Path) -> int:
+    """Copy a verified ``staging/cache`` tree into ``cache_dir``; returns files written.
+
+    Each file lands by ``os.replace`` from a temporary name beside it, so a process
+    reading the cache concurrently never sees a torn file.
+    """
+    src_root = staging / CACHE_PREFIX.rstrip("/")
+    written = 0
+    for src in sorted(p for p in src_root.rglob("*") if p.is_file()):
+        dest = cache_dir / src.relative_to(src_root)
+        if dest.is_file() and dest.stat().st_size == src.stat().st_size \
+                and _file_sha256(dest) == _file_sha256(src):
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest.parent)
+        os.close(fd)
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o755 if dest.suffix == ".so" else 0o644)
+        os.replace(tmp, dest)
+        written += 1
+    return written

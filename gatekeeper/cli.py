@@ -1,0 +1,62 @@
+"""The command line: parse, dispatch to one module per verb, and turn every expected
+failure into one line on stderr and its exit code (0 pass, 1 failed gate, 2 error)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import __version__
+from .commands import common
+from .commands import compile as compile_cmd
+from .commands import key as key_cmd
+from .commands import store as store_cmd
+from .commands import warm as warm_cmd
+from .errors import EXIT_ERROR, GatekeeperError
+
+COMMANDS = {"compile": compile_cmd, "warm": warm_cmd, "key": key_cmd, "store": store_cmd}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, like every other error
+        sys.stderr.write(f"gatekeeper: error: {message} (see '{self.prog} --help')\n")
+        sys.exit(EXIT_ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gatekeeper", description="Make torch.compile safe and fast to "
+                     "ship: precompiled, verified bundles; warm starts; a PR gate.")
+    parser.add_argument("--version", action="version", version=f"gatekeeper {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=_Parser)
+    parents = [common.common_flags()]
+    for module in COMMANDS.values():
+        module.register(sub, parents)
+    return parser
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gatekeeper: %(levelname)s: %(message)s"))
+    root = logging.getLogger("gatekeeper")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    root.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(getattr(args, "verbose", False))
+    ctx = common.Context(args)
+    try:
+        return COMMANDS[args.command].run(ctx)
+    except GatekeeperError as e:
+        sys.stderr.write(f"gatekeeper: error: {e}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("gatekeeper: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

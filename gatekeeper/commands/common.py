@@ -1,0 +1,95 @@
+"""What every command shares: config, store and targets resolved once from the flags,
+and output that is either a human table or exactly one JSON document on stdout."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from tabulate import tabulate
+
+from ..config import Config, load_config
+from ..errors import ConfigError
+from ..store import Store, open_store
+from ..targets import Target, expand, select
+
+
+def common_flags() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("common options")
+    g.add_argument("--config", metavar="PATH",
+                   help="config file (default: gatekeeper.toml, else [tool.gatekeeper] in "
+                        "pyproject.toml)")
+    g.add_argument("--store", metavar="URI",
+                   help="store: a directory or s3://bucket/prefix (default: from config)")
+    g.add_argument("--target", metavar="GLOB", action="append",
+                   help="only targets whose id matches (repeatable)")
+    g.add_argument("--shard", metavar="I/N", help="only the i-th of n slices of the targets")
+    g.add_argument("--read-only", action="store_true", help="never write to the store")
+    g.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    g.add_argument("-v", "--verbose", action="store_true", help="more logs on stderr")
+    return p
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def config(self) -> Config:
+        return load_config(self.args.config)
+
+    @cached_property
+    def store(self) -> Store:
+        """``--store`` works without a config file; the config's store otherwise."""
+        cfg = self.config if (self.args.config or not self.args.store) else _optional_config()
+        uri = self.args.store or cfg.store  # type: ignore[union-attr]
+        return open_store(uri, read_only=self.args.read_only or bool(cfg and cfg.read_only),
+                          endpoint_url=cfg.endpoint_url if cfg else None,
+                          base_dir=None if self.args.store else cfg.base_dir)  # type: ignore
+
+    @cached_property
+    def targets(self) -> list[Target]:
+        return select(expand(self.config), self.args.target, self.args.shard)
+
+    def emit(self, doc: dict, rows: list[dict] | None = None,
+             headers: dict[str, str] | None = None, footer: str = "") -> None:
+        """``--json``: the document; else a table of ``rows`` with ``headers``."""
+        if self.args.json:
+            json.dump(doc, sys.stdout, indent=2, default=str)
+            sys.stdout.write("\n")
+            return
+        if rows is not None and headers is not None:
+            table = [[_cell(r.get(k)) for k in headers] for r in rows]
+            print(tabulate(table, headers=list(headers.values()), disable_numparse=True))
+        if footer:
+            print(footer)
+
+
+def _optional_config() -> Config | None:
+    try:
+        return load_config(None)
+    except ConfigError:
+        return None
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def human_bytes(n: int | None) -> str | None:
+    if n is None:
+        return None
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return None

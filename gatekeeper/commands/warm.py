@@ -1,0 +1,68 @@
+"""``gatekeeper warm``: restore verified bundles into the inductor cache dir."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import EXIT_FAILED, EXIT_OK
+from ..isolate import run_worker
+from ..warm import default_cache_dir, warm_targets
+from .common import Context
+
+HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
+
+
+def register(sub, parents) -> None:
+    p = sub.add_parser("warm", help=HELP, description=HELP, parents=parents)
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="inductor cache dir to fill (default: $TORCHINDUCTOR_CACHE_DIR, "
+                        "else torch's default)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when any target is a miss")
+    p.add_argument("--probe", action="store_true",
+                   help="then run each target's first compiled call in a fresh process "
+                        "on the warmed cache and report its time and cache hits")
+
+
+def probe(ctx: Context, target, cache_dir: Path) -> dict:
+    """First compiled call in a new process against the warmed cache."""
+    from ..fingerprint import resolve_device
+
+    request = {"action": "probe", "model": target.model.model_dump(mode="json"),
+               "base_dir": str(ctx.config.base_dir),
+               "device": resolve_device(target.model.device), "shapes": target.shape_set,
+               "mode": target.mode, "dynamic": target.dynamic}
+    return run_worker(request, cache_dir=cache_dir, timeout=ctx.config.measure.timeout,
+                      verbose=ctx.args.verbose, label=target.id)
+
+
+def run(ctx: Context) -> int:
+    cache_dir = Path(ctx.args.cache_dir).absolute() if ctx.args.cache_dir else None
+    results = warm_targets(ctx.targets, ctx.config, ctx.store, cache_dir)
+    cache = cache_dir or default_cache_dir()
+    docs = [r.as_dict() for r in results]
+    if ctx.args.probe:
+        from ..progress import Progress
+
+        progress = Progress(len(results))
+        for target, doc in zip(ctx.targets, docs):
+            with progress.step(target.id, "first compiled call") as step:
+                resp = probe(ctx, target, cache)
+                if resp["ok"]:
+                    c = resp["counters"]
+                    doc["first_call_seconds"] = resp["compile_seconds"]
+                    doc["fxgraph_cache_hit"] = c["fxgraph_cache_hit"]
+                    doc["fxgraph_cache_miss"] = c["fxgraph_cache_miss"]
+                    step.done(f"{resp['compile_seconds']:.2f} s")
+                else:
+                    doc["probe_error"] = resp["error"]
+                    step.done(f"error: {resp['error']}")
+    hits = sum(r.status == "hit" for r in results)
+    ctx.emit({"command": "warm", "store": ctx.store.uri, "cache_dir": str(cache),
+              "targets": docs},
+             docs, {"target": "target", "status": "status", "files": "files restored",
+                    "first_call_seconds": "first call s", "fxgraph_cache_hit": "fx hits",
+                    "reason": "reason"},
+             footer=f"{hits}/{len(results)} hit, cache dir {cache}")
+    if ctx.args.strict and any(r.status == "miss" for r in results):
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,0 +1,97 @@
+"""Compile each target in a fresh process, pack its bundle, publish it to the store."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__, bundle
+from .config import Config
+from .errors import StoreError, WorkerError
+from .fingerprint import compute_key
+from .isolate import run_worker
+from .progress import Progress
+from .provenance import creator
+from .store import BundleLocation, Store
+from .targets import Target
+
+
+def signing_key() -> bytes | None:
+    key = os.environ.get("GATEKEEPER_SIGNING_KEY")
+    return key.encode() if key else None
+
+
+@dataclass
+class CompileResult:
+    target: str
+    status: str  # published | exists | skipped | error
+    env_key: str | None = None
+    code_hash: str | None = None
+    compile_seconds: float | None = None
+    bundle_bytes: int | None = None
+    counters: dict = field(default_factory=dict)
+    error: str | None = None
+    error_kind: str | None = None  # config | compile | store
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None and v != {}}
+
+
+def compile_target(target: Target, config: Config, store: Store, *, force: bool = False,
+                   verbose: bool = False) -> CompileResult:
+    key = compute_key(target, config.base_dir)
+    result = CompileResult(target.id, "error", key.env_key, key.code_hash)
+    loc = BundleLocation(target.id, key.env_key, key.code_hash)
+    try:
+        if not force and store.has_bundle(loc):
+            result.status = "exists"
+            return result
+    except StoreError as e:
+        result.error, result.error_kind = str(e), "store"
+        return result
+    with tempfile.TemporaryDirectory(prefix="gk-compile-") as tmp:
+        cache_dir, megacache = Path(tmp, "cache"), Path(tmp, "megacache.bin")
+        request = {"action": "compile", "model": target.model.model_dump(mode="json"),
+                   "base_dir": str(config.base_dir), "device": key.device,
+                   "shapes": target.shape_set, "mode": target.mode,
+                   "dynamic": target.dynamic, "megacache": str(megacache)}
+        try:
+            resp = run_worker(request, cache_dir=cache_dir, timeout=config.measure.timeout,
+                              verbose=verbose, label=target.id)
+        except WorkerError as e:
+            resp = {"ok": False, "kind": "compile", "error": str(e)}
+        if not resp["ok"]:
+            result.error, result.error_kind = resp["error"], resp["kind"]
+            return result
+        result.compile_seconds = resp["compile_seconds"]
+        result.counters = resp["counters"]
+        archive, manifest = bundle.pack(
+            cache_dir, megacache if megacache.is_file() else None, Path(tmp),
+            target=target.id, key=key.as_dict(),
+            compile_info={"seconds": resp["compile_seconds"], "counters": resp["counters"],
+                          "torch": resp["torch"]},
+            creator=creator(), version=__version__, signing_key=signing_key())
+        result.bundle_bytes = manifest.archive.size
+        try:
+            result.status = store.publish_bundle(loc, archive, archive.name,
+                                                 manifest.to_bytes())
+        except StoreError as e:
+            result.status, result.error, result.error_kind = "error", str(e), "store"
+    return result
+
+
+def compile_all(targets: list[Target], config: Config, store: Store, *, force: bool = False,
+                verbose: bool = False) -> list[CompileResult]:
+    progress = Progress(len(targets))
+    results = []
+    for target in targets:
+        with progress.step(target.id, "compiling") as step:
+            r = compile_target(target, config, store, force=force, verbose=verbose)
+            results.append(r)
+            if r.status == "error":
+                step.done(f"error: {r.error}")
+            else:
+                took = f", {r.compile_seconds:.1f} s cold" if r.compile_seconds else ""
+                step.done(f"{r.status}{took}")
+    return results

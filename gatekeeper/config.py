@@ -1,0 +1,219 @@
+"""The config schema (``gatekeeper.toml`` or ``[tool.gatekeeper]`` in ``pyproject.toml``).
+
+Validated with pydantic; every error names the file, the field and what was expected,
+on one line. Expansion into targets lives in :mod:`gatekeeper.targets`.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+DEFAULT_STORE = ".gatekeeper/store"
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
+          "uint8", "bool")
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    """One seeded random input tensor; names in ``shape`` are bound by a shape set."""
+
+    shape: list[int | str]
+    dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
+    low: float | None = None
+    high: float | None = None
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, dims: list[int | str]) -> list[int | str]:
+        for d in dims:
+            if isinstance(d, int) and d < 0:
+                raise ValueError(f"dimension {d} is negative")
+            if isinstance(d, str) and not re.match(r"^[A-Za-z_]\w*$", d):
+                raise ValueError(f"dimension name {d!r} is not an identifier")
+        return dims
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "InputSpec":
+        if self.low is not None and self.high is not None and self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self
+
+    def names(self) -> set[str]:
+        return {d for d in self.shape if isinstance(d, str)}
+
+
+class ParityTolerance(_Strict):
+    atol: float = Field(1e-4, ge=0)
+    rtol: float = Field(1e-4, ge=0)
+    cosine: float = Field(0.99, ge=-1, le=1)
+
+
+class GateConfig(_Strict):
+    """Regression thresholds, as fractions (0.05 = 5% worse)."""
+
+    latency_regression: float = Field(0.05, ge=0)
+    speedup_regression: float = Field(0.05, ge=0)
+    compile_time_regression: float = Field(0.15, ge=0)
+    memory_regression: float = Field(0.05, ge=0)
+    graph_breaks: Literal["no-increase", "ignore"] = "no-increase"
+    parity: ParityTolerance = ParityTolerance()
+
+
+class ModelConfig(_Strict):
+    name: str = Field(pattern=_NAME)
+    factory: str = Field(pattern=_CALLABLE)
+    inputs: list[InputSpec] | None = None
+    inputs_factory: str | None = Field(None, pattern=_CALLABLE)
+    shapes: list[dict[str, int]] = Field(default_factory=lambda: [{}])
+    modes: list[Literal[MODES]] = Field(default_factory=lambda: ["default"])  # type: ignore[valid-type]
+    dynamic: bool = False
+    fullgraph: bool = False
+    backend: str = "inductor"
+    options: dict[str, Any] = Field(default_factory=dict)
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    seed: int = 0
+    gate: dict[str, Any] = Field(default_factory=dict)  # per-model overrides of [gate]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelConfig":
+        if (self.inputs is None) == (self.inputs_factory is None):
+            raise ValueError("give exactly one of 'inputs' or 'inputs_factory'")
+        if not self.shapes:
+            raise ValueError("'shapes' needs at least one shape set (use [{}] for none)")
+        if len(set(self.modes)) != len(self.modes) or not self.modes:
+            raise ValueError("'modes' must list distinct modes, at least one")
+        if self.options and self.modes != ["default"]:
+            raise ValueError("'options' cannot be combined with modes other than 'default' "
+                             "(torch.compile takes either mode or options)")
+        used = set().union(*(i.names() for i in self.inputs or []))
+        for n, shape_set in enumerate(self.shapes):
+            for k, v in shape_set.items():
+                if v < 1:
+                    raise ValueError(f"shapes[{n}].{k} must be a positive integer")
+            if self.inputs is not None:
+                if missing := used - shape_set.keys():
+                    raise ValueError(f"shapes[{n}] does not bind {', '.join(sorted(missing))}")
+                if unused := shape_set.keys() - used:
+                    raise ValueError(f"shapes[{n}] binds {', '.join(sorted(unused))}, "
+                                     "which no input uses")
+        return self
+
+
+class MeasureConfig(_Strict):
+    """How long and how often to measure each target."""
+
+    warmup: int = Field(5, ge=0)
+    min_time: float = Field(2.0, gt=0)  # seconds of timed samples per target
+    max_samples: int = Field(400, ge=5)
+    timeout: float = Field(1800, gt=0)  # per target subprocess, seconds
+
+
+class Config(_Strict):
+    store: str = DEFAULT_STORE
+    endpoint_url: str | None = None
+    read_only: bool = False
+    models: list[ModelConfig] = Field(min_length=1)
+    gate: GateConfig = GateConfig()
+    measure: MeasureConfig = MeasureConfig()
+
+    @model_validator(mode="after")
+    def _unique(self) -> "Config":
+        names = [m.name for m in self.models]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"model names must be unique: {', '.join(dupes)} repeats")
+        return self
+
+    # where the config was read from: relative paths and factories resolve against it
+    path: Path | None = Field(None, exclude=True)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    def gate_for(self, model: ModelConfig) -> GateConfig:
+        """The gate rules for one model: [gate] with the model's overrides on top."""
+        if not model.gate:
+            return self.gate
+        merged = self.gate.model_dump()
+        for k, v in model.gate.items():
+            merged[k] = {**merged[k], **v} if isinstance(v, dict) and k in merged else v
+        return _validate(GateConfig, merged, self.path, f"models.{model.name}.gate")
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _validate(cls: type[BaseModel], data: Any, path: Path | None, prefix: str = "") -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        errs = e.errors()
+        msgs = []
+        for err in errs[:3]:
+            loc = _where(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
+            field = ".".join(x for x in (prefix, loc) if x) or "(top level)"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            elif err["type"] == "literal_error":
+                msg = msg.replace("Input should be", "expected")
+            elif err.get("input") is not None and err["type"] not in ("value_error", "missing"):
+                msg = f"{msg}, got {err['input']!r}"
+            msgs.append(f"{field}: {msg}")
+        more = f" (and {len(errs) - 3} more)" if len(errs) > 3 else ""
+        raise ConfigError(f"{path or 'config'}: " + "; ".join(msgs) + more) from None
+
+
+def find_config(explicit: str | Path | None, cwd: Path | None = None) -> Path:
+    cwd = cwd or Path.cwd()
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        return path
+    for name in ("gatekeeper.toml", "pyproject.toml"):
+        path = cwd / name
+        if path.is_file() and (name != "pyproject.toml" or _has_section(path)):
+            return path
+    raise ConfigError("no config: create gatekeeper.toml or add [tool.gatekeeper] to "
+                      "pyproject.toml, or pass --config PATH")
+
+
+def _has_section(path: Path) -> bool:
+    try:
+        return "gatekeeper" in tomllib.loads(path.read_text()).get("tool", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def load_config(explicit: str | Path | None = None, cwd: Path | None = None) -> Config:
+    path = find_config(explicit, cwd)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    section = doc.get("tool", {}).get("gatekeeper")
+    if section is None:
+        if path.name == "pyproject.toml":
+            raise ConfigError(f"{path}: no [tool.gatekeeper] section")
+        section = doc
+    config = _validate(Config, section, path)
+    return config.model_copy(update={"path": path.absolute()})

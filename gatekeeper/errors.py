@@ -1,0 +1,55 @@
+"""The errors gatekeeper expects, and the exit code each one means.
+
+Every expected failure is raised as a :class:`GatekeeperError`; ``cli.main`` is the one
+place that turns them into a one-line message on stderr and an exit code.
+"""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a regression or a parity failure: the gate said no
+EXIT_ERROR = 2  # usage, config or tool error
+
+
+class GatekeeperError(Exception):
+    """An expected failure, shown to the user as one line."""
+
+    exit_code = EXIT_ERROR
+
+    def __str__(self) -> str:  # always one line
+        return " ".join(str(self.args[0] if self.args else self.__class__.__name__).split())
+
+
+class UsageError(GatekeeperError):
+    """Bad command-line usage."""
+
+
+class ConfigError(GatekeeperError):
+    """The config file is missing, malformed or names something that does not work."""
+
+
+class StoreError(GatekeeperError):
+    """The store failed: unreachable, denied, misconfigured."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (network, endpoint, missing bucket or credentials)."""
+
+
+class PreconditionFailed(StoreError):
+    """A conditional write lost: the object exists (If-None-Match) or moved (If-Match)."""
+
+
+class AccessDenied(StoreError):
+    """The store refused the request for lack of permission (HTTP 403)."""
+
+
+class ReadOnlyError(StoreError):
+    """A write was attempted on a store that refuses writes."""
+
+
+class BundleError(GatekeeperError):
+    """A bundle is malformed, unsafe, or does not verify: it is never loaded."""
+
+
+class WorkerError(GatekeeperError):
+    """A compile or measure subprocess failed."""

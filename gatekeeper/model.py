@@ -1,0 +1,79 @@
+"""Build a target's model and its seeded inputs (runs inside the worker subprocess)."""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .config import InputSpec, ModelConfig
+from .errors import ConfigError
+
+
+def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:
+    module_name, _, attr = ref.partition(":")
+    if str(base_dir) not in sys.path:
+        sys.path.insert(0, str(base_dir))
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # the user's module may raise anything on import
+        raise ConfigError(f"factory {ref!r}: importing {module_name!r} failed: "
+                          f"{type(e).__name__}: {e}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"factory {ref!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"factory {ref!r} is not callable")
+    return obj
+
+
+def _call(ref: str, fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"factory {ref!r} raised {type(e).__name__}: {first}") from None
+
+
+def build_model(cfg: ModelConfig, base_dir: Path, device: str) -> torch.nn.Module:
+    torch.manual_seed(cfg.seed)
+    model = _call(cfg.factory, load_callable(cfg.factory, base_dir))
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"factory {cfg.factory!r} returned {type(model).__name__}, "
+                          "not a torch.nn.Module")
+    return model.to(device).eval()
+
+
+def _tensor(spec: InputSpec, shape_set: dict[str, int], gen: torch.Generator,
+            device: str) -> torch.Tensor:
+    shape = [shape_set[d] if isinstance(d, str) else d for d in spec.shape]
+    dtype = getattr(torch, spec.dtype)
+    if dtype == torch.bool:
+        return (torch.rand(shape, generator=gen) < 0.5).to(device)
+    if dtype.is_floating_point:
+        t = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if spec.low is not None or spec.high is not None:
+            lo = spec.low if spec.low is not None else -1.0
+            hi = spec.high if spec.high is not None else 1.0
+            t = torch.rand(shape, generator=gen) * (hi - lo) + lo
+        return t.to(dtype).to(device)
+    lo = int(spec.low) if spec.low is not None else 0
+    hi = int(spec.high) if spec.high is not None else 100
+    return torch.randint(lo, hi, shape, generator=gen, dtype=dtype).to(device)
+
+
+def make_inputs(cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str,
+                seed: int | None = None) -> tuple[Any, ...]:
+    """Seeded inputs: the same seed and shape set give the same tensors everywhere."""
+    seed = cfg.seed if seed is None else seed
+    if cfg.inputs_factory:
+        torch.manual_seed(seed)
+        args = _call(cfg.inputs_factory, load_callable(cfg.inputs_factory, base_dir),
+                     dict(shape_set))
+        args = args if isinstance(args, tuple) else (args,)
+        return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(_tensor(spec, shape_set, gen, device) for spec in cfg.inputs or [])

@@ -1,0 +1,30 @@
+"""Stores: where bundles and baselines live. ``open_store`` picks the backend by URI."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import Backend, ObjectInfo
+from .layout import BundleLocation, FoundBundle, Store, StoredBundle
+
+__all__ = ["Backend", "BundleLocation", "FoundBundle", "ObjectInfo", "Store", "StoredBundle",
+           "open_store"]
+
+
+def open_store(uri: str, *, read_only: bool = False, endpoint_url: str | None = None,
+               base_dir: Path | None = None) -> Store:
+    """``s3://bucket/prefix`` opens S3; anything else is a local directory.
+
+    A relative local path is taken relative to ``base_dir`` (the config file's folder).
+    """
+    if uri.startswith("s3://"):
+        from .s3 import S3Backend  # boto3 is imported only when S3 is used
+
+        backend: Backend = S3Backend(uri, endpoint_url=endpoint_url)
+    else:
+        from .local import LocalBackend
+
+        path = Path(uri).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        backend = LocalBackend(path)
+    return Store(backend, read_only=read_only)

@@ -1,0 +1,67 @@
+"""The small interface every store backend implements.
+
+A backend stores opaque objects under '/'-separated keys relative to its root. It knows
+nothing of bundles, baselines or torch: the layout lives in :mod:`gatekeeper.store.layout`.
+
+Conditional writes are what make publishing atomic:
+
+* ``put(..., if_none_match=True)`` creates the object only if it does not exist yet,
+  else raises :class:`~gatekeeper.errors.PreconditionFailed`.
+* ``put(..., if_match=etag)`` replaces the object only if its current ETag is ``etag``
+  (compare-and-swap), else raises ``PreconditionFailed``.
+
+Backends raise :class:`~gatekeeper.errors.StoreError` (or ``StoreUnavailable``) with a
+one-line message for every failure they expect; absent objects are ``None``, not errors.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str  # relative to the backend's root, '/'-separated
+    size: int
+    modified: float  # epoch seconds
+    etag: str | None = None
+
+
+class Backend(abc.ABC):
+    """Object storage under one root: a local directory or an S3 bucket and prefix."""
+
+    uri: str
+
+    @abc.abstractmethod
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag, or None when absent."""
+
+    @abc.abstractmethod
+    def download(self, key: str, dest: Path) -> bool:
+        """Write the object to ``dest`` (atomically); False when absent."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            if_match: str | None = None) -> str:
+        """Store ``data`` under ``key`` and return its new ETag."""
+
+    @abc.abstractmethod
+    def upload(self, key: str, src: Path, *, if_none_match: bool = False) -> str:
+        """Store the file ``src`` under ``key`` (large objects) and return its ETag."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size, time and ETag of one object, or None when absent."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, in no particular order."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove one object; absent is fine."""
+
+    def close(self) -> None:  # pragma: no cover - optional
+        pass

@@ -1,0 +1,167 @@
+"""What lives where in a store, and the atomic moves that publish it.
+
+Layout under the store's root (a local directory or ``s3://bucket/prefix``)::
+
+    bundles/<target-id>/<env-key>/<code-hash>/bundle-<sha16>.tar.zst   (archive first)
+    bundles/<target-id>/<env-key>/<code-hash>/manifest.json            (manifest last)
+    baselines/<target-id>/<env-key>/<ref>/latest.json                  (compare-and-swap)
+    baselines/<target-id>/<env-key>/<ref>/history/<stamp>-<commit>.json (append-only)
+
+The archive's name carries its own content hash, so racing publishers never overwrite
+each other's archive: the create-only write of ``manifest.json`` picks the one winner,
+and a loser removes its own archive. The store knows nothing of torch; it does not trust
+what it reads either — verification happens in :mod:`gatekeeper.bundle`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import AccessDenied, PreconditionFailed, StoreError
+from .base import Backend, ObjectInfo
+
+log = logging.getLogger("gatekeeper.store")
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class BundleLocation:
+    target_id: str
+    env_key: str
+    code_hash: str
+
+    @property
+    def prefix(self) -> str:
+        return f"bundles/{self.target_id}/{self.env_key}/{self.code_hash}"
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+
+@dataclass(frozen=True)
+class FoundBundle:
+    location: BundleLocation
+    match: str  # "hit" (same code hash) or "partial" (newest bundle of the same target+env)
+    manifest: bytes  # unverified: hand it to bundle.verify_manifest before trusting it
+
+
+@dataclass(frozen=True)
+class StoredBundle:
+    location: BundleLocation
+    size: int  # archive + manifest bytes
+    modified: float
+    complete: bool  # has a manifest (an archive without one is an unpublished leftover)
+    keys: tuple[str, ...]
+
+
+@dataclass
+class Store:
+    backend: Backend
+    read_only: bool = False
+    skipped_writes: list[str] = field(default_factory=list)
+    _said_read_only: bool = False
+
+    @property
+    def uri(self) -> str:
+        return self.backend.uri
+
+    # -- writes all pass through here, so read-only mode is one rule --------------------
+    def _skip(self, what: str) -> None:
+        self.skipped_writes.append(what)
+        if not self._said_read_only:
+            log.warning("store %s is read-only: writes are skipped", self.uri)
+            self._said_read_only = True
+
+    def _writing(self, what: str) -> bool:
+        if self.read_only:
+            self._skip(what)
+            return False
+        return True
+
+    def _denied(self, what: str, err: AccessDenied) -> None:
+        """A denied write turns the store read-only for the rest of the run."""
+        log.warning("%s; treating store %s as read-only from now on", err, self.uri)
+        self.read_only = True
+        self._said_read_only = True
+        self.skipped_writes.append(what)
+
+    # -- bundles -----------------------------------------------------------------------
+    def publish_bundle(self, loc: BundleLocation, archive: Path, archive_name: str,
+                       manifest: bytes) -> str:
+        """Publish atomically; returns ``published``, ``exists`` or ``skipped``."""
+        what = f"bundle {loc.target_id}"
+        if not self._writing(what):
+            return "skipped"
+        if self.has_bundle(loc):
+            return "exists"
+        try:
+            try:
+                self.backend.upload(loc.key(archive_name), archive, if_none_match=True)
+            except PreconditionFailed:
+                pass  # the same content is there already: its name is its hash
+            try:
+                self.backend.put(loc.key(MANIFEST), manifest, if_none_match=True)
+            except PreconditionFailed:
+                self._drop_losing_archive(loc, archive_name)
+                return "exists"
+        except AccessDenied as e:
+            self._denied(what, e)
+            return "skipped"
+        return "published"
+
+    def _drop_losing_archive(self, loc: BundleLocation, archive_name: str) -> None:
+        got = self.backend.get(loc.key(MANIFEST))
+        try:
+            winner = json.loads(got[0])["archive"]["name"] if got else None
+        except (ValueError, KeyError, TypeError):
+            return  # unreadable winner: leave the orphan for `store prune`
+        if winner and winner != archive_name:
+            self.backend.delete(loc.key(archive_name))
+
+    def has_bundle(self, loc: BundleLocation) -> bool:
+        return self.backend.head(loc.key(MANIFEST)) is not None
+
+    def find_bundle(self, target_id: str, env_key: str, code_hash: str) -> FoundBundle | None:
+        """The bundle for exactly this code, else the newest one of the target and env."""
+        exact = BundleLocation(target_id, env_key, code_hash)
+        got = self.backend.get(exact.key(MANIFEST))
+        if got is not None:
+            return FoundBundle(exact, "hit", got[0])
+        newest: ObjectInfo | None = None
+        for info in self.backend.list(f"bundles/{target_id}/{env_key}/"):
+            parts = info.key.split("/")
+            if parts[-1] == MANIFEST and len(parts) == 6:
+                if newest is None or info.modified > newest.modified:
+                    newest = info
+        if newest is None:
+            return None
+        got = self.backend.get(newest.key)
+        if got is None:  # pruned in between
+            return None
+        loc = BundleLocation(target_id, env_key, newest.key.split("/")[4])
+        return FoundBundle(loc, "partial", got[0])
+
+    def download(self, key: str, dest: Path) -> None:
+        if not self.backend.download(key, dest):
+            raise StoreError(f"{key} is missing from store {self.uri}")
+
+    def bundles(self) -> Iterator[StoredBundle]:
+        """Every bundle folder in the store, complete or not."""
+        groups: dict[str, list[ObjectInfo]] = {}
+        for info in self.backend.list("bundles/"):
+            parts = info.key.split("/")
+            if len(parts) == 7:
+                groups.setdefault("/".join(parts[:6]), []).append(info)
+        for prefix, infos in sorted(groups.items()):
+            _, model, shapes, variant, env_key, code_hash = prefix.split("/")
+            yield StoredBundle(
+                BundleLocation(f"{model}/{shapes}/{variant}", env_key, code_hash),
+                size=sum(i.size for i in infos),
+                modified=max(i.modified for i in infos),
+                complete=any(i.key.endswith("/" + MANIFEST) for i in infos),
+                keys=tuple(sorted(i.key for i in infos)),
+            )

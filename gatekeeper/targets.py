@@ -1,0 +1,93 @@
+"""Targets: one (model, shape set, mode, dynamic) each, with a stable readable id.
+
+The id has exactly three '/'-separated parts — ``<model>/<shapes>/<variant>`` — e.g.
+``mlp/b8/default`` or ``gpt-block/b2-s64/max-autotune+dynamic``. Later variants
+(training steps, autocast precisions) join the third part with ``+`` so every store path
+keeps its depth. The device is not in the id: it is part of the env key.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from .config import Config, ModelConfig
+from .errors import UsageError
+
+
+def shapes_label(shape_set: dict[str, int]) -> str:
+    """``{batch: 8}`` -> ``b8``; ``{batch: 2, seq: 64}`` -> ``b2-s64``; ``{}`` -> ``fixed``.
+
+    Names are shortened to their first letter unless two names share it.
+    """
+    if not shape_set:
+        return "fixed"
+    initials = [k[0] for k in shape_set]
+    short = len(set(initials)) == len(initials)
+    return "-".join(f"{k[0] if short else k}{v}" for k, v in shape_set.items())
+
+
+@dataclass(frozen=True)
+class Target:
+    model: ModelConfig
+    shapes: tuple[tuple[str, int], ...]
+    mode: str
+    dynamic: bool
+
+    @property
+    def shape_set(self) -> dict[str, int]:
+        return dict(self.shapes)
+
+    @property
+    def variant(self) -> str:
+        return self.mode + ("+dynamic" if self.dynamic else "")
+
+    @property
+    def id(self) -> str:
+        return f"{self.model.name}/{shapes_label(self.shape_set)}/{self.variant}"
+
+    def describe(self) -> dict:
+        """What is compiled, as plain data (goes into manifests and results)."""
+        return {"id": self.id, "model": self.model.name, "shapes": self.shape_set,
+                "mode": self.mode, "dynamic": self.dynamic, "device": self.model.device}
+
+
+def expand(config: Config) -> list[Target]:
+    targets = [
+        Target(model, tuple(shape_set.items()), mode, model.dynamic)
+        for model in config.models
+        for shape_set in model.shapes
+        for mode in model.modes
+    ]
+    ids = [t.id for t in targets]
+    if dupes := sorted({i for i in ids if ids.count(i) > 1}):
+        from .errors import ConfigError
+
+        raise ConfigError(f"{config.path}: two shape sets give the same target id "
+                          f"{dupes[0]}")
+    return targets
+
+
+def select(targets: list[Target], globs: list[str] | None = None,
+           shard: str | None = None) -> list[Target]:
+    """Filter by ``--target`` globs (any may match), then keep one ``--shard i/n``."""
+    if globs:
+        chosen = [t for t in targets if any(fnmatch.fnmatchcase(t.id, g) for g in globs)]
+        if not chosen:
+            raise UsageError(f"no target matches {' '.join(globs)} "
+                             f"(targets: {', '.join(t.id for t in targets)})")
+        targets = chosen
+    if shard:
+        index, count = parse_shard(shard)
+        targets = [t for n, t in enumerate(sorted(targets, key=lambda t: t.id))
+                   if n % count == index - 1]
+    return targets
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard expects i/n, e.g. 1/4, got {shard!r}") from None
+    if not 1 <= i <= n:
+        raise UsageError(f"--shard {shard}: i must be between 1 and n")
+    return i, n

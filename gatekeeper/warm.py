@@ -1,0 +1,128 @@
+"""Warm start: restore each target's verified bundle into the inductor cache dir.
+
+``gatekeeper warm`` runs it before a deploy starts; ``gatekeeper.warm_start()`` runs it
+inside the service's own process. A store that cannot be reached or a bundle that does
+not verify is a warning and a ``miss`` — the service then compiles cold, it never
+crashes and never loads what did not verify.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import bundle
+from .compile import signing_key
+from .config import Config, load_config
+from .errors import BundleError, StoreError
+from .fingerprint import compute_key
+from .store import Store, open_store
+from .targets import Target, expand, select
+
+log = logging.getLogger("gatekeeper.warm")
+
+
+@dataclass
+class WarmResult:
+    target: str
+    status: str  # hit | partial | miss
+    env_key: str | None = None
+    code_hash: str | None = None
+    bundle_code_hash: str | None = None
+    files: int = 0
+    seconds: float = 0.0
+    reason: str | None = None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def default_cache_dir() -> Path:
+    """The inductor cache dir this process (and a deploy with the same env) will use."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir())
+
+
+def load_megacache(blob: bytes) -> None:
+    import torch
+
+    torch.compiler.load_cache_artifacts(blob)
+
+
+def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *,
+                key: bytes | None, megacache: bool = True) -> WarmResult:
+    start = time.monotonic()
+    ck = compute_key(target, config.base_dir)
+    result = WarmResult(target.id, "miss", ck.env_key, ck.code_hash)
+    try:
+        found = store.find_bundle(target.id, ck.env_key, ck.code_hash)
+        if found is None:
+            result.reason = "no bundle for this target and environment"
+            return result
+        manifest = bundle.verify_manifest(found.manifest, target=target.id, signing_key=key)
+        if manifest.env_key != ck.env_key:
+            raise BundleError(f"{target.id}: bundle refused: built for {manifest.env_key}, "
+                              f"this environment is {ck.env_key}")
+        with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
+            archive = Path(tmp, manifest.archive.name)
+            store.download(found.location.key(manifest.archive.name), archive)
+            staging = Path(tmp, "staging")
+            bundle.extract(archive, manifest, staging)
+            result.files = bundle.install_cache(staging, cache_dir)
+            blob = staging / bundle.MEGACACHE
+            if megacache and blob.is_file():
+                load_megacache(blob.read_bytes())
+    except (StoreError, BundleError) as e:
+        log.warning("%s; %s will compile cold", e, target.id)
+        result.reason = str(e)
+        return result
+    finally:
+        result.seconds = time.monotonic() - start
+    result.status = found.match
+    result.bundle_code_hash = found.location.code_hash
+    return result
+
+
+def warm_targets(targets: list[Target], config: Config, store: Store,
+                 cache_dir: Path | None = None) -> list[WarmResult]:
+    if cache_dir is not None:
+        # inductor reads this on every lookup: the Mega-Cache load lands there too
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
+    cache = default_cache_dir()
+    key = signing_key()
+    return [warm_target(t, config, store, cache, key=key) for t in targets]
+
+
+def warm_start(config: Config | str | os.PathLike | None = None, *,
+               store: Store | str | None = None, targets: list[str] | None = None,
+               cache_dir: str | os.PathLike | None = None) -> list[WarmResult]:
+    """Restore this process's inductor cache from the store before compiling.
+
+    Call it at the top of a service entrypoint, before the first ``torch.compile``d
+    call::
+
+        import gatekeeper
+        gatekeeper.warm_start("gatekeeper.toml", targets=["my-model/*"])
+
+    ``config`` is a path (default: ``gatekeeper.toml`` or ``pyproject.toml`` here) or a
+    loaded Config; ``store`` overrides the configured store (a URI or a Store);
+    ``targets`` are globs over target ids (default: all). Never raises for a missing or
+    unreachable store or a bad bundle: those targets come back as ``miss``.
+    """
+    cfg = config if isinstance(config, Config) else load_config(config)
+    selected = select(expand(cfg), targets)
+    if not isinstance(store, Store):
+        try:
+            store = open_store(store or cfg.store, read_only=True,
+                               endpoint_url=cfg.endpoint_url, base_dir=cfg.base_dir)
+        except StoreError as e:
+            log.warning("%s; every target will compile cold", e)
+            return [WarmResult(t.id, "miss", reason=str(e)) for t in selected]
+    return warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)
+
+
+__all__ = ["WarmResult", "warm_start", "warm_targets"]
