@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -33,7 +34,8 @@ from .errors import BundleError
 FORMAT = 1
 MEGACACHE = "megacache.bin"
 CACHE_PREFIX = "cache/"
-SKIP_DIRS = {"locks"}  # inductor's lock files: meaningless in another process
+SKIP_DIRS = {"locks"}
+ARCHIVE_NAME = re.compile(r"bundle-[0-9a-f]{16}\.tar\.zst")  # inductor's lock files: meaningless in another process
 
 
 class FileEntry(BaseModel):
@@ -158,8 +160,9 @@ def verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> M
         expected = _sign(manifest.signed_bytes(), signing_key)
         if not hmac.compare_digest(manifest.signature, expected):
             raise BundleError(f"{target}: bundle refused: signature does not verify")
-    if not PurePosixPath(manifest.archive.name).name == manifest.archive.name:
-        raise BundleError(f"{target}: bundle refused: bad archive name")
+    if not ARCHIVE_NAME.fullmatch(manifest.archive.name):
+        raise BundleError(f"{target}: bundle refused: bad archive name "
+                          f"{manifest.archive.name!r}")
     return manifest
 
 

@@ -23,7 +23,8 @@ _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: TOML has real types, so "yes" is not a bool and "8" is not an int
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class InputSpec(_Strict):
@@ -100,6 +101,8 @@ class ModelConfig(_Strict):
         used = set().union(*(i.names() for i in self.inputs or []))
         for n, shape_set in enumerate(self.shapes):
             for k, v in shape_set.items():
+                if not re.fullmatch(r"[A-Za-z_]\w*", k):
+                    raise ValueError(f"shapes[{n}]: name {k!r} is not an identifier")
                 if v < 1:
                     raise ValueError(f"shapes[{n}].{k} must be a positive integer")
             if self.inputs is not None:
@@ -198,8 +201,10 @@ def find_config(explicit: str | Path | None, cwd: Path | None = None) -> Path:
 def _has_section(path: Path) -> bool:
     try:
         return "gatekeeper" in tomllib.loads(path.read_text()).get("tool", {})
-    except (OSError, tomllib.TOMLDecodeError):
+    except OSError:
         return False
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
 
 def load_config(explicit: str | Path | None = None, cwd: Path | None = None) -> Config:
@@ -215,5 +220,7 @@ def load_config(explicit: str | Path | None = None, cwd: Path | None = None) -> 
         if path.name == "pyproject.toml":
             raise ConfigError(f"{path}: no [tool.gatekeeper] section")
         section = doc
-    config = _validate(Config, section, path)
-    return config.model_copy(update={"path": path.absolute()})
+    config = _validate(Config, section, path).model_copy(update={"path": path.absolute()})
+    for model in config.models:
+        config.gate_for(model)  # a bad per-model override fails now, not after measuring
+    return config

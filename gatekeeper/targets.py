@@ -15,15 +15,16 @@ from .errors import UsageError
 
 
 def shapes_label(shape_set: dict[str, int]) -> str:
-    """``{batch: 8}`` -> ``b8``; ``{batch: 2, seq: 64}`` -> ``b2-s64``; ``{}`` -> ``fixed``.
+    """``{batch: 8}`` -> ``b8``; ``{seq: 64, batch: 2}`` -> ``b2-s64``; ``{}`` -> ``fixed``.
 
-    Names are shortened to their first letter unless two names share it.
+    Names are sorted (so the order they are written in does not matter) and shortened to
+    their first letter unless two names share it.
     """
     if not shape_set:
         return "fixed"
-    initials = [k[0] for k in shape_set]
-    short = len(set(initials)) == len(initials)
-    return "-".join(f"{k[0] if short else k}{v}" for k, v in shape_set.items())
+    names = sorted(shape_set)
+    short = len({k[0] for k in names}) == len(names)
+    return "-".join(f"{k[0] if short else k}{shape_set[k]}" for k in names)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def select(targets: list[Target], globs: list[str] | None = None,
             raise UsageError(f"no target matches {' '.join(globs)} "
                              f"(targets: {', '.join(t.id for t in targets)})")
         targets = chosen
-    if shard:
+    if shard is not None:
         index, count = parse_shard(shard)
         targets = [t for n, t in enumerate(sorted(targets, key=lambda t: t.id))
                    if n % count == index - 1]

@@ -26,6 +26,8 @@ from .base import Backend, ObjectInfo
 log = logging.getLogger("gatekeeper.store")
 
 MANIFEST = "manifest.json"
+# bundles / model / shapes / variant / env-key / code-hash / file
+_DEPTH = 7
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ class Store:
         newest: ObjectInfo | None = None
         for info in self.backend.list(f"bundles/{target_id}/{env_key}/"):
             parts = info.key.split("/")
-            if parts[-1] == MANIFEST and len(parts) == 6:
+            if parts[-1] == MANIFEST and len(parts) == _DEPTH:
                 if newest is None or info.modified > newest.modified:
                     newest = info
         if newest is None:
@@ -142,7 +144,7 @@ class Store:
         got = self.backend.get(newest.key)
         if got is None:  # pruned in between
             return None
-        loc = BundleLocation(target_id, env_key, newest.key.split("/")[4])
+        loc = BundleLocation(target_id, env_key, newest.key.split("/")[-2])
         return FoundBundle(loc, "partial", got[0])
 
     def download(self, key: str, dest: Path) -> None:
@@ -154,7 +156,7 @@ class Store:
         groups: dict[str, list[ObjectInfo]] = {}
         for info in self.backend.list("bundles/"):
             parts = info.key.split("/")
-            if len(parts) == 7:
+            if len(parts) == _DEPTH:
                 groups.setdefault("/".join(parts[:6]), []).append(info)
         for prefix, infos in sorted(groups.items()):
             _, model, shapes, variant, env_key, code_hash = prefix.split("/")

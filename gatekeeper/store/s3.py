@@ -82,6 +82,17 @@ def _is_conflict(e: ClientError) -> bool:
 
 
 class S3Backend(Backend):
+    """Objects under ``s3://bucket/prefix`` (keys are joined under the prefix).
+
+    ``endpoint_url`` defaults to ``AWS_ENDPOINT_URL_S3``, then ``AWS_ENDPOINT_URL``, then
+    AWS itself; with an endpoint set, requests use path-style addressing. Credentials and
+    region come from the standard chain (region ``us-east-1`` if none is configured).
+    ``max_attempts`` counts every attempt of a request, the first included. Files above
+    ``multipart_threshold`` bytes go up in ``multipart_chunksize`` parts (raised to S3's
+    5 MiB minimum, and so that there are at most 10,000), ``max_concurrency`` at a time.
+    ``list_page_size`` is the number of keys per ListObjectsV2 page.
+    """
+
     def __init__(self, uri: str, *, endpoint_url: str | None = None, region: str | None = None,
                  max_attempts: int = 8, connect_timeout: float = 5, read_timeout: float = 60,
                  multipart_threshold: int = 16 * 1024 * 1024,
@@ -101,7 +112,7 @@ class S3Backend(Backend):
         session = boto3.session.Session()
         config = Config(
             region_name=region or session.region_name or DEFAULT_REGION,
-            retries={"mode": "standard", "max_attempts": self._max_attempts},
+            retries={"mode": "standard", "total_max_attempts": self._max_attempts},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_pool_connections=max(10, self._concurrency),

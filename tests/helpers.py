@@ -1,0 +1,71 @@
+"""Helpers for tests that run the real CLI and real compiles in subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+TINY_MODEL = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(16, 32)
+            self.fc2 = nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    def make():
+        return Tiny()
+''')
+
+TINY_CONFIG = textwrap.dedent('''
+    [tool.gatekeeper]
+    store = "store"
+
+    [[tool.gatekeeper.models]]
+    name = "tiny"
+    factory = "tinymodel:make"
+    inputs = [{ shape = ["batch", 16] }]
+    shapes = [{ batch = 4 }]
+''')
+
+def write_project(root: Path, model: str = TINY_MODEL, config: str = TINY_CONFIG) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tinymodel.py").write_text(model)
+    (root / "gatekeeper.toml").write_text(config)
+    return root
+
+
+def gk(*args: str, cwd: Path, env: dict | None = None, check: bool = False,
+       timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real CLI in a new process."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "gatekeeper", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"gatekeeper {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def gk_json(*args: str, cwd: Path, env: dict | None = None, expect: int = 0) -> dict:
+    proc = gk(*args, "--json", cwd=cwd, env=env)
+    assert proc.returncode == expect, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def shared_objects(cache_dir: Path) -> dict[str, float]:
+    """Every compiled kernel (.so) in an inductor cache dir, with its mtime.
+
+    Watching the cache dir (rather than swapping in a recording compiler, which changes
+    inductor's own cache key) shows whether a process compiled any C++ kernel.
+    """
+    return {str(p): p.stat().st_mtime for p in cache_dir.rglob("*.so")}

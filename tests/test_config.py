@@ -1,0 +1,464 @@
+"""Tests of gatekeeper.config (schema, discovery, one-line errors) and of how the CLI
+reports config and usage errors: exit 2 and exactly one line on stderr."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gatekeeper import cli
+from gatekeeper.config import DEFAULT_STORE, Config, GateConfig, find_config, load_config
+from gatekeeper.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "gatekeeper.toml"
+
+MODEL = """
+[[models]]
+name = "m"
+factory = "mymod:make"
+inputs = [{ shape = ["batch", 4] }]
+shapes = [{ batch = 2 }]
+"""
+
+
+def write(dir_: Path, name: str, text: str) -> Path:
+    p = dir_ / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def config_error(tmp_path: Path, text: str, name: str = "gatekeeper.toml") -> str:
+    path = write(tmp_path, name, text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{path}: "), msg
+    return msg
+
+
+# -- valid configs --------------------------------------------------------------------------
+def test_example_config_loads():
+    cfg = load_config(EXAMPLE)
+    assert [m.name for m in cfg.models] == ["mlp", "cnn", "block"]
+    assert cfg.path == EXAMPLE.absolute()
+    assert cfg.base_dir == EXAMPLE.parent
+    assert cfg.store == ".gatekeeper/store"
+    block = cfg.models[2]
+    assert block.inputs[0].dtype == "int64"
+    assert (block.inputs[0].low, block.inputs[0].high) == (0, 512)
+    assert block.shapes == [{"batch": 1, "seq": 32}, {"batch": 4, "seq": 64}]
+    assert cfg.gate == GateConfig()
+
+
+def test_top_level_keys_in_gatekeeper_toml(tmp_path):
+    write(tmp_path, "gatekeeper.toml", 'store = "s3://bucket/prefix"\n' + MODEL + """
+        [gate]
+        latency_regression = 0.1
+        """)
+    cfg = load_config(None, cwd=tmp_path)
+    assert cfg.store == "s3://bucket/prefix"
+    assert cfg.gate.latency_regression == 0.1
+    assert cfg.models[0].factory == "mymod:make"
+    assert cfg.path == (tmp_path / "gatekeeper.toml").absolute()
+
+
+def test_tool_section_in_pyproject(tmp_path):
+    write(tmp_path, "pyproject.toml", """
+        [project]
+        name = "someone-elses"
+
+        [tool.gatekeeper]
+        read_only = true
+
+        [[tool.gatekeeper.models]]
+        name = "m"
+        factory = "mymod:make"
+        inputs_factory = "mymod:inputs"
+        shapes = [{ batch = 2 }]
+
+        [tool.gatekeeper.gate.parity]
+        atol = 0.01
+        """)
+    cfg = load_config(None, cwd=tmp_path)
+    assert cfg.read_only is True
+    assert cfg.store == DEFAULT_STORE
+    assert cfg.models[0].inputs_factory == "mymod:inputs"
+    assert cfg.gate.parity.atol == 0.01
+    assert cfg.gate.parity.rtol == 1e-4  # the rest of the table keeps its default
+
+
+def test_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, "gatekeeper.toml", MODEL))
+    m = cfg.models[0]
+    assert m.modes == ["default"] and m.dynamic is False and m.device == "auto"
+    assert m.backend == "inductor" and m.options == {} and m.seed == 0
+    assert cfg.read_only is False and cfg.endpoint_url is None
+    assert cfg.measure.warmup >= 0 and cfg.measure.timeout > 0
+
+
+# -- discovery ------------------------------------------------------------------------------
+def test_gatekeeper_toml_wins_over_pyproject(tmp_path):
+    write(tmp_path, "gatekeeper.toml", MODEL)
+    write(tmp_path, "pyproject.toml", '[tool.gatekeeper]\nstore = "x"\n')
+    assert find_config(None, tmp_path) == tmp_path / "gatekeeper.toml"
+
+
+def test_pyproject_without_section_is_skipped(tmp_path):
+    write(tmp_path, "pyproject.toml", '[project]\nname = "x"\n')
+    with pytest.raises(ConfigError) as ei:
+        find_config(None, tmp_path)
+    msg = str(ei.value)
+    assert "gatekeeper.toml" in msg and "[tool.gatekeeper]" in msg and "--config" in msg
+
+
+def test_pyproject_with_section_is_found(tmp_path):
+    write(tmp_path, "pyproject.toml", '[project]\nname = "x"\n[tool.gatekeeper]\n')
+    assert find_config(None, tmp_path) == tmp_path / "pyproject.toml"
+
+
+def test_no_config_at_all(tmp_path):
+    with pytest.raises(ConfigError, match="no config"):
+        load_config(None, cwd=tmp_path)
+
+
+def test_explicit_path_wins_over_discovery(tmp_path):
+    write(tmp_path, "gatekeeper.toml", "this is not toml = = =")
+    other = write(tmp_path, "other.toml", MODEL)
+    assert load_config(other, cwd=tmp_path).path == other.absolute()
+
+
+def test_missing_explicit_file(tmp_path):
+    path = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    assert str(ei.value) == f"{path}: config file not found"
+
+
+def test_explicit_pyproject_without_section(tmp_path):
+    path = write(tmp_path, "pyproject.toml", '[project]\nname = "x"\n')
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    assert str(path) in str(ei.value) and "[tool.gatekeeper]" in str(ei.value)
+
+
+# -- errors: one line, the file and the field -------------------------------------------------
+def test_unknown_field(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'colour = "red"\n')
+    assert "models[0].colour" in msg and "unknown field" in msg
+
+
+def test_unknown_top_level_field(tmp_path):
+    msg = config_error(tmp_path, 'stroe = "typo"\n' + MODEL)
+    assert "stroe" in msg and "unknown field" in msg
+
+
+def test_unknown_gate_field(tmp_path):
+    msg = config_error(tmp_path, MODEL + "[gate]\nlatency = 0.1\n")
+    assert "gate.latency" in msg and "unknown field" in msg
+
+
+def test_wrong_type(tmp_path):
+    msg = config_error(tmp_path, MODEL.replace("shapes = [{ batch = 2 }]", 'shapes = "x"'))
+    assert "models[0].shapes" in msg and "list" in msg and "'x'" in msg
+
+
+def test_bad_dtype(tmp_path):
+    msg = config_error(tmp_path, MODEL.replace('shape = ["batch", 4] }',
+                                               'shape = ["batch", 4], dtype = "float8" }'))
+    assert "models[0].inputs[0].dtype" in msg and "float32" in msg and "bfloat16" in msg
+
+
+def test_bad_mode(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'modes = ["default", "turbo"]\n')
+    assert "models[0].modes[1]" in msg and "max-autotune" in msg
+
+
+def test_duplicate_modes(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'modes = ["default", "default"]\n')
+    assert "models[0]" in msg and "distinct" in msg
+
+
+@pytest.mark.parametrize("factory", ["mymod.make", "mymod:", ":make", "my mod:make",
+                                     "1mod:make", "mymod:make:again"])
+def test_bad_factory_syntax(tmp_path, factory):
+    msg = config_error(tmp_path, MODEL.replace("mymod:make", factory))
+    assert "models[0].factory" in msg and repr(factory) in msg
+
+
+def test_bad_model_name(tmp_path):
+    msg = config_error(tmp_path, MODEL.replace('name = "m"', 'name = "my/model"'))
+    assert "models[0].name" in msg
+
+
+def test_shape_set_not_binding_a_name(tmp_path):
+    msg = config_error(tmp_path, MODEL.replace("shapes = [{ batch = 2 }]",
+                                               "shapes = [{ batch = 2 }, { seq = 2 }]"))
+    assert "models[0]" in msg and "shapes[1] does not bind batch" in msg
+
+
+def test_shape_set_binding_an_unused_name(tmp_path):
+    msg = config_error(tmp_path, MODEL.replace("shapes = [{ batch = 2 }]",
+                                               "shapes = [{ batch = 2, seq = 3 }]"))
+    assert "models[0]" in msg and "shapes[0] binds seq" in msg and "no input uses" in msg
+
+
+def test_shape_value_must_be_positive(tmp_path):
+    msg = config_error(tmp_path, MODEL.replace("batch = 2", "batch = 0"))
+    assert "shapes[0].batch" in msg and "positive" in msg
+
+
+def test_duplicate_model_names(tmp_path):
+    msg = config_error(tmp_path, MODEL + MODEL)
+    assert "unique" in msg and "m repeats" in msg
+
+
+def test_options_with_non_default_mode(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'modes = ["max-autotune"]\n'
+                                         'options = { "triton.cudagraphs" = false }\n')
+    assert "models[0]" in msg and "options" in msg and "mode" in msg
+
+
+def test_options_with_default_mode_is_fine(tmp_path):
+    cfg = load_config(write(tmp_path, "gatekeeper.toml",
+                            MODEL + 'options = { "max_autotune" = true }\n'))
+    assert cfg.models[0].options == {"max_autotune": True}
+
+
+def test_inputs_and_inputs_factory_are_exclusive(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'inputs_factory = "mymod:inputs"\n')
+    assert "exactly one of 'inputs' or 'inputs_factory'" in msg
+
+
+def test_neither_inputs_nor_inputs_factory(tmp_path):
+    msg = config_error(tmp_path, MODEL.replace('inputs = [{ shape = ["batch", 4] }]\n', ""))
+    assert "exactly one of" in msg
+
+
+def test_low_not_below_high(tmp_path):
+    msg = config_error(tmp_path, MODEL.replace('shape = ["batch", 4] }',
+                                               'shape = ["batch", 4], low = 5, high = 5 }'))
+    assert "models[0].inputs[0]" in msg and "below" in msg
+
+
+def test_no_models(tmp_path):
+    msg = config_error(tmp_path, 'store = "x"\n')
+    assert "models" in msg and "required" in msg.lower()
+
+
+def test_bad_device(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'device = "tpu"\n')
+    assert "models[0].device" in msg and "'tpu'" in msg
+
+
+def test_invalid_toml(tmp_path):
+    msg = config_error(tmp_path, MODEL + "name = \n")
+    assert "invalid TOML" in msg and "line" in msg
+
+
+def test_invalid_toml_in_pyproject(tmp_path):
+    path = write(tmp_path, "pyproject.toml", "[tool.gatekeeper\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    assert str(ei.value).startswith(f"{path}: invalid TOML")
+
+
+def test_many_errors_are_still_one_line(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n')
+    assert "and 2 more" in msg
+
+
+def test_errors_in_pyproject_name_the_pyproject(tmp_path):
+    path = write(tmp_path, "pyproject.toml", """
+        [[tool.gatekeeper.models]]
+        name = "m"
+        factory = "mymod:make"
+        inputs = [{ shape = [4] }]
+        modes = ["fast"]
+        """)
+    with pytest.raises(ConfigError) as ei:
+        load_config(None, cwd=tmp_path)
+    assert str(ei.value).startswith(f"{path}: models[0].modes[0]")
+
+
+# -- per-model gate overrides -------------------------------------------------------------
+GATE = MODEL + """
+gate = { latency_regression = 0.2, parity = { atol = 0.01 } }
+
+[[models]]
+name = "plain"
+factory = "mymod:make"
+inputs = [{ shape = [4] }]
+
+[gate]
+latency_regression = 0.05
+memory_regression = 0.1
+parity = { atol = 1e-5, rtol = 1e-3, cosine = 0.999 }
+"""
+
+
+def test_gate_override_merges_over_gate(tmp_path):
+    cfg = load_config(write(tmp_path, "gatekeeper.toml", GATE))
+    m, plain = cfg.models
+    g = cfg.gate_for(m)
+    assert g.latency_regression == 0.2  # overridden
+    assert g.memory_regression == 0.1  # from [gate]
+    assert g.compile_time_regression == GateConfig().compile_time_regression  # default
+    assert g.parity.atol == 0.01  # nested override
+    assert (g.parity.rtol, g.parity.cosine) == (1e-3, 0.999)  # nested merge keeps [gate]'s
+    assert cfg.gate_for(plain) == cfg.gate
+    # the global gate is not mutated by the merge
+    assert cfg.gate.latency_regression == 0.05 and cfg.gate.parity.atol == 1e-5
+
+
+@pytest.mark.parametrize("override, field", [
+    ("{ latency_regression = -1 }", "models.m.gate.latency_regression"),
+    ('{ parity = { atol = "x" } }', "models.m.gate.parity.atol"),
+    ("{ bogus = 1 }", "models.m.gate.bogus"),
+    ('{ graph_breaks = "sometimes" }', "models.m.gate.graph_breaks"),
+])
+def test_bad_gate_override_names_the_model(tmp_path, override, field):
+    path = write(tmp_path, "gatekeeper.toml", MODEL + f"gate = {override}\n")
+    with pytest.raises(ConfigError) as ei:
+        cfg = load_config(path)
+        cfg.gate_for(cfg.models[0])
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{path.absolute()}: {field}"), msg
+
+
+def test_bad_gate_override_fails_at_load(tmp_path):
+    path = write(tmp_path, "gatekeeper.toml", MODEL + "gate = { bogus = 1 }\n")
+    with pytest.raises(ConfigError, match=r"models\.m\.gate"):
+        load_config(path)
+
+
+def test_config_is_frozen(tmp_path):
+    cfg = load_config(write(tmp_path, "gatekeeper.toml", MODEL))
+    with pytest.raises(Exception):
+        cfg.store = "elsewhere"  # type: ignore[misc]
+    assert isinstance(cfg, Config)
+
+
+# -- the CLI: exit 2 and one line on stderr -------------------------------------------------
+@pytest.fixture
+def run_cli(capsys, monkeypatch, tmp_path):
+    """Run ``gatekeeper.cli.main`` in-process; returns (code, stdout, stderr)."""
+    log = logging.getLogger("gatekeeper")
+    saved = (log.handlers[:], log.level, log.propagate)
+    monkeypatch.chdir(tmp_path)
+
+    def run(*argv: str):
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as e:  # argparse errors
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    log.handlers[:], log.level, log.propagate = saved
+
+
+def assert_one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gatekeeper: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+BAD_CONFIGS = {
+    "unknown-field": MODEL + 'colour = "red"\n',
+    "wrong-type": MODEL.replace("shapes = [{ batch = 2 }]", 'shapes = "x"'),
+    "bad-mode": MODEL + 'modes = ["turbo"]\n',
+    "invalid-toml": MODEL + "name = \n",
+    "duplicate": MODEL + MODEL,
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_cli_bad_config_exits_2_with_one_line(run_cli, tmp_path, case):
+    path = write(tmp_path, "bad.toml", BAD_CONFIGS[case])
+    code, out, err = run_cli("key", "--config", str(path))
+    assert code == 2
+    line = assert_one_error_line(err)
+    assert str(path) in line
+    assert out == ""
+
+
+def test_cli_missing_config_file(run_cli, tmp_path):
+    code, _, err = run_cli("key", "--config", str(tmp_path / "nope.toml"))
+    assert code == 2
+    assert "nope.toml: config file not found" in assert_one_error_line(err)
+
+
+def test_cli_no_config_discovered(run_cli):
+    code, _, err = run_cli("key")
+    assert code == 2
+    assert "no config" in assert_one_error_line(err)
+
+
+def test_cli_key_with_unimportable_factory(run_cli, tmp_path):
+    path = write(tmp_path, "gatekeeper.toml", MODEL.replace("mymod:make", "nosuchmod:make"))
+    code, out, err = run_cli("key", "--config", str(path))
+    assert code == 2
+    line = assert_one_error_line(err)
+    assert "'nosuchmod:make'" in line and "nosuchmod" in line
+    assert out == ""
+
+
+def test_cli_unknown_verb(run_cli):
+    code, _, err = run_cli("frobnicate")
+    assert code == 2
+    assert "frobnicate" in assert_one_error_line(err)
+
+
+def test_cli_no_verb(run_cli):
+    code, _, err = run_cli()
+    assert code == 2
+    assert_one_error_line(err)
+
+
+def test_cli_unknown_flag(run_cli):
+    code, _, err = run_cli("key", "--frob")
+    assert code == 2
+    assert "--frob" in assert_one_error_line(err)
+
+
+@pytest.mark.parametrize("shard", ["3/2", "0/2", "x/y", "1", "1/2/3", "2/0"])
+def test_cli_bad_shard(run_cli, tmp_path, shard):
+    path = write(tmp_path, "gatekeeper.toml", MODEL)
+    code, out, err = run_cli("key", "--config", str(path), "--shard", shard)
+    assert code == 2
+    assert "--shard" in assert_one_error_line(err)
+    assert out == ""
+
+
+def test_cli_target_matching_nothing(run_cli, tmp_path):
+    path = write(tmp_path, "gatekeeper.toml", MODEL)
+    code, out, err = run_cli("key", "--config", str(path), "--target", "nomatch*")
+    assert code == 2
+    line = assert_one_error_line(err)
+    assert "nomatch*" in line and "m/b2/default" in line
+    assert out == ""
+
+
+def test_cli_entry_point_bad_config_subprocess(tmp_path):
+    """The installed console script: real exit status, real stderr, no traceback."""
+    path = write(tmp_path, "bad.toml", MODEL + 'modes = ["turbo"]\n')
+    exe = Path(sys.executable).parent / "gatekeeper"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gatekeeper"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
+    proc = subprocess.run(cmd + ["key", "--config", str(path)], capture_output=True,
+                          text=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 2
+    line = assert_one_error_line(proc.stderr)
+    assert f"{path}: models[0].modes[0]" in line
+    assert proc.stdout == ""

@@ -1,0 +1,271 @@
+"""Tests of gatekeeper.store.layout's Store over the local backend: publishing bundles
+atomically, finding them (hit / partial / none), read-only mode and listing."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from gatekeeper.store import BundleLocation, Store, open_store
+from gatekeeper.store.layout import MANIFEST
+from gatekeeper.store.local import LocalBackend
+
+TARGET = "mlp/b8/default"
+ENV = "torch2.6.0+cpu-py3.11-cpu-x86_64-avx2-t2-3f9c1a"
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(LocalBackend(tmp_path / "store"))
+
+
+@pytest.fixture
+def gk_logs(caplog, monkeypatch):
+    """caplog for gatekeeper.*, even after an in-process CLI run stopped propagation."""
+    monkeypatch.setattr(logging.getLogger("gatekeeper"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="gatekeeper")
+    return caplog
+
+
+def make_archive(tmp_path: Path, payload: bytes) -> tuple[Path, str, bytes]:
+    """An archive file named by its hash, as bundle.pack names it, and its manifest."""
+    digest = hashlib.sha256(payload).hexdigest()
+    name = f"bundle-{digest[:16]}.tar.zst"
+    path = tmp_path / "archives" / digest / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(payload)
+    manifest = json.dumps({"archive": {"name": name, "sha256": digest,
+                                       "size": len(payload)}}).encode()
+    return path, name, manifest
+
+
+def publish(store: Store, tmp_path: Path, loc: BundleLocation, payload: bytes) -> str:
+    path, name, manifest = make_archive(tmp_path, payload)
+    return store.publish_bundle(loc, path, name, manifest)
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+# -- publish --------------------------------------------------------------------------------
+def test_publish_then_exists(store, tmp_path):
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    path, name, manifest = make_archive(tmp_path, b"archive bytes")
+    assert store.publish_bundle(loc, path, name, manifest) == "published"
+    assert store.has_bundle(loc)
+    root = tmp_path / "store"
+    prefix = f"bundles/{TARGET}/{ENV}/c0de"
+    assert files_under(root / prefix) == sorted([MANIFEST, name])
+    assert (root / prefix / name).read_bytes() == b"archive bytes"
+    assert (root / prefix / MANIFEST).read_bytes() == manifest
+    assert store.publish_bundle(loc, path, name, manifest) == "exists"
+    # a second publisher with other bytes also finds it there, and leaves nothing behind
+    assert publish(store, tmp_path, loc, b"other bytes") == "exists"
+    assert files_under(root / prefix) == sorted([MANIFEST, name])
+    assert not [p for p in root.rglob(".tmp-*")]
+
+
+def test_publish_two_code_hashes_side_by_side(store, tmp_path):
+    a, b = BundleLocation(TARGET, ENV, "aaaa"), BundleLocation(TARGET, ENV, "bbbb")
+    assert publish(store, tmp_path, a, b"A") == "published"
+    assert publish(store, tmp_path, b, b"B") == "published"
+    assert store.has_bundle(a) and store.has_bundle(b)
+    assert not store.has_bundle(BundleLocation(TARGET, ENV, "cccc"))
+
+
+def test_download(store, tmp_path):
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    path, name, manifest = make_archive(tmp_path, b"payload")
+    store.publish_bundle(loc, path, name, manifest)
+    dest = tmp_path / "dl" / name
+    store.download(loc.key(name), dest)
+    assert dest.read_bytes() == b"payload"
+    from gatekeeper.errors import StoreError
+    with pytest.raises(StoreError, match="missing"):
+        store.download(loc.key("bundle-nope.tar.zst"), tmp_path / "dl" / "x")
+
+
+# -- find -----------------------------------------------------------------------------------
+def set_mtime(store: Store, loc: BundleLocation, t: float) -> None:
+    p = Path(store.backend.root) / loc.prefix / MANIFEST  # type: ignore[attr-defined]
+    os.utime(p, (t, t))
+
+
+def test_find_hit_for_same_code_hash(store, tmp_path):
+    loc = BundleLocation(TARGET, ENV, "same")
+    path, name, manifest = make_archive(tmp_path, b"x")
+    store.publish_bundle(loc, path, name, manifest)
+    newer = BundleLocation(TARGET, ENV, "newer")
+    publish(store, tmp_path, newer, b"y")
+    set_mtime(store, loc, 1_000_000_000)
+    set_mtime(store, newer, 2_000_000_000)
+    found = store.find_bundle(TARGET, ENV, "same")
+    assert found is not None
+    assert found.match == "hit"
+    assert found.location == loc
+    assert found.manifest == manifest
+
+
+def test_find_partial_picks_newest_other_code_hash(store, tmp_path):
+    locs = {h: BundleLocation(TARGET, ENV, h) for h in ("old", "newest", "middle")}
+    for h, loc in locs.items():
+        publish(store, tmp_path, loc, h.encode())
+    set_mtime(store, locs["old"], 1_000_000_000)
+    set_mtime(store, locs["middle"], 1_500_000_000)
+    set_mtime(store, locs["newest"], 2_000_000_000)
+    # an unpublished leftover (archive, no manifest) that is newer still is not a bundle
+    leftover = Path(store.backend.root) / f"bundles/{TARGET}/{ENV}/leftover/bundle-x.tar.zst"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half")
+    os.utime(leftover, (3_000_000_000, 3_000_000_000))
+    # bundles of other environments and targets are never candidates, however new
+    other_env = BundleLocation(TARGET, ENV + "0", "otherenv")
+    other_target = BundleLocation(TARGET + "+dynamic", ENV, "othertarget")
+    for loc in (other_env, other_target):
+        publish(store, tmp_path, loc, loc.code_hash.encode())
+        set_mtime(store, loc, 4_000_000_000)
+
+    found = store.find_bundle(TARGET, ENV, "changed-code")
+    assert found is not None
+    assert found.match == "partial"
+    assert found.location == locs["newest"]
+    assert json.loads(found.manifest)["archive"]["size"] == len(b"newest")
+
+    # move the clock: the choice follows the manifests' times
+    set_mtime(store, locs["old"], 2_500_000_000)
+    found = store.find_bundle(TARGET, ENV, "changed-code")
+    assert found is not None and found.location == locs["old"]
+
+
+def test_find_none_when_absent(store, tmp_path):
+    assert store.find_bundle(TARGET, ENV, "c0de") is None  # empty store, no root yet
+    publish(store, tmp_path, BundleLocation(TARGET, ENV + "0", "c0de"), b"x")
+    publish(store, tmp_path, BundleLocation("cnn/b8/default", ENV, "c0de"), b"y")
+    assert store.find_bundle(TARGET, ENV, "c0de") is None
+
+
+def test_find_ignores_incomplete_folders_only(store, tmp_path):
+    leftover = Path(store.backend.root) / f"bundles/{TARGET}/{ENV}/c0de/bundle-x.tar.zst"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half")
+    assert store.find_bundle(TARGET, ENV, "c0de") is None
+    assert store.find_bundle(TARGET, ENV, "other") is None
+
+
+# -- read-only ------------------------------------------------------------------------------
+def test_read_only_skips_writes_and_warns_once(tmp_path, gk_logs):
+    root = tmp_path / "store"
+    ro = Store(LocalBackend(root), read_only=True)
+    for h in ("a", "b", "c"):
+        assert publish(ro, tmp_path, BundleLocation(TARGET, ENV, h), b"x") == "skipped"
+    assert len(ro.skipped_writes) == 3
+    assert all(TARGET in w for w in ro.skipped_writes)
+    warnings = [r for r in gk_logs.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "read-only" in warnings[0].getMessage()
+    assert not root.exists() or files_under(root) == []
+    # reads still work on a read-only store
+    assert ro.find_bundle(TARGET, ENV, "a") is None
+
+
+def test_read_only_store_still_reads(tmp_path):
+    rw = Store(LocalBackend(tmp_path / "store"))
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    publish(rw, tmp_path, loc, b"x")
+    ro = open_store(str(tmp_path / "store"), read_only=True)
+    found = ro.find_bundle(TARGET, ENV, "c0de")
+    assert found is not None and found.match == "hit"
+    assert ro.skipped_writes == []
+
+
+def test_read_only_existing_bundle_is_still_skipped(tmp_path):
+    rw = Store(LocalBackend(tmp_path / "store"))
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    publish(rw, tmp_path, loc, b"x")
+    ro = Store(LocalBackend(tmp_path / "store"), read_only=True)
+    assert publish(ro, tmp_path, loc, b"x") == "skipped"
+    assert len(ro.skipped_writes) == 1
+
+
+# -- racing publishers ----------------------------------------------------------------------
+@pytest.mark.parametrize("round_", range(3))
+def test_sixteen_racing_publishers_one_winner(tmp_path, round_):
+    root = tmp_path / "store"
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    n = 16
+    archives = [make_archive(tmp_path, f"archive {i} of round {round_}".encode() * 500)
+                for i in range(n)]
+    barrier = threading.Barrier(n)
+    results: list[str | BaseException] = [""] * n
+
+    def worker(i: int) -> None:
+        store = Store(LocalBackend(root))  # each publisher its own store, like processes
+        path, name, manifest = archives[i]
+        barrier.wait()
+        try:
+            results[i] = store.publish_bundle(loc, path, name, manifest)
+        except BaseException as e:  # noqa: BLE001 - reported by the assert below
+            results[i] = e
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(map(str, results)) == ["exists"] * (n - 1) + ["published"]
+
+    folder = root / loc.prefix
+    left = sorted(p.name for p in folder.iterdir())
+    archives_left = [x for x in left if x.endswith(".tar.zst")]
+    assert len(archives_left) == 1, left
+    assert left == sorted([MANIFEST, archives_left[0]])  # no temp files either
+    manifest = json.loads((folder / MANIFEST).read_bytes())
+    assert manifest["archive"]["name"] == archives_left[0]
+    # the survivor is byte-identical to what its publisher packed
+    winner = results.index("published")
+    assert archives[winner][1] == archives_left[0]
+    assert (folder / archives_left[0]).read_bytes() == archives[winner][0].read_bytes()
+
+
+# -- listing --------------------------------------------------------------------------------
+def test_bundles_lists_complete_and_incomplete(store, tmp_path):
+    complete = BundleLocation(TARGET, ENV, "done")
+    path, name, manifest = make_archive(tmp_path, b"complete archive")
+    store.publish_bundle(complete, path, name, manifest)
+    dyn = BundleLocation("block/b1-s32/default+dynamic", ENV, "dyn")
+    publish(store, tmp_path, dyn, b"dynamic one")
+    half = BundleLocation(TARGET, ENV, "half")
+    store.backend.put(half.key("bundle-0123456789abcdef.tar.zst"), b"orphan")
+    # baselines and stray objects are not bundles
+    store.backend.put("baselines/mlp/b8/default/env/main/latest.json", b"{}")
+
+    listed = {b.location: b for b in store.bundles()}
+    assert set(listed) == {complete, dyn, half}
+    c = listed[complete]
+    assert c.complete
+    assert c.keys == tuple(sorted([complete.key(MANIFEST), complete.key(name)]))
+    assert c.size == len(b"complete archive") + len(manifest)
+    assert c.modified > 0
+    h = listed[half]
+    assert not h.complete
+    assert h.keys == (half.key("bundle-0123456789abcdef.tar.zst"),)
+    assert h.size == len(b"orphan")
+    assert listed[dyn].complete
+    assert listed[dyn].location.target_id == "block/b1-s32/default+dynamic"
+
+
+def test_bundles_of_an_empty_store(tmp_path):
+    assert list(Store(LocalBackend(tmp_path / "nothing-here")).bundles()) == []
+
+
+def test_location_keys():
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    assert loc.prefix == f"bundles/{TARGET}/{ENV}/c0de"
+    assert loc.key(MANIFEST) == f"bundles/{TARGET}/{ENV}/c0de/manifest.json"
