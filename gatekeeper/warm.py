@@ -34,6 +34,8 @@ class WarmResult:
     bundle_code_hash: str | None = None
     files: int = 0
     seconds: float = 0.0
+    cold_compile_seconds: float | None = None  # what the bundle's compile took, cold
+    bundle_bytes: int | None = None
     reason: str | None = None
 
     def as_dict(self) -> dict:
@@ -67,6 +69,8 @@ def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *
         if manifest.env_key != ck.env_key:
             raise BundleError(f"{target.id}: bundle refused: built for {manifest.env_key}, "
                               f"this environment is {ck.env_key}")
+        result.cold_compile_seconds = manifest.compile.get("seconds")
+        result.bundle_bytes = manifest.archive.size
         with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
             archive = Path(tmp, manifest.archive.name)
             store.download(found.location.key(manifest.archive.name), archive)

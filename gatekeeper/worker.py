@@ -59,6 +59,11 @@ def do_compile(req: dict) -> dict:
     base_dir, device = Path(req["base_dir"]), req["device"]
     model = build_model(cfg, base_dir, device)
     inputs = make_inputs(cfg, req["shapes"], base_dir, device)
+    megacache_load = None
+    if req.get("load_megacache"):  # PyTorch's documented recipe, for comparison
+        start = time.perf_counter()
+        torch.compiler.load_cache_artifacts(Path(req["load_megacache"]).read_bytes())
+        megacache_load = time.perf_counter() - start
     compiled = compile_model(model, cfg, req["mode"], req["dynamic"])
     calls = []
     with torch.no_grad():
@@ -74,12 +79,19 @@ def do_compile(req: dict) -> dict:
             Path(req["megacache"]).write_bytes(megacache[0])
     return {"ok": True, "compile_seconds": calls[0], "call_seconds": calls,
             "counters": snapshot_counters(), "megacache": megacache is not None,
+            "megacache_load_seconds": megacache_load,
             "torch": torch.__version__}
 
 
 # "probe" is a compile against whatever cache dir the parent gave, saving nothing: the
 # first call's time and cache counters show whether a warm start really was warm.
-ACTIONS = {"compile": do_compile, "probe": do_compile}
+def do_measure(req: dict) -> dict:
+    from .measure import measure
+
+    return measure(req, compile_model, snapshot_counters)
+
+
+ACTIONS = {"compile": do_compile, "probe": do_compile, "measure": do_measure}
 
 
 def _first_line(e: BaseException) -> str:

@@ -275,8 +275,9 @@ def test_s3_gives_up_after_max_attempts(s3_bucket_uri: S3BucketURI) -> None:
 def test_s3_lost_reply_to_a_conditional_write(s3_bucket_uri: S3BucketURI) -> None:
     direct = make_s3(s3_bucket_uri)
     e1 = direct.put("latest.json", b"1")
-    for key, data, condition in [("new.json", b"n", {"if_none_match": True}),
-                                 ("latest.json", b"2", {"if_match": e1})]:
+    cases: list[tuple[str, bytes, dict[str, Any]]] = [
+        ("new.json", b"n", {"if_none_match": True}), ("latest.json", b"2", {"if_match": e1})]
+    for key, data, condition in cases:
         # the write lands but its reply is lost: the retry then fails its own condition
         with FaultProxy(s3_bucket_uri.endpoint_url, fail_first=1, mode="drop-reply") as proxy:
             store = make_s3(s3_bucket_uri, endpoint_url=proxy.endpoint_url, max_attempts=3)

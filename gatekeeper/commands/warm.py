@@ -6,7 +6,7 @@ from pathlib import Path
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..isolate import run_worker
 from ..warm import default_cache_dir, warm_targets
-from .common import Context
+from .common import Context, human_bytes
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
 
@@ -50,6 +50,8 @@ def run(ctx: Context) -> int:
                 if resp["ok"]:
                     c = resp["counters"]
                     doc["first_call_seconds"] = resp["compile_seconds"]
+                    if doc.get("cold_compile_seconds"):
+                        doc["speedup"] = doc["cold_compile_seconds"] / resp["compile_seconds"]
                     doc["fxgraph_cache_hit"] = c["fxgraph_cache_hit"]
                     doc["fxgraph_cache_miss"] = c["fxgraph_cache_miss"]
                     step.done(f"{resp['compile_seconds']:.2f} s")
@@ -59,9 +61,11 @@ def run(ctx: Context) -> int:
     hits = sum(r.status == "hit" for r in results)
     ctx.emit({"command": "warm", "store": ctx.store.uri, "cache_dir": str(cache),
               "targets": docs},
-             docs, {"target": "target", "status": "status", "files": "files restored",
-                    "first_call_seconds": "first call s", "fxgraph_cache_hit": "fx hits",
-                    "reason": "reason"},
+             [{**d, "size": human_bytes(d.get("bundle_bytes"))} for d in docs],
+             {"target": "target", "status": "status",
+              "cold_compile_seconds": "cold compile s", "first_call_seconds": "warm first call s",
+              "speedup": "speedup", "size": "bundle", "fxgraph_cache_hit": "fx hits",
+              "reason": "reason"},
              footer=f"{hits}/{len(results)} hit, cache dir {cache}")
     if ctx.args.strict and any(r.status == "miss" for r in results):
         return EXIT_FAILED

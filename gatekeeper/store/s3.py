@@ -53,6 +53,7 @@ _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAc
            "AccountProblem", "InvalidToken", "ExpiredToken"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
               "ServiceUnavailable", "InternalError", "RequestTimeout"}
+_Parts = list[dict[str, Any]]  # CompleteMultipartUpload's Parts (``list`` is shadowed below)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -326,7 +327,7 @@ class S3Backend(Backend):
                 raise
         return str(resp["ETag"])
 
-    def _upload_parts(self, k: str, upload_id: str, src: Path, size: int) -> list[dict[str, Any]]:
+    def _upload_parts(self, k: str, upload_id: str, src: Path, size: int) -> _Parts:
         part_size = max(self._chunksize, -(-size // MAX_PARTS))
         count = -(-size // part_size)
         try:
