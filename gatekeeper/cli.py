@@ -7,14 +7,13 @@ import logging
 import sys
 
 from . import __version__
-from .commands import common
-from .commands import compile as compile_cmd
-from .commands import key as key_cmd
-from .commands import store as store_cmd
-from .commands import warm as warm_cmd
+from .commands import baseline, check, comment, common, gate, key, merge, run, store, warm
+from .commands import compile as compile_
 from .errors import EXIT_ERROR, GatekeeperError
 
-COMMANDS = {"compile": compile_cmd, "warm": warm_cmd, "key": key_cmd, "store": store_cmd}
+COMMANDS = {"compile": compile_, "warm": warm, "key": key, "check": check,
+            "baseline": baseline, "gate": gate, "run": run, "comment": comment,
+            "merge": merge, "store": store}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -18,7 +18,7 @@ from . import bundle
 from .compile import signing_key
 from .config import Config, load_config
 from .errors import BundleError, StoreError
-from .fingerprint import compute_key
+from .fingerprint import CacheKey, compute_key
 from .store import Store, open_store
 from .targets import Target, expand, select
 
@@ -56,16 +56,20 @@ def load_megacache(blob: bytes) -> None:
 
 
 def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *,
-                key: bytes | None, megacache: bool = True) -> WarmResult:
+                signing_key: bytes | None, megacache: bool = True,
+                cache_key: CacheKey | None = None) -> WarmResult:
+    """Restore one target's bundle into ``cache_dir``; ``megacache`` also loads the
+    Mega-Cache blob into this process (skip it when another process will compile)."""
     start = time.monotonic()
-    ck = compute_key(target, config.base_dir)
+    ck = cache_key or compute_key(target, config.base_dir)
     result = WarmResult(target.id, "miss", ck.env_key, ck.code_hash)
     try:
         found = store.find_bundle(target.id, ck.env_key, ck.code_hash)
         if found is None:
             result.reason = "no bundle for this target and environment"
             return result
-        manifest = bundle.verify_manifest(found.manifest, target=target.id, signing_key=key)
+        manifest = bundle.verify_manifest(found.manifest, target=target.id,
+                                          signing_key=signing_key)
         if manifest.env_key != ck.env_key:
             raise BundleError(f"{target.id}: bundle refused: built for {manifest.env_key}, "
                               f"this environment is {ck.env_key}")
@@ -98,7 +102,7 @@ def warm_targets(targets: list[Target], config: Config, store: Store,
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
     cache = default_cache_dir()
     key = signing_key()
-    return [warm_target(t, config, store, cache, key=key) for t in targets]
+    return [warm_target(t, config, store, cache, signing_key=key) for t in targets]
 
 
 def warm_start(config: Config | str | os.PathLike | None = None, *,

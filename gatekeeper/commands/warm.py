@@ -5,6 +5,7 @@ from pathlib import Path
 
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..isolate import run_worker
+from ..publish import announce_warm
 from ..warm import default_cache_dir, warm_targets
 from .common import Context, human_bytes
 
@@ -59,6 +60,7 @@ def run(ctx: Context) -> int:
                     doc["probe_error"] = resp["error"]
                     step.done(f"error: {resp['error']}")
     hits = sum(r.status == "hit" for r in results)
+    announce_warm([r.status for r in results])
     ctx.emit({"command": "warm", "store": ctx.store.uri, "cache_dir": str(cache),
               "targets": docs},
              [{**d, "size": human_bytes(d.get("bundle_bytes"))} for d in docs],

@@ -91,6 +91,37 @@ class Store:
         self._said_read_only = True
         self.skipped_writes.append(what)
 
+    # -- plain objects, for layouts built elsewhere (baselines) ---------------------------
+    def read(self, key: str) -> tuple[bytes, str] | None:
+        return self.backend.get(key)
+
+    def write(self, key: str, data: bytes | Path, *, if_none_match: bool = False,
+              if_match: str | None = None) -> str | None:
+        """Write bytes (or upload a file); None when skipped by read-only mode."""
+        if not self._writing(key):
+            return None
+        try:
+            if isinstance(data, Path):
+                return self.backend.upload(key, data, if_none_match=if_none_match)
+            return self.backend.put(key, data, if_none_match=if_none_match, if_match=if_match)
+        except AccessDenied as e:
+            self._denied(key, e)
+            return None
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        return self.backend.list(prefix)
+
+    def delete(self, key: str) -> bool:
+        """Delete one object; False when skipped by read-only mode."""
+        if not self._writing(key):
+            return False
+        try:
+            self.backend.delete(key)
+        except AccessDenied as e:
+            self._denied(key, e)
+            return False
+        return True
+
     # -- bundles -----------------------------------------------------------------------
     def publish_bundle(self, loc: BundleLocation, archive: Path, archive_name: str,
                        manifest: bytes) -> str:

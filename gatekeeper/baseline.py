@@ -1,0 +1,133 @@
+"""Baselines in the store: publish (compare-and-swap, history append-only), fetch, list.
+
+    baselines/<target-id>/<env-key>/<ref>/latest.json
+    baselines/<target-id>/<env-key>/<ref>/history/<measured-at>-<commit>.json
+    baselines/<target-id>/<env-key>/<ref>/outputs/<sha16>.pt    (reference outputs)
+
+``latest`` only ever moves forward in measurement time: an older run that publishes late
+goes into history but never replaces a newer baseline.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from pydantic import ValidationError
+
+from .bundle import now_iso
+from .errors import GatekeeperError, PreconditionFailed, StoreError
+from .results import Baseline, Reference, TargetResult
+from .store import Store
+
+CAS_ATTEMPTS = 30
+
+
+def ref_slug(ref: str) -> str:
+    """A branch name as one path segment: ``feature/x`` -> ``feature%2Fx``."""
+    return quote(ref, safe="")
+
+
+def prefix(target_id: str, env_key: str, ref: str) -> str:
+    return f"baselines/{target_id}/{env_key}/{ref_slug(ref)}"
+
+
+def _stamp(iso: str) -> str:
+    return "".join(ch for ch in iso if ch.isdigit())[:17]
+
+
+def publish(store: Store, result: TargetResult, *, ref: str, commit: str | None,
+            reference_file: Path | None = None) -> str:
+    """Publish one target's result as the baseline of ``ref``.
+
+    Returns ``published``, ``older`` (history only: a newer baseline is in place) or
+    ``skipped`` (read-only store).
+    """
+    if result.status != "ok" or result.measured_at is None:
+        raise GatekeeperError(f"{result.target}: cannot publish a failed measurement "
+                              "as a baseline")
+    base = prefix(result.target, result.env_key, ref)
+    reference_key = None
+    if reference_file is not None and result.reference is not None:
+        digest = hashlib.sha256(reference_file.read_bytes()).hexdigest()
+        if digest != result.reference.sha256:
+            raise GatekeeperError(f"{result.target}: reference outputs {reference_file} do "
+                                  "not match the sha256 in the results")
+        reference_key = f"{base}/outputs/{digest[:16]}.pt"
+        try:
+            if store.write(reference_key, reference_file, if_none_match=True) is None:
+                return "skipped"
+        except PreconditionFailed:
+            pass  # the same outputs are stored already: the name is their hash
+    doc = Baseline(target=result.target, env_key=result.env_key, ref=ref, commit=commit,
+                   created_at=result.measured_at, published_at=now_iso(), result=result,
+                   reference_key=reference_key)
+    data = doc.dump()
+    try:
+        if store.write(f"{base}/history/{_stamp(doc.created_at)}-{(commit or 'local')[:12]}"
+                       ".json", data, if_none_match=True) is None:
+            return "skipped"
+    except PreconditionFailed:
+        pass  # this very run was published before
+    latest = f"{base}/latest.json"
+    for attempt in range(CAS_ATTEMPTS):
+        current = store.read(latest)
+        if current is not None:
+            existing = _parse(current[0], latest)
+            if existing is not None and existing.created_at > doc.created_at:
+                return "older"
+        try:
+            written = store.write(latest, data, if_none_match=current is None,
+                                  if_match=current[1] if current else None)
+            return "published" if written is not None else "skipped"
+        except PreconditionFailed:
+            time.sleep(random.uniform(0, 0.05 * 2 ** min(attempt, 5)))  # backoff + jitter
+    raise StoreError(f"{latest}: kept changing over {CAS_ATTEMPTS} attempts; try again")
+
+
+def _parse(data: bytes, key: str) -> Baseline | None:
+    try:
+        return Baseline.model_validate_json(data)
+    except ValidationError:
+        return None  # an unreadable baseline: treated as absent, replaced on publish
+
+
+def fetch(store: Store, target_id: str, env_key: str, ref: str) -> Baseline | None:
+    key = f"{prefix(target_id, env_key, ref)}/latest.json"
+    got = store.read(key)
+    if got is None:
+        return None
+    doc = _parse(got[0], key)
+    if doc is None:
+        raise StoreError(f"{key}: not a valid gatekeeper baseline")
+    return doc
+
+
+def fetch_reference(store: Store, baseline: Baseline, dest: Path) -> Path | None:
+    """Download the baseline's reference outputs, verified against their sha256."""
+    ref: Reference | None = baseline.result.reference
+    if baseline.reference_key is None or ref is None:
+        return None
+    store.download(baseline.reference_key, dest)
+    if hashlib.sha256(dest.read_bytes()).hexdigest() != ref.sha256:
+        dest.unlink(missing_ok=True)
+        raise StoreError(f"{baseline.reference_key}: sha256 does not match the baseline")
+    return dest
+
+
+def targets_with_baseline(store: Store, env_keys: set[str], ref: str) -> set[str]:
+    """Target ids that have a baseline of ``ref`` in any of ``env_keys``."""
+    found = set()
+    slug = ref_slug(ref)
+    for info in store.list("baselines/"):
+        parts = info.key.split("/")
+        if len(parts) == 7 and parts[-1] == "latest.json" and parts[5] == slug \
+                and parts[4] in env_keys:
+            found.add("/".join(parts[1:4]))
+    return found
+
+
+__all__ = ["fetch", "fetch_reference", "publish", "prefix", "ref_slug",
+           "targets_with_baseline"]

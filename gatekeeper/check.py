@@ -1,0 +1,103 @@
+"""``check``: measure each target in a fresh process, warm from the store when it can."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from . import __version__, baseline as baselines
+from .bundle import now_iso
+from .compile import signing_key
+from .config import Config
+from .errors import StoreError, WorkerError
+from .fingerprint import compute_key
+from .isolate import run_worker
+from .progress import Progress
+from .provenance import creator
+from .results import Reference, Results, TargetResult
+from .store import Store
+from .targets import Target
+from .warm import warm_target
+
+log = logging.getLogger("gatekeeper.check")
+
+
+def reference_path(out_dir: Path, target_id: str) -> Path:
+    return out_dir / "references" / (target_id.replace("/", "__") + ".pt")
+
+
+def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
+                 base_ref: str, cold: bool = False, verbose: bool = False) -> TargetResult:
+    key = compute_key(target, config.base_dir)
+    ident = {"target": target.id, "model": target.model.name, "env_key": key.env_key,
+             "code_hash": key.code_hash, "device": key.device}
+    with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
+        cache_dir = Path(tmp, "cache")
+        cache_status = "cold"
+        if not cold:
+            cache_status = warm_target(target, config, store, cache_dir, megacache=False,
+                                       signing_key=signing_key(), cache_key=key).status
+        base_reference = None
+        try:
+            base = baselines.fetch(store, target.id, key.env_key, base_ref)
+            if base is not None:
+                base_reference = baselines.fetch_reference(store, base, Path(tmp, "base.pt"))
+        except StoreError as e:
+            log.warning("%s: baseline outputs unavailable: %s", target.id, e)
+        ref_out = reference_path(out_dir, target.id)
+        ref_out.parent.mkdir(parents=True, exist_ok=True)
+        request = {"action": "measure", "model": target.model.model_dump(mode="json"),
+                   "base_dir": str(config.base_dir), "device": key.device,
+                   "shapes": target.shape_set, "mode": target.mode, "dynamic": target.dynamic,
+                   "budget": config.measure.model_dump(),
+                   "parity": config.gate_for(target.model).parity.model_dump(),
+                   "baseline_reference": str(base_reference) if base_reference else None,
+                   "reference_out": str(ref_out)}
+        try:
+            resp = run_worker(request, cache_dir=cache_dir, timeout=config.measure.timeout,
+                              verbose=verbose, label=target.id)
+        except WorkerError as e:
+            resp = {"ok": False, "error": str(e)}
+    if not resp["ok"]:
+        return TargetResult(**ident, status="error", error=resp["error"])
+    counters = resp["counters"]
+    data = ref_out.read_bytes()
+    return TargetResult(
+        **ident, status="ok", measured_at=now_iso(),
+        compile={"seconds": resp["compile_seconds"], "warm": cache_status in ("hit", "partial"),
+                 "cache": cache_status,
+                 **{k: counters[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss",
+                                             "autograd_cache_hit", "autograd_cache_miss")}},
+        graphs=resp["graphs"], latency=resp["latency"], memory=resp["memory"],
+        parity=resp["parity"],
+        reference=Reference(file=os.path.relpath(ref_out, out_dir),
+                            sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
+
+
+def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
+              base_ref: str, cold: bool = False, verbose: bool = False) -> Results:
+    progress = Progress(len(targets))
+    results = []
+    for target in targets:
+        with progress.step(target.id, "measuring") as step:
+            r = check_target(target, config, store, out_dir=out_dir, base_ref=base_ref,
+                             cold=cold, verbose=verbose)
+            results.append(r)
+            if r.status == "error":
+                step.done(f"error: {r.error}")
+            else:
+                step.done(f"p50 {r.latency.compiled.p50 * 1e3:.3f} ms, "  # type: ignore
+                          f"speedup {r.latency.speedup:.2f}x, cache {r.compile.cache}")  # type: ignore
+    return Results(created_at=now_iso(), gatekeeper_version=__version__, creator=creator(),
+                   base_ref=base_ref, targets=results)
+
+
+def write_results(results: Results, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    tmp = path.with_suffix(".json.part")
+    tmp.write_text(results.dump())
+    os.replace(tmp, path)
+    return path

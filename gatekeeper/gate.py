@@ -1,0 +1,199 @@
+"""The gate: one target's results against its baseline, under the config's rules.
+
+Pure functions over :mod:`gatekeeper.results` documents; no torch, no store. A verdict is
+``error`` > ``parity-failed`` > ``regressed`` > ``improved`` > ``pass`` (the first that
+applies), or ``no-baseline`` when there is nothing to compare with and nothing failed.
+
+Rules (defaults in :class:`gatekeeper.config.GateConfig`):
+
+* parity: compiled vs eager, and vs the baseline's reference outputs, must pass.
+* latency: the compiled model's per-round latency divided by the co-measured reference
+  workload (which cancels machine drift between processes), compared with
+  :func:`gatekeeper.stats.compare`: regressed only when slower beyond
+  ``latency_regression`` *and* significant.
+* speedup: the per-round ratio compiled/eager (measured back to back in one process),
+  compared the same way with ``speedup_regression``.
+* compile time: like with like (warm vs warm, cold vs cold), scaled by each run's
+  reference workload (so a busier machine is not a regression), beyond
+  ``compile_time_regression`` and by more than COMPILE_FLOOR_S.
+* memory: compiled peak beyond ``memory_regression`` and by more than the floor.
+* graph breaks: with ``no-increase``, more breaks than the baseline fail, naming the new ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import stats
+from .config import GateConfig
+from .results import Baseline, GraphBreak, TargetResult
+
+COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
+MEMORY_FLOOR = {"cuda": 1 << 20, "rss": 8 << 20}  # bytes; RSS moves by page-cache noise
+ORDER = ["error", "parity-failed", "regressed", "improved", "pass", "no-baseline"]
+
+
+@dataclass
+class TargetVerdict:
+    target: str
+    verdict: str  # pass | improved | regressed | parity-failed | no-baseline | error
+    reasons: list[str] = field(default_factory=list)  # why it is not a plain pass
+    notes: list[str] = field(default_factory=list)  # worth saying, not failing
+    latency: dict | None = None  # stats.Comparison.to_dict() of normalised latency
+    speedup: dict | None = None  # stats.Comparison of compiled/eager round ratios
+    new_breaks: list[GraphBreak] = field(default_factory=list)
+    borderline: bool = False  # a timing result to re-measure before believing it
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["new_breaks"] = [b.model_dump() for b in self.new_breaks]
+        return d
+
+
+def _normalised(r: TargetResult, use_reference: bool) -> list[float]:
+    s = r.latency.samples  # type: ignore[union-attr]
+    if use_reference:
+        return [c / ref for c, ref in zip(s["compiled"], s["reference"])]
+    return list(s["compiled"])
+
+
+def _round_ratios(r: TargetResult) -> list[float]:
+    s = r.latency.samples  # type: ignore[union-attr]
+    return [c / e for c, e in zip(s["compiled"], s["eager"])]
+
+
+def _load(r: TargetResult) -> float:
+    """How fast this run's machine was: the reference workload's median (1.0 if absent)."""
+    ref = r.latency.reference if r.latency else None
+    return ref.p50 if ref is not None and ref.p50 > 0 else 1.0
+
+
+def _break_key(b: GraphBreak) -> tuple:
+    return (b.reason, b.file, b.line)
+
+
+def gate_target(result: TargetResult, baseline: Baseline | None,
+                rules: GateConfig) -> TargetVerdict:
+    v = TargetVerdict(result.target, "pass")
+    if result.status == "error":
+        v.verdict, v.reasons = "error", [result.error or "measurement failed"]
+        return v
+    found: set[str] = set()
+
+    parity = result.parity
+    if parity is not None:
+        for name, check in (("vs eager", parity.vs_eager), ("vs baseline", parity.vs_baseline)):
+            if check is not None and not check.passed:
+                found.add("parity-failed")
+                v.reasons.append(f"parity {name}: {check.detail or check.method}")
+
+    if baseline is None:
+        v.verdict = min(found | {"no-baseline"}, key=ORDER.index)
+        return v
+    base = baseline.result
+
+    if result.latency and base.latency:
+        both_ref = bool(result.latency.samples.get("reference")
+                        and base.latency.samples.get("reference"))
+        lat = stats.compare(_normalised(base, both_ref), _normalised(result, both_ref),
+                            threshold=rules.latency_regression)
+        v.latency = lat.to_dict() | {"normalised": both_ref}
+        sp = stats.compare(_round_ratios(base), _round_ratios(result),
+                           threshold=rules.speedup_regression)
+        v.speedup = sp.to_dict()
+        for name, comp in (("latency", lat), ("speedup vs eager", sp)):
+            if comp.verdict == "regressed":
+                found.add("regressed")
+                v.reasons.append(f"{name} {comp.delta:+.1%} (significant, "
+                                 f"threshold {comp.threshold:.0%})")
+            elif comp.verdict == "improved":
+                found.add("improved")
+                v.notes.append(f"{name} {comp.delta:+.1%} (significant)")
+            elif comp.verdict == "borderline":
+                v.borderline = True
+                v.notes.append(f"{name} {comp.delta:+.1%} is borderline: not a clear "
+                               "change beyond the threshold")
+
+    if result.compile and base.compile and result.compile.warm == base.compile.warm:
+        b, p = base.compile.seconds, result.compile.seconds
+        # a busier machine compiles slower: scale by each run's reference workload
+        ratio = (p / b) * _load(base) / _load(result)
+        if ratio > 1 + rules.compile_time_regression and p - b > COMPILE_FLOOR_S:
+            found.add("regressed")
+            kind = "warm" if result.compile.warm else "cold"
+            v.reasons.append(f"{kind} compile time {b:.1f} s -> {p:.1f} s ({ratio - 1:+.0%} "
+                             f"load-adjusted, threshold {rules.compile_time_regression:.0%})")
+
+    if result.memory and base.memory and result.memory.kind == base.memory.kind:
+        b_mem, p_mem = base.memory.compiled_peak_bytes, result.memory.compiled_peak_bytes
+        if b_mem is not None and p_mem is not None and \
+                p_mem > b_mem * (1 + rules.memory_regression) and \
+                p_mem - b_mem > MEMORY_FLOOR[result.memory.kind]:
+            found.add("regressed")
+            v.reasons.append(f"peak memory {b_mem / 2**20:.1f} MiB -> {p_mem / 2**20:.1f} MiB "
+                             f"(threshold {rules.memory_regression:.0%})")
+
+    if result.graphs and base.graphs:
+        old = {_break_key(b) for b in base.graphs.break_reasons}
+        v.new_breaks = [b for b in result.graphs.break_reasons if _break_key(b) not in old]
+        if rules.graph_breaks == "no-increase" and result.graphs.breaks > base.graphs.breaks:
+            found.add("regressed")
+            where = "; ".join(f"{b.reason} at {b.where()}" for b in v.new_breaks[:3])
+            v.reasons.append(f"graph breaks {base.graphs.breaks} -> {result.graphs.breaks}"
+                             + (f": {where}" if where else ""))
+
+    v.verdict = min(found | {"pass"}, key=ORDER.index)
+    return v
+
+
+def overall(verdicts: list[TargetVerdict], *, require_baseline: bool = False) -> str:
+    """One verdict for the run: the worst target's. Targets without a baseline do not
+    fail a run unless ``require_baseline``."""
+    if not verdicts:
+        return "pass"
+    worst = min((t.verdict for t in verdicts), key=ORDER.index)
+    if require_baseline and worst in ("improved", "pass") and \
+            any(t.verdict == "no-baseline" for t in verdicts):
+        return "no-baseline"
+    return worst
+
+
+def exit_code(verdict: str, *, require_baseline: bool = False) -> int:
+    if verdict == "error":
+        return 2
+    if verdict in ("parity-failed", "regressed"):
+        return 1
+    if verdict == "no-baseline" and require_baseline:
+        return 1
+    return 0
+
+
+@dataclass
+class GateRow:
+    result: TargetResult
+    baseline: Baseline | None
+    verdict: TargetVerdict
+
+
+@dataclass
+class GateReport:
+    """Everything the report shows: built by the gate, rendered by gatekeeper.report."""
+
+    verdict: str
+    exit_code: int
+    base_ref: str
+    rows: list[GateRow]
+    removed: list[str] = field(default_factory=list)  # baseline targets not measured now
+    remeasured: list[str] = field(default_factory=list)  # borderline targets measured again
+    creator: dict = field(default_factory=dict)
+
+
+def build_report(results: list[TargetResult], baselines: dict[str, Baseline | None],
+                 rules_for, *, base_ref: str, removed: list[str] | None = None,
+                 require_baseline: bool = False, creator: dict | None = None) -> GateReport:
+    """Gate every result; ``rules_for(target_id)`` gives that target's GateConfig."""
+    rows = [GateRow(r, baselines.get(r.target), gate_target(r, baselines.get(r.target),
+                                                            rules_for(r.target)))
+            for r in results]
+    verdict = overall([row.verdict for row in rows], require_baseline=require_baseline)
+    return GateReport(verdict, exit_code(verdict, require_baseline=require_baseline),
+                      base_ref, rows, sorted(removed or []), creator=creator or {})

@@ -1,0 +1,137 @@
+"""``store verify`` and ``store prune``: re-hash what is stored; drop what is not needed.
+
+Prune never deletes a bundle or reference outputs that a baseline points to.
+"""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import bundle
+from .errors import BundleError, StoreError
+from .results import Baseline
+from .store import BundleLocation, Store, StoredBundle
+
+ORPHAN_GRACE_S = 24 * 3600  # an archive without a manifest may still be mid-publish
+
+
+@dataclass
+class Finding:
+    key: str
+    ok: bool
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _verify_bundle(store: Store, b: StoredBundle, tmp: Path,
+                   signing_key: bytes | None) -> Finding:
+    loc = b.location
+    got = store.read(loc.key("manifest.json"))
+    if got is None:
+        return Finding(loc.prefix, False, "no manifest (unpublished leftover)")
+    try:
+        manifest = bundle.verify_manifest(got[0], target=loc.target_id, signing_key=signing_key)
+        if (manifest.env_key, manifest.code_hash) != (loc.env_key, loc.code_hash):
+            raise BundleError(f"{loc.target_id}: manifest is for {manifest.env_key}/"
+                              f"{manifest.code_hash}, stored under {loc.env_key}/{loc.code_hash}")
+        archive = tmp / manifest.archive.name
+        store.download(loc.key(manifest.archive.name), archive)
+        staging = tmp / "staging"
+        bundle.extract(archive, manifest, staging)  # re-hashes the archive and every member
+    except (BundleError, StoreError) as e:
+        return Finding(loc.prefix, False, str(e))
+    finally:
+        for p in sorted(tmp.rglob("*"), reverse=True):
+            p.unlink() if p.is_file() else p.rmdir()
+    return Finding(loc.prefix, True, f"{len(manifest.files)} files")
+
+
+def _baselines(store: Store) -> list[tuple[str, Baseline | None]]:
+    out = []
+    for info in store.list("baselines/"):
+        if info.key.endswith("/latest.json") or "/history/" in info.key:
+            got = store.read(info.key)
+            doc = None
+            if got is not None:
+                try:
+                    doc = Baseline.model_validate_json(got[0])
+                except ValueError:
+                    doc = None
+            out.append((info.key, doc))
+    return out
+
+
+def verify(store: Store, signing_key: bytes | None) -> list[Finding]:
+    findings = []
+    with tempfile.TemporaryDirectory(prefix="gk-verify-") as tmp:
+        for b in store.bundles():
+            findings.append(_verify_bundle(store, b, Path(tmp), signing_key))
+    for key, doc in _baselines(store):
+        if doc is None:
+            findings.append(Finding(key, False, "not a valid baseline document"))
+            continue
+        ref = doc.result.reference
+        if doc.reference_key and ref:
+            got = store.read(doc.reference_key)
+            if got is None:
+                findings.append(Finding(doc.reference_key, False, f"missing (named by {key})"))
+            elif hashlib.sha256(got[0]).hexdigest() != ref.sha256:
+                findings.append(Finding(doc.reference_key, False, "sha256 does not match"))
+            elif key.endswith("latest.json"):
+                findings.append(Finding(doc.reference_key, True, "reference outputs"))
+        findings.append(Finding(key, True, "baseline"))
+    return findings
+
+
+def protected(store: Store) -> tuple[set[str], set[str]]:
+    """Bundle prefixes and object keys that some baseline points to."""
+    bundles, keys = set(), set()
+    for _, doc in _baselines(store):
+        if doc is None:
+            continue
+        r = doc.result
+        bundles.add(BundleLocation(r.target, r.env_key, r.code_hash).prefix)
+        if doc.reference_key:
+            keys.add(doc.reference_key)
+    return bundles, keys
+
+
+def prune(store: Store, *, keep: int | None, older_than_days: float | None,
+          dry_run: bool = False, now: float | None = None) -> list[str]:
+    """Delete bundles beyond the newest ``keep`` per target and env, and/or older than
+    ``older_than_days``; also unpublished leftovers and unreferenced reference outputs
+    past their grace period. Returns the keys deleted (or that would be). ``now`` (epoch
+    seconds) is the time ages are measured from (default: the clock)."""
+    now = time.time() if now is None else now
+    keep_bundles, keep_keys = protected(store)
+    doomed: list[str] = []
+    groups: dict[tuple[str, str], list[StoredBundle]] = {}
+    for b in store.bundles():
+        if not b.complete:
+            if now - b.modified > ORPHAN_GRACE_S:
+                doomed += b.keys
+            continue
+        groups.setdefault((b.location.target_id, b.location.env_key), []).append(b)
+    for group in groups.values():
+        group.sort(key=lambda b: b.modified, reverse=True)
+        for rank, b in enumerate(group):
+            too_many = keep is not None and rank >= keep
+            too_old = older_than_days is not None and \
+                now - b.modified > older_than_days * 86400
+            if (too_many or too_old) and b.location.prefix not in keep_bundles:
+                # the manifest goes first, so a reader never finds a manifest without data
+                doomed += sorted(b.keys, key=lambda k: not k.endswith("manifest.json"))
+    if older_than_days is not None:
+        for info in store.list("baselines/"):
+            if "/outputs/" in info.key and info.key not in keep_keys and \
+                    now - info.modified > older_than_days * 86400:
+                doomed.append(info.key)
+    if not dry_run:
+        for key in doomed:
+            store.delete(key)
+    return doomed

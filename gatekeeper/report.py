@@ -1,0 +1,707 @@
+"""The gate's report: GitHub-flavoured markdown (PR comment, job summary), JSON, one log line.
+
+All three render one :class:`gatekeeper.gate.GateReport`; nothing here measures or
+decides. No torch, no I/O.
+
+* :func:`render_markdown` — a headline, one table with a row per target, the reasons of
+  the failing targets, a folded ``<details>`` section per target, then the targets added
+  and removed since the baseline and the borderline ones that were re-measured. Kept
+  under :data:`MAX_MARKDOWN_CHARS` (GitHub refuses comments over 65,536 characters) by
+  dropping details sections from the end, which holds the least severe targets.
+* :func:`report_json` — the same data as a JSON-serialisable dict (schema
+  ``gatekeeper.report/1``), without raw timing samples (those stay in results.json).
+* :func:`summary_line` — ``gatekeeper: regressed — 1 regressed, 5 pass (base: main)``.
+
+Text that comes from the measured code (graph-break reasons, errors, parity details)
+contains backticks, pipes, ``<``, ``@`` and newlines; it goes through :func:`md_text`
+before it reaches markdown, so it can neither break a table nor ping anyone.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+from typing import Any, Iterable
+
+from tabulate import tabulate
+
+from .gate import ORDER, GateReport, GateRow
+from .results import GraphBreak, LatencySummary, ParityCheck, TargetResult
+
+REPORT_SCHEMA = "gatekeeper.report/1"
+MAX_MARKDOWN_CHARS = 60_000
+DASH = "–"
+ARROW = "→"
+EMOJI = {
+    "pass": "✅",
+    "improved": "🚀",
+    "regressed": "❌",
+    "parity-failed": "❌",
+    "no-baseline": "⚪",
+    "error": "⚠️",
+}
+FAILING = ("error", "parity-failed", "regressed")
+
+# caps that keep one pathological target from filling the whole report
+MAX_BREAKS_LISTED = 50  # graph breaks listed per target in its details
+MAX_REASON_CHARS = 500  # one graph-break reason / gate reason in a table or list
+MAX_ERROR_CHARS = 3000  # an error's text in its details (the tail is kept)
+MAX_LIST_ITEMS = 100  # added / removed / re-measured target lists
+
+_MD_ESCAPES = str.maketrans({
+    **{c: "\\" + c for c in "\\`*_[]|~#!"},
+    "&": "&amp;", "<": "&lt;", ">": "&gt;", "@": "@\u200b",
+})
+_NEWLINES = re.compile(r"\r\n|\r|\n")
+
+
+# ------------------------------------------------------------------------------ escaping
+
+
+def _truncate(text: str, limit: int | None) -> str:
+    if limit is not None and len(text) > limit:
+        return text[: max(0, limit - 1)].rstrip() + "…"
+    return text
+
+
+def md_text(text: Any, limit: int | None = None) -> str:
+    """``text`` as one line of literal markdown, safe in a table cell and in a list item.
+
+    Markdown punctuation (backslash, backticks, ``*``, ``_``, brackets, ``|``, ``~``,
+    ``#``, ``!``) is backslash-escaped, ``&``/``<``/``>`` become entities, newlines
+    become ``<br>``, and ``@`` gets a zero-width space so that ``@torch.no_grad`` in a
+    reason mentions nobody. ``limit`` truncates the raw text first (with "…").
+    """
+    s = _truncate(str(text), limit)
+    return _NEWLINES.sub("<br>", s.strip().translate(_MD_ESCAPES))
+
+
+def md_code(text: Any, *, table: bool = False) -> str:
+    """``text`` as an inline code span (a fence longer than any backtick run inside it).
+    In a table cell ``|`` must still be escaped, even inside code (GFM)."""
+    s = " ".join(str(text).split())  # no newlines in a code span
+    run = max((len(m) for m in re.findall(r"`+", s)), default=0)
+    fence = "`" * (run + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    if table:
+        s = s.replace("|", "\\|")
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
+def _code_block(text: str) -> str:
+    run = max((len(m) for m in re.findall(r"`{3,}", text)), default=2)
+    fence = "`" * (run + 1)
+    return f"{fence}text\n{text.rstrip()}\n{fence}"
+
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _sig3(v: float) -> str:
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def fmt_time(seconds: float | None) -> str:
+    """Seconds in human units: ``812 µs``, ``1.23 ms``, ``2.05 s``; "–" when unknown."""
+    if seconds is None:
+        return DASH
+    if not math.isfinite(seconds):
+        return str(seconds)
+    for unit, scale in (("µs", 1e6), ("ms", 1e3)):
+        if abs(seconds) * scale < 999.5:
+            return f"{_sig3(seconds * scale)} {unit}"
+    return f"{_sig3(seconds)} s"
+
+
+def fmt_mib(nbytes: int | None) -> str:
+    return DASH if nbytes is None else f"{nbytes / 2**20:.1f}"
+
+
+def fmt_sci(x: float | None) -> str:
+    if x is None:
+        return DASH
+    if not math.isfinite(x):
+        return str(x)
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+def fmt_pct(x: float | None) -> str:
+    return DASH if x is None else f"{x:+.1%}"
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None:
+        return DASH
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
+def _pair(base: str | None, pr: str | None) -> str:
+    """``base → PR``; a missing side is "–", both missing is "–"."""
+    b = DASH if base is None else base
+    p = DASH if pr is None else pr
+    return DASH if b == DASH and p == DASH else f"{b} {ARROW} {p}"
+
+
+def _emoji(verdict: str) -> str:
+    return EMOJI.get(verdict, "❔")
+
+
+def _verdict_label(verdict: str) -> str:
+    return f"{_emoji(verdict)} {verdict}"
+
+
+def _severity(row: GateRow) -> int:
+    v = row.verdict.verdict
+    return ORDER.index(v) if v in ORDER else len(ORDER)
+
+
+def _sorted_rows(report: GateReport) -> list[GateRow]:
+    """Worst first (the order of :data:`gatekeeper.gate.ORDER`), else as measured."""
+    return sorted(report.rows, key=_severity)
+
+
+def counts(report: GateReport) -> dict[str, int]:
+    """Targets per verdict, every verdict present (zeros included), in severity order."""
+    out = {v: 0 for v in ORDER}
+    for row in report.rows:
+        out[row.verdict.verdict] = out.get(row.verdict.verdict, 0) + 1
+    return out
+
+
+def _counts_text(report: GateReport) -> str:
+    parts = [f"{n} {v}" for v, n in counts(report).items() if n]
+    return ", ".join(parts) if parts else "no targets"
+
+
+def error_line(error: str | None) -> str:
+    """The line of an error worth showing: the exception line of a traceback, else the
+    first non-empty line."""
+    lines = [ln.strip() for ln in (error or "").splitlines() if ln.strip()]
+    if not lines:
+        return "measurement failed"
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
+
+
+# ------------------------------------------------------------------------- row accessors
+
+
+def _base(row: GateRow) -> TargetResult | None:
+    return row.baseline.result if row.baseline is not None else None
+
+
+def _p50(r: TargetResult | None) -> float | None:
+    return r.latency.compiled.p50 if r is not None and r.latency is not None else None
+
+
+def _speedup(r: TargetResult | None) -> float | None:
+    return r.latency.speedup if r is not None and r.latency is not None else None
+
+
+def _compile_s(r: TargetResult | None) -> float | None:
+    return r.compile.seconds if r is not None and r.compile is not None else None
+
+
+def _breaks(r: TargetResult | None) -> int | None:
+    return r.graphs.breaks if r is not None and r.graphs is not None else None
+
+
+def _recompiles(r: TargetResult | None) -> int | None:
+    return r.graphs.recompiles if r is not None and r.graphs is not None else None
+
+
+def _peak(r: TargetResult | None) -> int | None:
+    return r.memory.compiled_peak_bytes if r is not None and r.memory is not None else None
+
+
+def _parity_failed(r: TargetResult) -> list[str]:
+    if r.parity is None:
+        return []
+    checks = (("vs eager", r.parity.vs_eager), ("vs baseline", r.parity.vs_baseline))
+    return [name for name, c in checks if c is not None and not c.passed]
+
+
+# ------------------------------------------------------------------------ the main table
+
+HEADERS = ["target", "verdict", "p50 latency (Δ)", "speedup vs eager", "compile",
+           "graph breaks", "recompiles", "peak mem compiled (MiB)", "parity (max abs err)",
+           "cache"]
+
+
+def _latency_cell(row: GateRow) -> str:
+    base, pr = _base(row), row.result
+    cell = _pair(fmt_time(_p50(base)), fmt_time(_p50(pr)))
+    comp = row.verdict.latency
+    if comp:
+        delta = fmt_pct(comp.get("delta"))
+        if comp.get("verdict") == "regressed":
+            delta = f"**{delta}**"
+        sig = fmt_p(comp.get("p_value")) if comp.get("significant") else "n.s."
+        cell += f", {delta} ({sig})"
+    return cell
+
+
+def _speedup_cell(row: GateRow) -> str:
+    def fmt(x: float | None) -> str:
+        return DASH if x is None else f"{x:.2f}x"
+    cell = _pair(fmt(_speedup(_base(row))), fmt(_speedup(row.result)))
+    comp = row.verdict.speedup
+    if comp and comp.get("verdict") in ("regressed", "improved"):
+        cell += f" ({_emoji(comp['verdict'])})"
+    return cell
+
+
+def _compile_cell(row: GateRow) -> str:
+    base, pr = _base(row), row.result
+    bc, pc = (base.compile if base else None), pr.compile
+    kind = lambda c: "warm" if c.warm else "cold"  # noqa: E731
+    if pc is None and bc is None:
+        return DASH
+    if bc is not None and pc is not None and bc.warm == pc.warm:
+        return f"{bc.seconds:.1f} {ARROW} {pc.seconds:.1f} s ({kind(pc)})"
+    b = f"{bc.seconds:.1f} s ({kind(bc)})" if bc else DASH
+    p = f"{pc.seconds:.1f} s ({kind(pc)})" if pc else DASH
+    return f"{b} {ARROW} {p}"
+
+
+def _breaks_cell(row: GateRow) -> str:
+    b, p = _breaks(_base(row)), _breaks(row.result)
+    cell = _pair(None if b is None else str(b), None if p is None else str(p))
+    if row.verdict.new_breaks:
+        cell += f" (+{len(row.verdict.new_breaks)} new)"
+    return cell
+
+
+def _recompiles_cell(row: GateRow) -> str:
+    b, p = _recompiles(_base(row)), _recompiles(row.result)
+    return _pair(None if b is None else str(b), None if p is None else str(p))
+
+
+def _memory_cell(row: GateRow) -> str:
+    return _pair(fmt_mib(_peak(_base(row))), fmt_mib(_peak(row.result)))
+
+
+def _parity_cell(row: GateRow) -> str:
+    r = row.result
+    if r.parity is None:
+        return DASH
+    failed = _parity_failed(r)
+    if failed:
+        return "❌ FAILED (" + ", ".join(failed) + ")"
+    vb = r.parity.vs_baseline
+    return (f"eager {fmt_sci(r.parity.vs_eager.max_abs_err)} · "
+            f"base {fmt_sci(vb.max_abs_err) if vb else DASH}")
+
+
+def _table_row(row: GateRow) -> list[str]:
+    r = row.result
+    return [
+        md_text(r.target),
+        _verdict_label(row.verdict.verdict),
+        _latency_cell(row),
+        _speedup_cell(row),
+        _compile_cell(row),
+        _breaks_cell(row),
+        _recompiles_cell(row),
+        _memory_cell(row),
+        _parity_cell(row),
+        r.compile.cache if r.compile else DASH,
+    ]
+
+
+def _table(rows: Iterable[list[str]], headers: list[str]) -> str:
+    """A GitHub table. Cells are already escaped; newlines are made ``<br>`` here as a
+    last guard, since one would split the row."""
+    safe = [[_NEWLINES.sub("<br>", str(c)) for c in row] for row in rows]
+    return tabulate(safe, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+# ---------------------------------------------------------------------- details section
+
+
+def _summary_rows(label: str, s: LatencySummary | None) -> list[str] | None:
+    if s is None:
+        return None
+    return [label, fmt_time(s.p50), fmt_time(s.p95), fmt_time(s.p99), fmt_time(s.mean),
+            str(s.n)]
+
+
+def _latency_table(row: GateRow) -> str | None:
+    base, pr = _base(row), row.result
+    rows = []
+    for kind in ("eager", "compiled", "reference"):
+        for side, r in (("base", base), ("PR", pr)):
+            if r is None or r.latency is None:
+                continue
+            line = _summary_rows(f"{kind} ({side})", getattr(r.latency, kind))
+            if line:
+                rows.append(line)
+    if not rows:
+        return None
+    return _table(rows, ["", "p50", "p95", "p99", "mean", "n"])
+
+
+def _comparison_row(label: str, comp: dict) -> list[str]:
+    return [
+        label,
+        f"{comp['ratio']:.3f}",
+        fmt_pct(comp["delta"]),
+        f"{fmt_pct(comp['ci_lo'] - 1)} .. {fmt_pct(comp['ci_hi'] - 1)}",
+        fmt_p(comp["p_value"]) + ("" if comp["significant"] else " (n.s.)"),
+        f"±{comp['threshold']:.0%}",
+        comp["verdict"],
+        f"{comp['test']}, n={comp['n_base']}/{comp['n_pr']}",
+    ]
+
+
+def _comparison_table(row: GateRow) -> str | None:
+    v = row.verdict
+    rows = []
+    if v.latency:
+        label = ("compiled latency ÷ reference workload" if v.latency.get("normalised")
+                 else "compiled latency (not normalised)")
+        rows.append(_comparison_row(label, v.latency))
+    if v.speedup:
+        rows.append(_comparison_row("compiled ÷ eager per round (speedup)", v.speedup))
+    if not rows:
+        return None
+    return _table(rows, ["PR vs base", "ratio", "Δ", "CI", "p-value", "threshold",
+                         "verdict", "test"])
+
+
+def _compile_table(row: GateRow) -> str | None:
+    rows = []
+    for side, r in (("base", _base(row)), ("PR", row.result)):
+        if r is None or r.compile is None:
+            continue
+        c = r.compile
+        graphs = str(r.graphs.count) if r.graphs else DASH
+        rows.append([side, f"{c.seconds:.2f} s", "warm" if c.warm else "cold", c.cache,
+                     f"{c.fxgraph_cache_hit} / {c.fxgraph_cache_miss}",
+                     f"{c.autograd_cache_hit} / {c.autograd_cache_miss}", graphs])
+    if not rows:
+        return None
+    return _table(rows, ["", "compile", "start", "cache", "FX graph hit / miss",
+                         "AOT autograd hit / miss", "graphs"])
+
+
+def _memory_table(row: GateRow) -> str | None:
+    rows = []
+    for side, r in (("base", _base(row)), ("PR", row.result)):
+        if r is None or r.memory is None:
+            continue
+        m = r.memory
+        kind = "CUDA max allocated" if m.kind == "cuda" else "peak RSS growth"
+        rows.append([side, kind, fmt_mib(m.eager_peak_bytes), fmt_mib(m.compiled_peak_bytes)])
+    if not rows:
+        return None
+    return _table(rows, ["", "kind", "eager (MiB)", "compiled (MiB)"])
+
+
+def _parity_table(r: TargetResult) -> str | None:
+    if r.parity is None:
+        return None
+    rows = []
+    checks: list[tuple[str, ParityCheck | None]] = [("compiled vs eager", r.parity.vs_eager),
+                                                     ("compiled vs baseline", r.parity.vs_baseline)]
+    for label, c in checks:
+        if c is None:
+            rows.append([label, DASH, DASH, DASH, DASH, DASH, "no baseline reference outputs"])
+            continue
+        cos = DASH if c.cosine is None else f"{c.cosine:.6f}"
+        rows.append([label, "✅ pass" if c.passed else "❌ FAILED", md_text(c.method),
+                     fmt_sci(c.max_abs_err), fmt_sci(c.rmse), cos,
+                     md_text(c.detail, MAX_REASON_CHARS) if c.detail else ""])
+    return _table(rows, ["", "result", "method", "max abs err", "RMSE", "cosine", "detail"])
+
+
+def _break_where(b: GraphBreak, *, table: bool = False) -> str:
+    return md_code(b.where(), table=table) if b.file else "?"
+
+
+def _breaks_section(row: GateRow) -> list[str]:
+    out: list[str] = []
+    new = row.verdict.new_breaks
+    if new:
+        out.append(f"**New graph breaks ({len(new)})**\n")
+        for b in new[:MAX_BREAKS_LISTED]:
+            out.append(f"- {_break_where(b)} — {md_text(b.reason, MAX_REASON_CHARS)}")
+        if len(new) > MAX_BREAKS_LISTED:
+            out.append(f"- … and {len(new) - MAX_BREAKS_LISTED} more")
+        out.append("")
+    r = row.result
+    if r.graphs is not None and r.graphs.break_reasons:
+        new_keys = {(b.reason, b.file, b.line) for b in new}
+        reasons = r.graphs.break_reasons
+        rows = [[str(i), _break_where(b, table=True),
+                 "🆕" if (b.reason, b.file, b.line) in new_keys else "",
+                 md_text(b.reason, MAX_REASON_CHARS)]
+                for i, b in enumerate(reasons[:MAX_BREAKS_LISTED], 1)]
+        out.append(f"**All graph breaks in this PR ({len(reasons)})**\n")
+        out.append(_table(rows, ["#", "where", "new", "reason"]))
+        if len(reasons) > MAX_BREAKS_LISTED:
+            out.append(f"\n*… and {len(reasons) - MAX_BREAKS_LISTED} more (see results.json)*")
+        out.append("")
+    return out
+
+
+def _details(row: GateRow) -> str:
+    r, v = row.result, row.verdict
+    base = _base(row)
+    parts = [f"<details><summary>{html.escape(r.target)} — {_verdict_label(v.verdict)}"
+             "</summary>", ""]
+    if r.status == "error":
+        parts += [f"**Error:** {md_text(error_line(r.error), MAX_REASON_CHARS)}", ""]
+        if r.error and r.error.strip() != error_line(r.error):
+            text = r.error if len(r.error) <= MAX_ERROR_CHARS else \
+                "…\n" + r.error[-MAX_ERROR_CHARS:]
+            parts += [_code_block(text), ""]
+    reasons = [x for x in v.reasons if x != r.error]  # an error is shown above
+    if reasons:
+        parts.append("**Reasons**\n")
+        parts += [f"- {md_text(x, MAX_REASON_CHARS)}" for x in reasons]
+        parts.append("")
+    if v.notes:
+        parts.append("**Notes**\n")
+        parts += [f"- {md_text(x, MAX_REASON_CHARS)}" for x in v.notes]
+        parts.append("")
+    parts += _breaks_section(row)
+    for title, table in (("Latency", _latency_table(row)),
+                         ("Latency comparison", _comparison_table(row)),
+                         ("Compile", _compile_table(row)),
+                         ("Peak memory", _memory_table(row)),
+                         ("Parity", _parity_table(r))):
+        if table:
+            parts += [f"**{title}**\n", table, ""]
+    env = [f"- env key: {md_code(r.env_key)}"]
+    code = f"- code hash: {md_code(r.code_hash)}"
+    if base is not None:
+        code += (" (unchanged)" if base.code_hash == r.code_hash
+                 else f" (baseline: {md_code(base.code_hash)})")
+    env.append(code)
+    env.append(f"- device: {md_code(r.device)}")
+    if row.baseline is not None:
+        commit = row.baseline.commit
+        env.append(f"- baseline: {md_code(row.baseline.ref)}"
+                   + (f" at {md_code(commit[:12])}" if commit else "")
+                   + f", measured {md_text(row.baseline.created_at)}")
+    parts += ["**Environment**\n", *env, "", "</details>"]
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _headline(report: GateReport, title: str) -> str:
+    n = len(report.rows)
+    tally = " · ".join(f"{_emoji(v)} {c} {v}" for v, c in counts(report).items() if c)
+    lines = [f"## {_emoji(report.verdict)} {md_text(title)}: {report.verdict}", "",
+             f"**{n} target{'s' if n != 1 else ''}** gated against the baseline of "
+             f"{md_code(report.base_ref)}" + (f": {tally}" if tally else "")]
+    c = report.creator or {}
+    extra = []
+    if c.get("commit"):
+        extra.append(f"commit {md_code(str(c['commit'])[:12])}")
+    if c.get("ref"):
+        extra.append(f"ref {md_code(c['ref'])}")
+    run = c.get("workflow_run")
+    if isinstance(run, str) and run.startswith(("https://", "http://")) and " " not in run:
+        extra.append(f"[workflow run]({run.replace(')', '%29')})")
+    if extra:
+        lines += ["", " · ".join(extra)]
+    return "\n".join(lines)
+
+
+def _failures(rows: list[GateRow]) -> str | None:
+    items = []
+    for row in rows:
+        v = row.verdict
+        if v.verdict not in FAILING:
+            continue
+        if v.verdict == "error":
+            why = [error_line(row.result.error)]
+        else:
+            why = v.reasons or [v.verdict]
+        items.append(f"- {_emoji(v.verdict)} **{md_text(row.result.target)}**: "
+                     + "; ".join(md_text(w, MAX_REASON_CHARS) for w in why))
+    return "\n".join(items) if items else None
+
+
+def _target_list(title: str, targets: list[str], note: str = "") -> str | None:
+    if not targets:
+        return None
+    lines = [f"**{title} ({len(targets)})**" + (f" — {note}" if note else ""), ""]
+    lines += [f"- {md_code(t)}" for t in targets[:MAX_LIST_ITEMS]]
+    if len(targets) > MAX_LIST_ITEMS:
+        lines.append(f"- … and {len(targets) - MAX_LIST_ITEMS} more")
+    return "\n".join(lines)
+
+
+def _hard_cap(text: str, limit: int) -> str:
+    """Last resort when even the report without details is too big: cut at a line."""
+    note = ("\n\n*Report truncated to stay under "
+            f"{limit:,} characters; the JSON report has every target.*\n")
+    cut = text.rfind("\n", 0, max(0, limit - len(note)))
+    return text[: max(cut, 0)] + note
+
+
+def render_markdown(report: GateReport, *, title: str = "gatekeeper",
+                    details: bool = True) -> str:
+    """The report as GitHub-flavoured markdown, under :data:`MAX_MARKDOWN_CHARS`."""
+    rows = _sorted_rows(report)
+    head = [_headline(report, title)]
+    if rows:
+        head.append(_table((_table_row(r) for r in rows), HEADERS))
+        if any(r.verdict.latency and r.verdict.latency.get("normalised") for r in rows):
+            head.append("<sub>Δ compares compiled latency divided by a co-measured reference "
+                        "workload (which cancels machine drift), so it can differ from the "
+                        "ratio of the raw p50s. n.s. = not significant.</sub>")
+    else:
+        head.append("*No targets were measured.*")
+    failures = _failures(rows)
+    if failures:
+        head += ["**Why it failed**", failures]
+
+    tail = []
+    added = [r.result.target for r in rows if r.baseline is None]
+    for block in (
+        _target_list("Targets added since the baseline", added,
+                     "no baseline to compare with yet; merging publishes one"),
+        _target_list("Targets removed since the baseline", list(report.removed),
+                     "in the baseline, not measured now"),
+        _target_list("Borderline targets re-measured", list(report.remeasured),
+                     "their first measurement was too close to the threshold to trust"),
+    ):
+        if block:
+            tail.append(block)
+
+    sections = [_details(r) for r in rows] if details else []
+
+    def assemble(kept: list[str], dropped: int) -> str:
+        parts = list(head)
+        if kept or dropped:
+            parts.append("### Details")
+            parts += kept
+        if dropped:
+            parts.append(f"*Details of {dropped} more target{'s' if dropped != 1 else ''} "
+                         f"left out to keep this report under {MAX_MARKDOWN_CHARS:,} "
+                         "characters; the JSON report and results.json have them.*")
+        parts += tail
+        return "\n\n".join(parts) + "\n"
+
+    kept = list(sections)
+    text = assemble(kept, 0)
+    # drop details from the end (the least severe targets) until the report fits
+    while len(text) > MAX_MARKDOWN_CHARS and kept:
+        total = len(text)
+        # jump close to the target size, then fine-tune one by one
+        excess = total - MAX_MARKDOWN_CHARS
+        while kept and excess > 0:
+            excess -= len(kept.pop()) + 2
+        text = assemble(kept, len(sections) - len(kept))
+    if len(text) > MAX_MARKDOWN_CHARS:
+        text = _hard_cap(text, MAX_MARKDOWN_CHARS)
+    return text
+
+
+# ------------------------------------------------------------------------------- JSON
+
+
+def _json_safe(x: Any) -> Any:
+    """Non-finite floats become None (strict JSON has no NaN); containers recurse."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def _side(base: Any, pr: Any) -> dict:
+    return {"base": base, "pr": pr}
+
+
+def _latency_summaries(r: TargetResult | None) -> dict | None:
+    if r is None or r.latency is None:
+        return None
+    lat = r.latency
+    return {"eager": lat.eager.model_dump(), "compiled": lat.compiled.model_dump(),
+            "reference": lat.reference.model_dump() if lat.reference else None,
+            "throughput": lat.throughput, "inner_loops": lat.inner_loops}
+
+
+def _target_json(row: GateRow, remeasured: set[str]) -> dict:
+    r, v, base = row.result, row.verdict, _base(row)
+    dump = lambda m: m.model_dump() if m is not None else None  # noqa: E731
+    return {
+        "target": r.target,
+        "model": r.model,
+        "device": r.device,
+        "verdict": v.verdict,
+        "status": r.status,
+        "error": r.error,
+        "reasons": list(v.reasons),
+        "notes": list(v.notes),
+        "borderline": v.borderline,
+        "remeasured": r.target in remeasured,
+        "latency": dict(v.latency) if v.latency else None,
+        "speedup_comparison": dict(v.speedup) if v.speedup else None,
+        "p50_s": _side(_p50(base), _p50(r)),
+        "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
+        "speedup": _side(_speedup(base), _speedup(r)),
+        "compile": _side(dump(base.compile) if base else None, dump(r.compile)),
+        "compile_s": _side(_compile_s(base), _compile_s(r)),
+        "graphs": _side(base.graphs.count if base and base.graphs else None,
+                        r.graphs.count if r.graphs else None),
+        "graph_breaks": _side(_breaks(base), _breaks(r)),
+        "break_reasons": [b.model_dump() for b in r.graphs.break_reasons] if r.graphs else [],
+        "new_breaks": [b.model_dump() for b in v.new_breaks],
+        "recompiles": _side(_recompiles(base), _recompiles(r)),
+        "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
+        "parity": dump(r.parity),
+        "cache": r.compile.cache if r.compile else None,
+        "env_key": r.env_key,
+        "code_hash": r.code_hash,
+        "base_code_hash": base.code_hash if base else None,
+        "baseline": None if row.baseline is None else {
+            "ref": row.baseline.ref, "commit": row.baseline.commit,
+            "created_at": row.baseline.created_at},
+    }
+
+
+def report_json(report: GateReport) -> dict:
+    """The report as a JSON-serialisable dict (schema ``gatekeeper.report/1``): verdicts,
+    comparisons and summaries per target, never the raw timing samples."""
+    remeasured = set(report.remeasured)
+    doc = {
+        "schema": REPORT_SCHEMA,
+        "verdict": report.verdict,
+        "exit_code": report.exit_code,
+        "base_ref": report.base_ref,
+        "summary": summary_line(report),
+        "counts": counts(report),
+        "creator": dict(report.creator or {}),
+        "targets": [_target_json(row, remeasured) for row in report.rows],
+        "removed": list(report.removed),
+        "remeasured": list(report.remeasured),
+    }
+    return _json_safe(doc)
+
+
+# ---------------------------------------------------------------------------- log line
+
+
+def summary_line(report: GateReport) -> str:
+    """One line for logs: ``gatekeeper: regressed — 1 regressed, 5 pass (base: main)``."""
+    line = f"gatekeeper: {report.verdict} — {_counts_text(report)}"
+    if report.removed:
+        line += f"; {len(report.removed)} removed"
+    return f"{line} (base: {report.base_ref})"

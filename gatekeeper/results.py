@@ -1,0 +1,183 @@
+"""The documents measurement produces and the gate reads, as versioned pydantic schemas.
+
+* ``results.json`` (:class:`Results`): what ``gatekeeper check`` measured, per target,
+  with every timing sample kept.
+* a baseline (:class:`Baseline`): one target's result published for a branch, plus the
+  store key of its reference outputs.
+
+No torch here: tensors never appear in these documents, only numbers and file hashes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import GatekeeperError
+
+RESULTS_SCHEMA = "gatekeeper.results/1"
+BASELINE_SCHEMA = "gatekeeper.baseline/1"
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LatencySummary(_Doc):
+    n: int
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+    min: float
+    max: float
+    stdev: float
+
+
+class Latency(_Doc):
+    """Seconds per call. Eager, compiled and a fixed reference workload ran interleaved
+    (E C R E C R ...), so each index i of the three sample lists is one round."""
+
+    eager: LatencySummary
+    compiled: LatencySummary
+    reference: LatencySummary | None = None
+    speedup: float  # median eager / median compiled
+    throughput: float  # compiled calls per second (1 / p50)
+    inner_loops: int  # calls averaged into each sample
+    samples: dict[str, list[float]]  # "eager", "compiled", "reference"
+
+
+class GraphBreak(_Doc):
+    reason: str
+    file: str | None = None
+    line: int | None = None
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else "?"
+
+
+class Graphs(_Doc):
+    count: int
+    breaks: int
+    break_reasons: list[GraphBreak] = Field(default_factory=list)
+    recompiles: int = 0
+
+
+class CompileStats(_Doc):
+    seconds: float  # first compiled call, wall time
+    warm: bool  # the cache dir was restored from a bundle before compiling
+    cache: Literal["hit", "partial", "miss", "cold"]
+    fxgraph_cache_hit: int = 0
+    fxgraph_cache_miss: int = 0
+    autograd_cache_hit: int = 0
+    autograd_cache_miss: int = 0
+
+
+class Memory(_Doc):
+    kind: Literal["cuda", "rss"]  # CUDA max_memory_allocated, or peak RSS growth on CPU
+    eager_peak_bytes: int | None = None
+    compiled_peak_bytes: int | None = None
+
+
+class ParityCheck(_Doc):
+    passed: bool
+    method: str  # allclose | fp64-rmse | cosine | nan-inf | shape | failed
+    max_abs_err: float | None = None
+    rmse: float | None = None
+    cosine: float | None = None
+    detail: str | None = None
+
+
+class Parity(_Doc):
+    vs_eager: ParityCheck
+    vs_baseline: ParityCheck | None = None  # compiled outputs vs the baseline's stored ones
+
+
+class Reference(_Doc):
+    """Outputs of this compiled model on the fixed seeded inputs (torch.save file)."""
+
+    file: str  # path relative to the results file
+    sha256: str
+    size: int
+
+
+class TargetResult(_Doc):
+    target: str
+    model: str
+    env_key: str
+    code_hash: str
+    device: str
+    status: Literal["ok", "error"]
+    error: str | None = None
+    compile: CompileStats | None = None
+    graphs: Graphs | None = None
+    latency: Latency | None = None
+    memory: Memory | None = None
+    parity: Parity | None = None
+    reference: Reference | None = None
+    measured_at: str | None = None
+
+
+class Results(_Doc):
+    schema_: str = Field(RESULTS_SCHEMA, alias="schema")
+    created_at: str
+    gatekeeper_version: str
+    creator: dict
+    base_ref: str
+    targets: list[TargetResult]
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def dump(self) -> str:
+        return self.model_dump_json(indent=2, by_alias=True)
+
+
+class Baseline(_Doc):
+    schema_: str = Field(BASELINE_SCHEMA, alias="schema")
+    target: str
+    env_key: str
+    ref: str
+    commit: str | None
+    created_at: str  # when the result was measured: orders baselines (newest wins)
+    published_at: str
+    result: TargetResult
+    reference_key: str | None = None  # store key of the reference outputs
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def dump(self) -> bytes:
+        return self.model_dump_json(indent=2, by_alias=True).encode()
+
+
+def load_results(path: str | Path) -> Results:
+    path = Path(path)
+    try:
+        return Results.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise GatekeeperError(f"{path}: results file not found "
+                              "(run 'gatekeeper check' first)") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise GatekeeperError(f"{path}: not a gatekeeper results file: {where}: "
+                              f"{err['msg']}") from None
+
+
+def merge_latency(a: Latency, b: Latency) -> Latency:
+    """Two measurements of one target pooled into one (a re-measured borderline result)."""
+    from . import stats
+
+    samples = {k: a.samples.get(k, []) + b.samples.get(k, []) for k in a.samples}
+
+    def summary(xs: list[float]) -> LatencySummary:
+        s = stats.summarize(xs)
+        return LatencySummary(n=s.n, mean=s.mean, p50=s.median, p95=s.p95, p99=s.p99,
+                              min=s.min, max=s.max, stdev=s.stdev)
+
+    eager, compiled = summary(samples["eager"]), summary(samples["compiled"])
+    return Latency(eager=eager, compiled=compiled,
+                   reference=summary(samples["reference"]) if samples.get("reference")
+                   else None,
+                   speedup=eager.p50 / compiled.p50, throughput=1.0 / compiled.p50,
+                   inner_loops=a.inner_loops, samples=samples)

@@ -1,0 +1,40 @@
+"""Judge a results document: fetch each target's baseline, gate it, build the report."""
+from __future__ import annotations
+
+import logging
+
+from . import baseline as baselines
+from .config import Config
+from .errors import StoreError
+from .gate import GateReport, build_report
+from .results import Baseline, Results
+from .store import Store
+
+log = logging.getLogger("gatekeeper.gate")
+
+
+def judge(results: Results, config: Config, store: Store, *, base_ref: str,
+          require_baseline: bool = False) -> GateReport:
+    found: dict[str, Baseline | None] = {}
+    for r in results.targets:
+        try:
+            found[r.target] = baselines.fetch(store, r.target, r.env_key, base_ref)
+        except StoreError as e:
+            log.warning("%s: no baseline: %s", r.target, e)
+            found[r.target] = None
+    measured = {r.target for r in results.targets}
+    try:
+        with_baseline = baselines.targets_with_baseline(
+            store, {r.env_key for r in results.targets}, base_ref)
+    except StoreError as e:
+        log.warning("cannot list baselines: %s", e)
+        with_baseline = set()
+    models = {m.name: m for m in config.models}
+
+    def rules_for(target_id: str):
+        model = models.get(target_id.split("/")[0])
+        return config.gate_for(model) if model else config.gate
+
+    return build_report(results.targets, found, rules_for, base_ref=base_ref,
+                        removed=sorted(with_baseline - measured),
+                        require_baseline=require_baseline, creator=results.creator)

@@ -1,0 +1,173 @@
+"""The gate end to end with real compiles: a baseline from main, then PR versions.
+
+The base model is compiled, measured and published once per session; each PR version
+runs `gatekeeper run` on a private copy of that project (store included), as CI would.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gatekeeper.results import Baseline, Results
+from helpers import gk, write_project
+
+BASE_MODEL = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(256, 256)
+            self.fc2 = nn.Linear(256, 256)
+            self.extra = nn.Linear(256, 256)
+
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            return self.fc2(h)
+
+    def make():
+        return Net()
+''')
+
+CONFIG = textwrap.dedent('''
+    [tool.gatekeeper]
+    store = "store"
+
+    [tool.gatekeeper.measure]
+    min_time = 1.5
+
+    [[tool.gatekeeper.models]]
+    name = "net"
+    factory = "tinymodel:make"
+    inputs = [{ shape = ["batch", 256] }]
+    shapes = [{ batch = 64 }]
+''')
+
+TARGET = "net/b64/default"
+
+
+def pr_version(body: str) -> str:
+    """The base model with a new forward()."""
+    head, _, _ = BASE_MODEL.partition("        def forward(self, x):")
+    return head + textwrap.indent(textwrap.dedent(body), " " * 8) + \
+        "\n    def make():\n        return Net()\n"
+
+
+def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:
+    proc = gk("run", "--json", "--base-ref", "main", *extra, cwd=project, env=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, doc, proc.stderr
+
+
+@pytest.fixture(scope="session")
+def base_project(tmp_path_factory) -> Path:
+    root = write_project(tmp_path_factory.mktemp("gate-base"), BASE_MODEL, CONFIG)
+    code, doc, err = run_gate(root, "--publish", env={"GITHUB_REF_NAME": "main"})
+    assert code == 0, err
+    assert doc["targets"][0]["verdict"] == "no-baseline"
+    return root
+
+
+@pytest.fixture
+def project(base_project: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "pr"
+    shutil.copytree(base_project, dest)
+    return dest
+
+
+def target_of(doc: dict) -> dict:
+    (t,) = [t for t in doc["targets"] if t["target"] == TARGET]
+    return t
+
+
+def test_unchanged_model_in_new_process_passes(project: Path):
+    code, doc, err = run_gate(project)
+    assert code == 0, err
+    assert target_of(doc)["verdict"] in ("pass", "improved")
+    results = Results.model_validate_json((project / "results.json").read_text())
+    assert results.targets[0].compile.cache == "hit"
+    assert results.targets[0].parity.vs_baseline.passed
+
+
+def test_new_graph_break_is_regressed_and_located(project: Path):
+    (project / "tinymodel.py").write_text(pr_version('''
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            print("debugging")
+            return self.fc2(h)
+    '''))
+    code, doc, err = run_gate(project)
+    assert code == 1, err
+    t = target_of(doc)
+    assert t["verdict"] == "regressed"
+    report = (project / "report.md").read_text()
+    (line_no,) = [n for n, line in enumerate((project / "tinymodel.py").read_text()
+                                             .splitlines(), 1) if "print(" in line]
+    assert f"tinymodel.py:{line_no}" in report
+    assert "print" in report
+
+
+def test_outputs_beyond_tolerance_fail_parity(project: Path):
+    (project / "tinymodel.py").write_text(pr_version('''
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            return self.fc2(h) * 1.01
+    '''))
+    code, doc, err = run_gate(project)
+    assert code == 1, err
+    assert target_of(doc)["verdict"] == "parity-failed"
+    assert "parity vs baseline" in " ".join(target_of(doc)["reasons"])
+
+
+def test_reordered_float_work_passes_parity(project: Path):
+    (project / "tinymodel.py").write_text(pr_version('''
+        def forward(self, x):
+            w1, b1 = self.fc1.weight, self.fc1.bias
+            h = torch.relu(x @ w1.t() + b1)          # the same math, another order
+            return h @ self.fc2.weight.t() + self.fc2.bias
+    '''))
+    code, doc, err = run_gate(project)
+    assert code == 0, err
+    t = target_of(doc)
+    assert t["verdict"] in ("pass", "improved")
+    results = Results.model_validate_json((project / "results.json").read_text())
+    vs_base = results.targets[0].parity.vs_baseline
+    assert vs_base.passed and 0 < vs_base.max_abs_err < 1e-4
+
+
+def test_clearly_slower_model_is_regressed(project: Path):
+    (project / "tinymodel.py").write_text(pr_version('''
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            for _ in range(4):  # new work, which barely touches the outputs
+                h = h + 1e-9 * torch.tanh(self.extra(h))
+            return self.fc2(h)
+    '''))
+    code, doc, err = run_gate(project)
+    assert code == 1, err
+    t = target_of(doc)
+    assert t["verdict"] == "regressed"
+    assert t["latency"]["delta"] > 0.3
+
+
+def test_documents_validate_and_older_baseline_never_wins(project: Path):
+    from gatekeeper import baseline
+    from gatekeeper.store import open_store
+
+    results = Results.model_validate_json((project / "results.json").read_text())
+    store = open_store(str(project / "store"))
+    current = baseline.fetch(store, TARGET, results.targets[0].env_key, "main")
+    assert isinstance(current, Baseline)
+    older = current.result.model_copy(update={"measured_at": "2000-01-01T00:00:00.000+00:00"})
+    assert baseline.publish(store, older, ref="main", commit="0ld") == "older"
+    after = baseline.fetch(store, TARGET, results.targets[0].env_key, "main")
+    assert after.created_at == current.created_at
+    history = list(store.list(baseline.prefix(TARGET, results.targets[0].env_key, "main")
+                              + "/history/"))
+    assert len(history) == 2  # the older run is kept in history, not as latest
