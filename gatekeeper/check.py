@@ -5,6 +5,7 @@ import hashlib
 import logging
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__, baseline as baselines
@@ -20,6 +21,7 @@ from .results import Reference, Results, TargetResult
 from .store import Store
 from .targets import Target
 from .warm import warm_target
+from .worktree import checkout
 
 log = logging.getLogger("gatekeeper.check")
 
@@ -28,17 +30,31 @@ def reference_path(out_dir: Path, target_id: str) -> Path:
     return out_dir / "references" / (target_id.replace("/", "__") + ".pt")
 
 
+@dataclass(frozen=True)
+class PairedBase:
+    """Where paired mode's base version was checked out."""
+
+    ref: str
+    commit: str
+    base_dir: Path  # the config's folder inside the base worktree
+
+
 def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
-                 base_ref: str, cold: bool = False, verbose: bool = False) -> TargetResult:
+                 base_ref: str, cold: bool = False, verbose: bool = False,
+                 paired: PairedBase | None = None) -> TargetResult:
     key = compute_key(target, config.base_dir)
     ident = {"target": target.id, "model": target.model.name, "env_key": key.env_key,
              "code_hash": key.code_hash, "device": key.device}
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
         cache_dir = Path(tmp, "cache")
         cache_status = "cold"
+        base_key = compute_key(target, paired.base_dir) if paired else None
         if not cold:
             cache_status = warm_target(target, config, store, cache_dir, megacache=False,
                                        signing_key=signing_key(), cache_key=key).status
+            if base_key is not None:  # the base version's artifacts, into the same cache
+                warm_target(target, config, store, cache_dir, megacache=False,
+                            signing_key=signing_key(), cache_key=base_key)
         base_reference = None
         try:
             base = baselines.fetch(store, target.id, key.env_key, base_ref)
@@ -54,7 +70,8 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
                    "budget": config.measure.model_dump(),
                    "parity": config.gate_for(target.model).parity.model_dump(),
                    "baseline_reference": str(base_reference) if base_reference else None,
-                   "reference_out": str(ref_out)}
+                   "reference_out": str(ref_out),
+                   "paired": {"base_dir": str(paired.base_dir)} if paired else None}
         try:
             resp = run_worker(request, cache_dir=cache_dir, timeout=config.measure.timeout,
                               verbose=verbose, label=target.id)
@@ -64,6 +81,10 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
         return TargetResult(**ident, status="error", error=resp["error"])
     counters = resp["counters"]
     data = ref_out.read_bytes()
+    pair = None
+    if paired and base_key and resp.get("paired"):
+        pair = {"base_ref": paired.ref, "base_commit": paired.commit,
+                "code_hash": base_key.code_hash, **resp["paired"]}
     return TargetResult(
         **ident, status="ok", measured_at=now_iso(),
         compile={"seconds": resp["compile_seconds"], "warm": cache_status in ("hit", "partial"),
@@ -71,19 +92,32 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
                  **{k: counters[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss",
                                              "autograd_cache_hit", "autograd_cache_miss")}},
         graphs=resp["graphs"], latency=resp["latency"], memory=resp["memory"],
-        parity=resp["parity"],
+        parity=resp["parity"], paired=pair,
         reference=Reference(file=os.path.relpath(ref_out, out_dir),
                             sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
 
 
 def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
-              base_ref: str, cold: bool = False, verbose: bool = False) -> Results:
+              base_ref: str, cold: bool = False, verbose: bool = False,
+              paired_ref: str | None = None) -> Results:
+    if paired_ref:
+        with checkout(paired_ref, config.base_dir) as (base_dir, commit):
+            return _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
+                              cold=cold, verbose=verbose,
+                              paired=PairedBase(paired_ref, commit, base_dir))
+    return _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref, cold=cold,
+                      verbose=verbose, paired=None)
+
+
+def _check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
+               base_ref: str, cold: bool, verbose: bool,
+               paired: PairedBase | None) -> Results:
     progress = Progress(len(targets))
     results = []
     for target in targets:
-        with progress.step(target.id, "measuring") as step:
+        with progress.step(target.id, "measuring" + (" paired" if paired else "")) as step:
             r = check_target(target, config, store, out_dir=out_dir, base_ref=base_ref,
-                             cold=cold, verbose=verbose)
+                             cold=cold, verbose=verbose, paired=paired)
             results.append(r)
             if r.status == "error":
                 step.done(f"error: {r.error}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from . import stats
 from .config import GateConfig
-from .results import Baseline, GraphBreak, TargetResult
+from .results import Baseline, GraphBreak, Graphs, TargetResult
 
 COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
 MEMORY_FLOOR = {"cuda": 1 << 20, "rss": 8 << 20}  # bytes; RSS moves by page-cache noise
@@ -86,32 +86,23 @@ def gate_target(result: TargetResult, baseline: Baseline | None,
                 found.add("parity-failed")
                 v.reasons.append(f"parity {name}: {check.detail or check.method}")
 
+    if result.paired is not None:
+        _gate_paired(v, result, rules, found)
     if baseline is None:
-        v.verdict = min(found | {"no-baseline"}, key=ORDER.index)
+        v.verdict = min(found | {"no-baseline" if result.paired is None else "pass"},
+                        key=ORDER.index)
         return v
     base = baseline.result
 
-    if result.latency and base.latency:
+    if result.latency and base.latency and result.paired is None:
         both_ref = bool(result.latency.samples.get("reference")
                         and base.latency.samples.get("reference"))
-        lat = stats.compare(_normalised(base, both_ref), _normalised(result, both_ref),
-                            threshold=rules.latency_regression)
-        v.latency = lat.to_dict() | {"normalised": both_ref}
-        sp = stats.compare(_round_ratios(base), _round_ratios(result),
-                           threshold=rules.speedup_regression)
-        v.speedup = sp.to_dict()
-        for name, comp in (("latency", lat), ("speedup vs eager", sp)):
-            if comp.verdict == "regressed":
-                found.add("regressed")
-                v.reasons.append(f"{name} {comp.delta:+.1%} (significant, "
-                                 f"threshold {comp.threshold:.0%})")
-            elif comp.verdict == "improved":
-                found.add("improved")
-                v.notes.append(f"{name} {comp.delta:+.1%} (significant)")
-            elif comp.verdict == "borderline":
-                v.borderline = True
-                v.notes.append(f"{name} {comp.delta:+.1%} is borderline: not a clear "
-                               "change beyond the threshold")
+        _timing(v, found, "latency", stats.compare(
+            _normalised(base, both_ref), _normalised(result, both_ref),
+            threshold=rules.latency_regression))
+        v.latency["normalised"] = both_ref  # type: ignore[index]
+        _timing(v, found, "speedup vs eager", stats.compare(
+            _round_ratios(base), _round_ratios(result), threshold=rules.speedup_regression))
 
     if result.compile and base.compile and result.compile.warm == base.compile.warm:
         b, p = base.compile.seconds, result.compile.seconds
@@ -132,17 +123,55 @@ def gate_target(result: TargetResult, baseline: Baseline | None,
             v.reasons.append(f"peak memory {b_mem / 2**20:.1f} MiB -> {p_mem / 2**20:.1f} MiB "
                              f"(threshold {rules.memory_regression:.0%})")
 
-    if result.graphs and base.graphs:
-        old = {_break_key(b) for b in base.graphs.break_reasons}
-        v.new_breaks = [b for b in result.graphs.break_reasons if _break_key(b) not in old]
-        if rules.graph_breaks == "no-increase" and result.graphs.breaks > base.graphs.breaks:
-            found.add("regressed")
-            where = "; ".join(f"{b.reason} at {b.where()}" for b in v.new_breaks[:3])
-            v.reasons.append(f"graph breaks {base.graphs.breaks} -> {result.graphs.breaks}"
-                             + (f": {where}" if where else ""))
+    if result.graphs and base.graphs and result.paired is None:
+        _graph_breaks(v, found, base.graphs, result.graphs, rules)
 
     v.verdict = min(found | {"pass"}, key=ORDER.index)
     return v
+
+
+def _timing(v: TargetVerdict, found: set[str], name: str, comp: stats.Comparison) -> None:
+    """Record one timing comparison: its verdict, reason or note, and its numbers."""
+    if name == "latency":
+        v.latency = comp.to_dict()
+    elif name == "speedup vs eager":
+        v.speedup = comp.to_dict()
+    if comp.verdict == "regressed":
+        found.add("regressed")
+        v.reasons.append(f"{name} {comp.delta:+.1%} (significant, threshold "
+                         f"{comp.threshold:.0%})")
+    elif comp.verdict == "improved":
+        found.add("improved")
+        v.notes.append(f"{name} {comp.delta:+.1%} (significant)")
+    elif comp.verdict == "borderline":
+        v.borderline = True
+        v.notes.append(f"{name} {comp.delta:+.1%} is borderline: not a clear change beyond "
+                       "the threshold")
+
+
+def _graph_breaks(v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs,
+                  rules: GateConfig) -> None:
+    old = {_break_key(b) for b in base.break_reasons}
+    v.new_breaks = [b for b in pr.break_reasons if _break_key(b) not in old]
+    if rules.graph_breaks == "no-increase" and pr.breaks > base.breaks:
+        found.add("regressed")
+        where = "; ".join(f"{b.reason} at {b.where()}" for b in v.new_breaks[:3])
+        v.reasons.append(f"graph breaks {base.breaks} -> {pr.breaks}"
+                         + (f": {where}" if where else ""))
+
+
+def _gate_paired(v: TargetVerdict, result: TargetResult, rules: GateConfig,
+                 found: set[str]) -> None:
+    """Paired mode: base and head measured round by round in one process."""
+    pair = result.paired
+    assert pair is not None and result.latency is not None
+    _timing(v, found, "latency", stats.compare(
+        pair.samples, result.latency.samples["compiled"], paired=True,
+        threshold=rules.latency_regression))
+    v.latency["paired"] = True  # type: ignore[index]
+    v.notes.append(f"paired with {pair.base_ref} ({pair.base_commit[:12]}) in one process")
+    if result.graphs:
+        _graph_breaks(v, found, pair.graphs, result.graphs, rules)
 
 
 def overall(verdicts: list[TargetVerdict], *, require_baseline: bool = False) -> str:

@@ -42,9 +42,19 @@ def graph_breaks(model: torch.nn.Module, inputs: tuple, base_dir: Path) -> dict:
                 file = Path(file).resolve().relative_to(base_dir.resolve()).as_posix()
             except ValueError:
                 pass
-        reasons.append({"reason": r.reason.strip().splitlines()[0][:300], "file": file,
+        reasons.append({"reason": _reason(r.reason), "file": file,
                         "line": frame.lineno if frame else None})
     return {"count": explained.graph_count, "breaks": len(reasons), "break_reasons": reasons}
+
+
+def _reason(text: str) -> str:
+    """A break's reason in one line: its headline and, when torch gives one, the
+    explanation (which names the culprit, e.g. `print`)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    head = lines[0] if lines else "unknown"
+    why = next((ln.split(":", 1)[1].strip() for ln in lines[1:]
+                if ln.startswith("Explanation:")), "")
+    return (f"{head}: {why}" if why else head)[:300]
 
 
 # -- parity ------------------------------------------------------------------------------
@@ -180,23 +190,37 @@ def _timed(fn: Callable[[], Any], loops: int, device: str) -> float:
     return (time.perf_counter() - start) / loops
 
 
+def _loops(one_call: float) -> int:
+    """Calls per sample: a power of two giving at least SAMPLE_SECONDS of work."""
+    return min(2 ** max(0, math.ceil(math.log2(SAMPLE_SECONDS / one_call))), 4096)
+
+
 def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
-            budget: dict) -> dict:
+            budget: dict, base: Callable[[], Any] | None = None) -> dict:
     """Warm up, then time eager, compiled and the reference interleaved (E C R E C R ...)
-    until ``min_time`` seconds have passed or ``max_samples`` rounds were taken."""
+    until ``min_time`` seconds have passed or ``max_samples`` rounds were taken.
+
+    In paired mode ``base`` (the base version, compiled) is timed in each round too,
+    right before the head's compiled sample, so each (base, compiled) pair shares the
+    machine's state of that moment."""
     ref = Reference(device)
+    fns = {"eager": eager, "compiled": compiled, "reference": ref}
+    if base is not None:
+        fns = {"base": base, **fns}
     for _ in range(budget["warmup"]):
-        eager(), compiled(), ref()
-    one = max(_timed(eager, 1, device), _timed(compiled, 1, device), 1e-7)
-    loops = 2 ** max(0, math.ceil(math.log2(SAMPLE_SECONDS / one)))  # powers of two
-    loops = min(loops, 4096)
-    samples: dict[str, list[float]] = {"eager": [], "compiled": [], "reference": []}
+        for fn in fns.values():
+            fn()
+    one = max(max(_timed(fn, 1, device) for name, fn in fns.items() if name != "reference"),
+              1e-7)
+    loops = _loops(one)
+    ref_loops = _loops(max(_timed(ref, 1, device), 1e-7))  # same sample length as the model's
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     start = time.perf_counter()
     while (time.perf_counter() - start < budget["min_time"] or len(samples["eager"]) < 5) \
             and len(samples["eager"]) < budget["max_samples"]:
-        samples["eager"].append(_timed(eager, loops, device))
-        samples["compiled"].append(_timed(compiled, loops, device))
-        samples["reference"].append(_timed(ref, 1, device))
+        for name, fn in fns.items():
+            samples[name].append(_timed(fn, ref_loops if name == "reference" else loops,
+                                        device))
 
     def summary(xs: list[float]) -> dict:
         s = stats.summarize(xs)
@@ -209,34 +233,62 @@ def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
             "inner_loops": loops, "samples": samples}
 
 
+def load_base(cfg: ModelConfig, req: dict, device: str) -> tuple[torch.nn.Module, Path]:
+    """Paired mode: the base version's model, built from its own checkout."""
+    from .model import other_version
+
+    base_dir = Path(req["paired"]["base_dir"])
+    refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
+    with other_version(base_dir, [r.split(":")[0] for r in refs]):
+        return build_model(cfg, base_dir, device), base_dir
+
+
+def first_call(compiled: Callable, inputs: tuple, device: str) -> tuple[Any, float]:
+    sync(device)
+    start = time.perf_counter()
+    out = compiled(*inputs)
+    sync(device)
+    return out, time.perf_counter() - start
+
+
 # -- the whole measurement ---------------------------------------------------------------
 def measure(req: dict, compile_model: Callable, snapshot_counters: Callable) -> dict:
     cfg = ModelConfig.model_validate(req["model"])
     base_dir, device = Path(req["base_dir"]), req["device"]
     model = build_model(cfg, base_dir, device)
     inputs = make_inputs(cfg, req["shapes"], base_dir, device)
+    paired = req.get("paired")
 
+    # explain() resets dynamo, so every model is explained before anything is compiled
     graphs = graph_breaks(model, inputs, base_dir)
+    if paired:
+        base_model, base_src = load_base(cfg, req, device)
+        base_graphs = graph_breaks(base_model, inputs, base_src)
     torch._dynamo.reset()
     counters.clear()
 
     compiled = compile_model(model, cfg, req["mode"], req["dynamic"])
     with torch.no_grad():
-        sync(device)
-        start = time.perf_counter()
-        out_compiled = compiled(*inputs)
-        sync(device)
-        compile_seconds = time.perf_counter() - start
+        out_compiled, compile_seconds = first_call(compiled, inputs, device)
         for _ in range(2):
             compiled(*inputs)
         cache = snapshot_counters()
         frames_after_compile = counters["frames"].get("ok", 0)
+        base_fn, base_frames = None, 0
+        if paired:
+            base_compiled = compile_model(base_model, cfg, req["mode"], req["dynamic"])
+            base_out, base_seconds = first_call(base_compiled, inputs, device)
+            base_frames = counters["frames"].get("ok", 0) - frames_after_compile
+            base_fn = lambda: base_compiled(*inputs)  # noqa: E731
+            paired = {"compile_seconds": base_seconds, "graphs": base_graphs}
 
         out_eager = model(*inputs)
         cand, eager_flat = _flat(out_compiled), _flat(out_eager)
         ref64 = fp64_reference(model, inputs)
         parity = {"vs_eager": check_parity(cand, eager_flat, ref64, req["parity"])}
-        if req.get("baseline_reference"):
+        if paired:
+            parity["vs_baseline"] = check_parity(cand, _flat(base_out), None, req["parity"])
+        elif req.get("baseline_reference"):
             base = torch.load(req["baseline_reference"], weights_only=True)
             parity["vs_baseline"] = check_parity(cand, base["compiled"], base.get("fp64"),
                                                  req["parity"])
@@ -250,8 +302,11 @@ def measure(req: dict, compile_model: Callable, snapshot_counters: Callable) -> 
                   "eager_peak_bytes": peak_memory(lambda: model(*inputs), device),
                   "compiled_peak_bytes": peak_memory(lambda: compiled(*inputs), device)}
         lat = latency(lambda: model(*inputs), lambda: compiled(*inputs), device,
-                      req["budget"])
-    graphs["recompiles"] = counters["frames"].get("ok", 0) - frames_after_compile
+                      req["budget"], base=base_fn)
+    # frames compiled after the head's first call, not counting the base model's own
+    graphs["recompiles"] = counters["frames"].get("ok", 0) - frames_after_compile - base_frames
+    if paired:
+        paired["samples"] = lat["samples"].pop("base")
     return {"ok": True, "compile_seconds": compile_seconds, "counters": cache,
             "graphs": graphs, "parity": parity, "memory": memory, "latency": lat,
-            "pid": os.getpid()}
+            "paired": paired, "pid": os.getpid()}

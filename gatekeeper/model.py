@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -28,6 +29,30 @@ def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:
     if not callable(obj):
         raise ConfigError(f"factory {ref!r} is not callable")
     return obj
+
+
+@contextmanager
+def other_version(base_dir: Path, module_names: list[str]) -> Iterator[None]:
+    """Import the user's modules from another checkout (paired mode's base version).
+
+    The user's top-level packages are taken out of ``sys.modules`` and that checkout is
+    put first on ``sys.path`` while the base model is built, then everything is put
+    back: the base model's classes keep their own module globals, the head's are
+    untouched. (An import done lazily inside ``forward`` would see the head's modules.)
+    """
+    tops = {name.split(".")[0] for name in module_names}
+    mine = lambda name: name.split(".")[0] in tops  # noqa: E731
+    saved = {k: v for k, v in sys.modules.items() if mine(k)}
+    for k in saved:
+        del sys.modules[k]
+    sys.path.insert(0, str(base_dir))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(base_dir))
+        for k in [k for k in sys.modules if mine(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
 
 
 def _call(ref: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -102,6 +102,17 @@ class Reference(_Doc):
     size: int
 
 
+class Paired(_Doc):
+    """Paired mode: the base version measured in the same process, round by round."""
+
+    base_ref: str
+    base_commit: str
+    code_hash: str  # the base version's
+    compile_seconds: float
+    graphs: Graphs
+    samples: list[float]  # base compiled latency; index i pairs with latency.samples["compiled"][i]
+
+
 class TargetResult(_Doc):
     target: str
     model: str
@@ -116,6 +127,7 @@ class TargetResult(_Doc):
     memory: Memory | None = None
     parity: Parity | None = None
     reference: Reference | None = None
+    paired: Paired | None = None
     measured_at: str | None = None
 
 

@@ -53,9 +53,10 @@ TARGET = "net/b64/default"
 
 def pr_version(body: str) -> str:
     """The base model with a new forward()."""
-    head, _, _ = BASE_MODEL.partition("        def forward(self, x):")
-    return head + textwrap.indent(textwrap.dedent(body), " " * 8) + \
-        "\n    def make():\n        return Net()\n"
+    head, found, _ = BASE_MODEL.partition("    def forward(self, x):")
+    assert found
+    return head + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 4) + \
+        "\n\ndef make():\n    return Net()\n"
 
 
 def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:

@@ -16,6 +16,9 @@ def add_measure_flags(p) -> None:
                    help="where results.json (and reference outputs) go (default: .)")
     p.add_argument("--cold", action="store_true",
                    help="measure a cold compile: do not restore bundles first")
+    p.add_argument("--paired", metavar="BASE_REF",
+                   help="also build BASE_REF's model code from a git worktree and measure "
+                        "base and head interleaved in the same process (paired A/B)")
     p.add_argument("--base-ref", metavar="REF",
                    help="branch whose baseline outputs to compare with (default: "
                         "$GITHUB_BASE_REF, else main)")
@@ -30,7 +33,7 @@ def measure(ctx: Context):
     out = Path(ctx.args.out)
     results = check_all(ctx.targets, ctx.config, ctx.store, out_dir=out,
                         base_ref=ctx.args.base_ref or base_ref(), cold=ctx.args.cold,
-                        verbose=ctx.args.verbose)
+                        verbose=ctx.args.verbose, paired_ref=ctx.args.paired)
     return results, write_results(results, out)
 
 

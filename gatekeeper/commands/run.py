@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..check import check_target, write_results
+from ..check import check_all, write_results
 from ..compile import compile_all
 from ..provenance import base_ref, current_ref
 from ..results import merge_latency
@@ -36,11 +36,13 @@ def run(ctx: Context) -> int:
     if borderline:
         by_id = {t.id: t for t in ctx.targets}
         for row in borderline:
-            again = check_target(by_id[row.result.target], ctx.config, ctx.store,
+            (again,) = check_all([by_id[row.result.target]], ctx.config, ctx.store,
                                  out_dir=path.parent, base_ref=ref, cold=args.cold,
-                                 verbose=args.verbose)
+                                 verbose=args.verbose, paired_ref=args.paired).targets
             if again.status == "ok" and row.result.latency and again.latency:
                 row.result.latency = merge_latency(row.result.latency, again.latency)
+                if row.result.paired and again.paired:
+                    row.result.paired.samples += again.paired.samples
         write_results(results, path.parent)
         report = judge(results, ctx.config, ctx.store, base_ref=ref,
                        require_baseline=args.require_baseline)

@@ -1,0 +1,93 @@
+"""Paired mode: BASE_REF's model code from a git worktree, measured with the head's in
+one process, round by round."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import gk, write_project
+from test_gate_e2e import BASE_MODEL, CONFIG, pr_version
+
+SLOWER = '''
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        for _ in range(4):  # new work, which barely touches the outputs
+            h = h + 1e-9 * torch.tanh(self.extra(h))
+        return self.fc2(h)
+'''
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
+                    *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    root = write_project(tmp_path_factory.mktemp("paired"), BASE_MODEL, CONFIG)
+    (root / ".gitignore").write_text("store/\nresults.json\nreport.*\nreferences/\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", ".")
+    git(root, "commit", "-qm", "base")
+    (root / "tinymodel.py").write_text(pr_version(SLOWER))  # the PR: uncommitted
+    return root
+
+
+def test_paired_run_flags_the_slower_head(repo: Path):
+    proc = gk("run", "--json", "--paired", "main", "--base-ref", "main", cwd=repo)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    (t,) = json.loads(proc.stdout)["targets"]
+    assert t["verdict"] == "regressed"
+    assert t["latency"]["paired"] is True and t["latency"]["delta"] > 0.3
+    results = json.loads((repo / "results.json").read_text())
+    pair = results["targets"][0]["paired"]
+    assert pair["base_ref"] == "main" and len(pair["base_commit"]) == 40
+    assert len(pair["samples"]) == len(results["targets"][0]["latency"]["samples"]["compiled"])
+    assert results["targets"][0]["parity"]["vs_baseline"]["passed"]
+    # the worktree is gone again
+    listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
+                            text=True).stdout
+    assert len(listed.strip().splitlines()) == 1
+
+
+def test_paired_needs_git(tmp_path: Path):
+    root = write_project(tmp_path / "nogit", BASE_MODEL, CONFIG)
+    proc = gk("check", "--paired", "main", cwd=root)
+    assert proc.returncode == 2
+    assert "git checkout" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_paired_unknown_ref_is_one_line(repo: Path):
+    proc = gk("check", "--paired", "no-such-branch", cwd=repo)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_other_version_swaps_modules_and_restores_them(tmp_path: Path):
+    import sys
+
+    from gatekeeper.model import other_version
+
+    head, base = tmp_path / "head", tmp_path / "base"
+    for root, value in ((head, "head"), (base, "base")):
+        (root / "gkswap").mkdir(parents=True)
+        (root / "gkswap" / "__init__.py").write_text(f"VERSION = {value!r}\n")
+    sys.path.insert(0, str(head))
+    try:
+        import gkswap
+
+        assert gkswap.VERSION == "head"
+        with other_version(base, ["gkswap.models"]):
+            import gkswap as other
+
+            assert other.VERSION == "base"
+        import gkswap as again
+
+        assert again is gkswap and sys.modules["gkswap"].VERSION == "head"
+    finally:
+        sys.path.remove(str(head))
+        sys.modules.pop("gkswap", None)
