@@ -127,11 +127,14 @@ def prune(store: Store, *, keep: int | None, older_than_days: float | None,
                 # the manifest goes first, so a reader never finds a manifest without data
                 doomed += sorted(b.keys, key=lambda k: not k.endswith("manifest.json"))
     if older_than_days is not None:
+        # outputs are stored before the baseline that names them: unnamed ones may be
+        # mid-publish, so they get the same grace as an archive without a manifest
+        min_age = max(older_than_days * 86400, ORPHAN_GRACE_S)
         for info in store.list("baselines/"):
             if "/outputs/" in info.key and info.key not in keep_keys and \
-                    now - info.modified > older_than_days * 86400:
+                    now - info.modified > min_age:
                 doomed.append(info.key)
-    if not dry_run:
-        for key in doomed:
-            store.delete(key)
-    return doomed
+    if dry_run:
+        return doomed
+    # what a read-only (or denied) store skipped was not deleted: Store counts it instead
+    return [key for key in doomed if store.delete(key)]
