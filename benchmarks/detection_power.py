@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -127,9 +126,9 @@ def main() -> None:
                          "delta": lat.get("delta"), "remeasured": t.get("remeasured"),
                          "seconds": took}
                 trials.append(trial)
-                print(f"{mode} {pct}% #{n + 1}: {t['verdict']} "
-                      f"Δ {trial['delta'] if trial['delta'] is None else f'{trial['delta']:+.1%}'}"
-                      f" ({took:.0f} s)", file=sys.stderr)
+                delta = "-" if trial["delta"] is None else f"{trial['delta']:+.1%}"
+                print(f"{mode} {pct}% #{n + 1}: {t['verdict']} Δ {delta} ({took:.0f} s)",
+                      file=sys.stderr)
     set_slowdown(repo, 0)
 
     rows = []

@@ -9,7 +9,6 @@ goes into history but never replaces a newer baseline.
 """
 from __future__ import annotations
 
-import hashlib
 import random
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
+from .hashing import sha256_file
 from .bundle import now_iso
 from .errors import GatekeeperError, PreconditionFailed, StoreError
 from .results import Baseline, Reference, TargetResult
@@ -51,7 +51,7 @@ def publish(store: Store, result: TargetResult, *, ref: str, commit: str | None,
     base = prefix(result.target, result.env_key, ref)
     reference_key = None
     if reference_file is not None and result.reference is not None:
-        digest = hashlib.sha256(reference_file.read_bytes()).hexdigest()
+        digest = sha256_file(reference_file)
         if digest != result.reference.sha256:
             raise GatekeeperError(f"{result.target}: reference outputs {reference_file} do "
                                   "not match the sha256 in the results")
@@ -111,7 +111,7 @@ def fetch_reference(store: Store, baseline: Baseline, dest: Path) -> Path | None
     if baseline.reference_key is None or ref is None:
         return None
     store.download(baseline.reference_key, dest)
-    if hashlib.sha256(dest.read_bytes()).hexdigest() != ref.sha256:
+    if sha256_file(dest) != ref.sha256:
         dest.unlink(missing_ok=True)
         raise StoreError(f"{baseline.reference_key}: sha256 does not match the baseline")
     return dest

@@ -29,6 +29,7 @@ from typing import Any
 import zstandard
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .hashing import sha256_file
 from .errors import BundleError
 
 FORMAT = 1
@@ -76,14 +77,6 @@ def _sign(data: bytes, key: bytes) -> str:
     return "hmac-sha256:" + hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -112,7 +105,7 @@ def pack(cache_dir: Path, megacache: Path | None, dest_dir: Path, *, target: str
     Returns the archive path (``bundle-<sha16>.tar.zst``) and its manifest.
     """
     members = _members(cache_dir, megacache)
-    files = {name: FileEntry(sha256=_file_sha256(p), size=p.stat().st_size)
+    files = {name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size)
              for name, p in members.items()}
     tmp = dest_dir / "bundle.tar.zst.part"
     cctx = zstandard.ZstdCompressor(level=3, threads=-1)
@@ -125,7 +118,7 @@ def pack(cache_dir: Path, megacache: Path | None, dest_dir: Path, *, target: str
             info.mtime = 0  # reproducible: content, not time, defines the archive
             with open(path, "rb") as f:
                 tar.addfile(info, f)
-    digest = _file_sha256(tmp)
+    digest = sha256_file(tmp)
     archive = dest_dir / f"bundle-{digest[:16]}.tar.zst"
     os.replace(tmp, archive)
     manifest = Manifest(
@@ -185,7 +178,7 @@ def extract(archive: Path, manifest: Manifest, staging: Path) -> None:
     """
     target = manifest.target
     try:
-        if _file_sha256(archive) != manifest.archive.sha256:
+        if sha256_file(archive) != manifest.archive.sha256:
             raise BundleError(f"{target}: bundle refused: archive sha256 does not match "
                               "its manifest (corrupted or tampered)")
         seen: set[str] = set()
@@ -237,7 +230,7 @@ def install_cache(staging: Path, cache_dir: Path) -> int:
     for src in sorted(p for p in src_root.rglob("*") if p.is_file()):
         dest = cache_dir / src.relative_to(src_root)
         if dest.is_file() and dest.stat().st_size == src.stat().st_size \
-                and _file_sha256(dest) == _file_sha256(src):
+                and sha256_file(dest) == sha256_file(src):
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest.parent)

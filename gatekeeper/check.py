@@ -1,13 +1,13 @@
 """``check``: measure each target in a fresh process, warm from the store when it can."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .hashing import sha256_bytes
 from . import __version__, baseline as baselines
 from .bundle import now_iso
 from .compile import signing_key
@@ -94,7 +94,7 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
         graphs=resp["graphs"], latency=resp["latency"], memory=resp["memory"],
         parity=resp["parity"], paired=pair,
         reference=Reference(file=os.path.relpath(ref_out, out_dir),
-                            sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
+                            sha256=sha256_bytes(data), size=len(data)))
 
 
 def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,

@@ -14,7 +14,6 @@ torch is imported here only to read versions and the device, never to compile.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from .hashing import sha256_bytes
 from .config import ModelConfig
 from .errors import ConfigError
 from .targets import Target
@@ -34,10 +34,6 @@ from .targets import Target
 _ISA_FLAG = re.compile(r"^(sse\w*|ssse3|avx\w*|amx\w*|fma\w*|f16c|bmi\w*|adx|aes|vaes|"
                        r"vpclmulqdq|gfni|sha_ni|movbe|popcnt|lzcnt|abm|xsave\w*|"
                        r"fp\w*|asimd\w*|sve\w*|sme\w*|i8mm|bf16|dotprod)$")
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _canonical(obj: object) -> bytes:
@@ -63,7 +59,7 @@ def _cpu_isa_flags() -> str:
     for line in text.splitlines():
         if line.split(":")[0].strip() in ("flags", "Features"):
             flags = sorted(f for f in line.split(":", 1)[1].split() if _ISA_FLAG.match(f))
-            return sha256_hex(" ".join(flags).encode())[:12]
+            return sha256_bytes(" ".join(flags).encode())[:12]
     return ""
 
 
@@ -119,7 +115,7 @@ def env_key(facts: dict) -> str:
         where = f"{runtime}-sm{facts['capability'].replace('.', '')}-{gpu}"
     else:
         where = f"cpu-{facts['arch']}-{facts['cpu_capability']}-t{facts['threads']}"
-    return f"torch{facts['torch']}-py{facts['python']}-{where}-{sha256_hex(_canonical(facts))[:6]}"
+    return f"torch{facts['torch']}-py{facts['python']}-{where}-{sha256_bytes(_canonical(facts))[:6]}"
 
 
 def module_of(ref: str) -> str:
@@ -216,7 +212,7 @@ def compute_key(target: Target, base_dir: Path) -> CacheKey:
                 name = path.relative_to(base_dir).as_posix()
             except ValueError:
                 name = path.as_posix()
-            files[name] = sha256_hex(path.read_bytes())
+            files[name] = sha256_bytes(path.read_bytes())
     spec = compile_spec(target)
-    code_hash = sha256_hex(_canonical({"files": files, "spec": spec}))[:16]
+    code_hash = sha256_bytes(_canonical({"files": files, "spec": spec}))[:16]
     return CacheKey(target.id, env_key(facts), code_hash, device, facts, spec, files)

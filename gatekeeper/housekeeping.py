@@ -4,12 +4,12 @@ Prune never deletes a bundle or reference outputs that a baseline points to.
 """
 from __future__ import annotations
 
-import hashlib
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .hashing import sha256_bytes
 from . import bundle
 from .errors import BundleError, StoreError
 from .results import Baseline
@@ -80,7 +80,7 @@ def verify(store: Store, signing_key: bytes | None) -> list[Finding]:
             got = store.read(doc.reference_key)
             if got is None:
                 findings.append(Finding(doc.reference_key, False, f"missing (named by {key})"))
-            elif hashlib.sha256(got[0]).hexdigest() != ref.sha256:
+            elif sha256_bytes(got[0]) != ref.sha256:
                 findings.append(Finding(doc.reference_key, False, "sha256 does not match"))
             elif key.endswith("latest.json"):
                 findings.append(Finding(doc.reference_key, True, "reference outputs"))

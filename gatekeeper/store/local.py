@@ -8,7 +8,6 @@ ETags are the sha256 of the content, so they are stable across processes.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import tempfile
@@ -16,18 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ..hashing import sha256_bytes, sha256_file
 from ..errors import PreconditionFailed, StoreError
 from .base import Backend, ObjectInfo
 
 _LOCKS = ".locks"
-
-
-def _etag_of_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class LocalBackend(Backend):
@@ -55,7 +47,7 @@ class LocalBackend(Backend):
 
     @contextmanager
     def _locked(self, key: str):
-        lock = self.root / _LOCKS / (hashlib.sha256(key.encode()).hexdigest() + ".lock")
+        lock = self.root / _LOCKS / (sha256_bytes(key.encode()) + ".lock")
         lock.parent.mkdir(parents=True, exist_ok=True)
         with open(lock, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
@@ -66,7 +58,7 @@ class LocalBackend(Backend):
 
     def _publish(self, tmp: Path, path: Path, key: str, if_none_match: bool,
                  if_match: str | None) -> str:
-        etag = _etag_of_file(tmp)
+        etag = sha256_file(tmp)
         try:
             if if_none_match:
                 try:
@@ -75,7 +67,7 @@ class LocalBackend(Backend):
                     raise PreconditionFailed(f"{key} exists") from None
             elif if_match is not None:
                 with self._locked(key):
-                    current = _etag_of_file(path) if path.exists() else None
+                    current = sha256_file(path) if path.exists() else None
                     if current != if_match:
                         raise PreconditionFailed(f"{key} changed (ETag {current} != {if_match})")
                     os.replace(tmp, path)
@@ -94,7 +86,7 @@ class LocalBackend(Backend):
             return None
         except OSError as e:
             raise StoreError(f"cannot read {path}: {e.strerror or e}") from e
-        return data, hashlib.sha256(data).hexdigest()
+        return data, sha256_bytes(data)
 
     def download(self, key: str, dest: Path) -> bool:
         path = self._path(key)
@@ -131,7 +123,7 @@ class LocalBackend(Backend):
             st = path.stat()
         except FileNotFoundError:
             return None
-        return ObjectInfo(key, st.st_size, st.st_mtime, _etag_of_file(path))
+        return ObjectInfo(key, st.st_size, st.st_mtime, sha256_file(path))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         if not self.root.is_dir():
