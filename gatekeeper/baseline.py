@@ -9,7 +9,10 @@ goes into history but never replaces a newer baseline.
 """
 from __future__ import annotations
 
+import math
 import random
+import statistics
+from statistics import NormalDist
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -18,8 +21,9 @@ from pydantic import ValidationError
 
 from .hashing import sha256_file
 from .bundle import now_iso
+from . import stats
 from .errors import GatekeeperError, PreconditionFailed, StoreError
-from .results import Baseline, Reference, TargetResult
+from .results import Baseline, Noise, Reference, TargetResult, normalised_latency
 from .store import Store
 
 CAS_ATTEMPTS = 30
@@ -63,7 +67,8 @@ def publish(store: Store, result: TargetResult, *, ref: str, commit: str | None,
             pass  # the same outputs are stored already: the name is their hash
     doc = Baseline(target=result.target, env_key=result.env_key, ref=ref, commit=commit,
                    created_at=result.measured_at, published_at=now_iso(), result=result,
-                   reference_key=reference_key)
+                   reference_key=reference_key,
+                   noise=measure_noise(result, recent_history(store, base)))
     data = doc.dump()
     try:
         if store.write(f"{base}/history/{_stamp(doc.created_at)}-{(commit or 'local')[:12]}"
@@ -85,6 +90,39 @@ def publish(store: Store, result: TargetResult, *, ref: str, commit: str | None,
         except PreconditionFailed:
             time.sleep(random.uniform(0, 0.05 * 2 ** min(attempt, 5)))  # backoff + jitter
     raise StoreError(f"{latest}: kept changing over {CAS_ATTEMPTS} attempts; try again")
+
+
+HISTORY_FOR_NOISE = 10
+
+
+def recent_history(store: Store, base: str) -> list[TargetResult]:
+    """The newest few published results of this target, env and ref."""
+    infos = sorted(store.list(f"{base}/history/"), key=lambda i: i.key)[-HISTORY_FOR_NOISE:]
+    out = []
+    for info in infos:
+        got = store.read(info.key)
+        doc = _parse(got[0], info.key) if got else None
+        if doc is not None:
+            out.append(doc.result)
+    return out
+
+
+def measure_noise(result: TargetResult, history: list[TargetResult]) -> Noise | None:
+    """Within-process noise of this run, and the spread of recent runs' medians: the
+    second is what a stored baseline cannot see in one run's samples."""
+    samples = normalised_latency(result)
+    if len(samples) < 5:
+        return None
+    within = stats.noise(samples)
+    detectable = stats.min_detectable_change(within, len(samples))
+    runs = [r for r in history if r.measured_at != result.measured_at] + [result]
+    medians = [statistics.median(xs) for xs in map(normalised_latency, runs) if xs]
+    between = stats.noise(medians) if len(medians) >= 3 else None
+    if between:
+        # one PR run against one baseline run: both medians drift
+        z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
+        detectable = math.hypot(detectable, math.expm1(z * math.sqrt(2) * between))
+    return Noise(within=within, between=between, runs=len(medians), detectable=detectable)
 
 
 def _parse(data: bytes, key: str) -> Baseline | None:

@@ -21,12 +21,15 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from . import stats
 from .config import GateConfig
-from .results import Baseline, GraphBreak, Graphs, TargetResult
+from .results import Baseline, GraphBreak, Graphs, TargetResult, normalised_latency
 
+DRIFT_Z = 1.96  # a stored-baseline change must exceed this many sigmas of process drift
 COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
 MEMORY_FLOOR = {"cuda": 1 << 20, "rss": 8 << 20}  # bytes; RSS moves by page-cache noise
 ORDER = ["error", "parity-failed", "regressed", "improved", "pass", "no-baseline"]
@@ -47,13 +50,6 @@ class TargetVerdict:
         d = dict(self.__dict__)
         d["new_breaks"] = [b.model_dump() for b in self.new_breaks]
         return d
-
-
-def _normalised(r: TargetResult, use_reference: bool) -> list[float]:
-    s = r.latency.samples  # type: ignore[union-attr]
-    if use_reference:
-        return [c / ref for c, ref in zip(s["compiled"], s["reference"])]
-    return list(s["compiled"])
 
 
 def _round_ratios(r: TargetResult) -> list[float]:
@@ -97,9 +93,16 @@ def gate_target(result: TargetResult, baseline: Baseline | None,
     if result.latency and base.latency and result.paired is None:
         both_ref = bool(result.latency.samples.get("reference")
                         and base.latency.samples.get("reference"))
-        _timing(v, found, "latency", stats.compare(
-            _normalised(base, both_ref), _normalised(result, both_ref),
-            threshold=rules.latency_regression))
+        lat = stats.compare(normalised_latency(base, both_ref),
+                            normalised_latency(result, both_ref),
+                            threshold=rules.latency_regression)
+        drift = baseline.noise.between if baseline.noise else None
+        if drift and lat.verdict in ("regressed", "improved") and \
+                abs(math.log(lat.ratio)) <= DRIFT_Z * math.sqrt(2) * drift:
+            v.notes.append(f"latency {lat.delta:+.1%} is within this runner's drift between "
+                           f"processes (±{DRIFT_Z * math.sqrt(2) * drift:.1%})")
+            lat = dataclasses.replace(lat, verdict="borderline")
+        _timing(v, found, "latency", lat)
         v.latency["normalised"] = both_ref  # type: ignore[index]
         _timing(v, found, "speedup vs eager", stats.compare(
             _round_ratios(base), _round_ratios(result), threshold=rules.speedup_regression))

@@ -197,7 +197,7 @@ def _loops(one_call: float) -> int:
 
 def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
             budget: dict, base: Callable[[], Any] | None = None) -> dict:
-    """Warm up, then time eager, compiled and the reference interleaved (E C R E C R ...)
+    """Warm up, then time eager, compiled and the reference interleaved (E C R R C E ...)
     until ``min_time`` seconds have passed or ``max_samples`` rounds were taken.
 
     In paired mode ``base`` (the base version, compiled) is timed in each round too,
@@ -218,7 +218,10 @@ def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
     start = time.perf_counter()
     while (time.perf_counter() - start < budget["min_time"] or len(samples["eager"]) < 5) \
             and len(samples["eager"]) < budget["max_samples"]:
-        for name, fn in fns.items():
+        # alternate the order every round (A B C, C B A, ...): no model always runs
+        # first, right after the other's caches were warmed, or last
+        order = list(fns.items())
+        for name, fn in (order if len(samples["eager"]) % 2 == 0 else order[::-1]):
             samples[name].append(_timed(fn, ref_loops if name == "reference" else loops,
                                         device))
 

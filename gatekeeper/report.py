@@ -492,6 +492,12 @@ def _details(row: GateRow) -> str:
         env.append(f"- baseline: {md_code(row.baseline.ref)}"
                    + (f" at {md_code(commit[:12])}" if commit else "")
                    + f", measured {md_text(row.baseline.created_at)}")
+        noise = row.baseline.noise
+        if noise is not None:
+            between = (f", {noise.between:.1%} between {noise.runs} runs"
+                       if noise.between is not None else "")
+            env.append(f"- noise on this runner: {noise.within:.1%} within a run{between}; "
+                       f"smallest slowdown it can detect: **{noise.detectable:.1%}**")
     parts += ["**Environment**\n", *env, "", "</details>"]
     return "\n".join(parts)
 
@@ -673,7 +679,8 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "base_code_hash": base.code_hash if base else None,
         "baseline": None if row.baseline is None else {
             "ref": row.baseline.ref, "commit": row.baseline.commit,
-            "created_at": row.baseline.created_at},
+            "created_at": row.baseline.created_at,
+            "noise": row.baseline.noise.model_dump() if row.baseline.noise else None},
     }
 
 

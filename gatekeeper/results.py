@@ -145,6 +145,16 @@ class Results(_Doc):
         return self.model_dump_json(indent=2, by_alias=True)
 
 
+class Noise(_Doc):
+    """How noisy this target's latency is on the runner that measured it (relative,
+    1.4826 * MAD / median of latency divided by the reference workload)."""
+
+    within: float  # between the rounds of one process
+    between: float | None = None  # between the medians of recent processes (>= 3 runs)
+    runs: int = 1  # processes behind ``between``
+    detectable: float  # smallest slowdown one PR run can tell from this baseline
+
+
 class Baseline(_Doc):
     schema_: str = Field(BASELINE_SCHEMA, alias="schema")
     target: str
@@ -155,11 +165,21 @@ class Baseline(_Doc):
     published_at: str
     result: TargetResult
     reference_key: str | None = None  # store key of the reference outputs
+    noise: Noise | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     def dump(self) -> bytes:
         return self.model_dump_json(indent=2, by_alias=True).encode()
+
+
+def normalised_latency(r: TargetResult, use_reference: bool = True) -> list[float]:
+    """Compiled latency per round, divided by that round's reference workload when both
+    were measured: the figure the gate compares across processes."""
+    s = r.latency.samples if r.latency else {}
+    if use_reference and s.get("reference"):
+        return [c / ref for c, ref in zip(s["compiled"], s["reference"])]
+    return list(s.get("compiled", []))
 
 
 def load_results(path: str | Path) -> Results:
