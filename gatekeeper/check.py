@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,9 +110,36 @@ def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: P
                       verbose=verbose, paired=None)
 
 
+def _runnable_others() -> int | None:
+    """Processes other than this one wanting a CPU right now (least of a few looks)."""
+    counts = []
+    for _ in range(5):
+        try:
+            text = Path("/proc/stat").read_text()
+        except OSError:
+            return None
+        running = next((int(ln.split()[1]) for ln in text.splitlines()
+                        if ln.startswith("procs_running")), None)
+        if running is None:
+            return None
+        counts.append(running - 1)
+        time.sleep(0.05)
+    return min(counts)
+
+
+def warn_if_busy() -> None:
+    """Timings on a busy machine are noise: torch's OpenMP threads wait at every barrier
+    for a thread the OS has descheduled (a 30 µs op became 4 ms on 2 busy cores here)."""
+    others, cores = _runnable_others(), os.cpu_count() or 1
+    if others:
+        log.warning("%d other process(es) are using the CPU (%d cores): latency will be "
+                    "noisy; run one measurement per runner at a time", others, cores)
+
+
 def _check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
                base_ref: str, cold: bool, verbose: bool,
                paired: PairedBase | None) -> Results:
+    warn_if_busy()
     progress = Progress(len(targets))
     results = []
     for target in targets:
