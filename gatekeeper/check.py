@@ -100,14 +100,17 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
 
 def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
               base_ref: str, cold: bool = False, verbose: bool = False,
-              paired_ref: str | None = None) -> Results:
+              paired_ref: str | None = None, shard: str | None = None) -> Results:
     if paired_ref:
         with checkout(paired_ref, config.base_dir) as (base_dir, commit):
-            return _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
-                              cold=cold, verbose=verbose,
-                              paired=PairedBase(paired_ref, commit, base_dir))
-    return _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref, cold=cold,
-                      verbose=verbose, paired=None)
+            results = _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
+                                 cold=cold, verbose=verbose,
+                                 paired=PairedBase(paired_ref, commit, base_dir))
+    else:
+        results = _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
+                             cold=cold, verbose=verbose, paired=None)
+    results.shard = shard
+    return results
 
 
 def _runnable_others() -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 
 from . import __version__
 from .commands import baseline, check, comment, common, gate, key, merge, run, store, warm
@@ -55,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("gatekeeper: interrupted\n")
         return 130
+    except Exception as e:  # a bug of ours: still exit 2, never 1 (which means "regressed")
+        if args.verbose:
+            traceback.print_exc()
+        sys.stderr.write(f"gatekeeper: internal error: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]} (run with -v for the traceback)\n")
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

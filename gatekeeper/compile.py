@@ -1,6 +1,7 @@
 """Compile each target in a fresh process, pack its bundle, publish it to the store."""
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from . import __version__, bundle
 from .config import Config
-from .errors import StoreError, WorkerError
+from .errors import BundleError, StoreError, WorkerError
 from .fingerprint import compute_key
 from .isolate import run_worker
 from .progress import Progress
@@ -17,9 +18,28 @@ from .store import BundleLocation, Store
 from .targets import Target
 
 
+log = logging.getLogger("gatekeeper.compile")
+
+
 def signing_key() -> bytes | None:
     key = os.environ.get("GATEKEEPER_SIGNING_KEY")
     return key.encode() if key else None
+
+
+def _trusted(store: Store, loc: BundleLocation) -> bool:
+    """With a signing key, a stored bundle that does not verify is no reason to skip
+    publishing: an unsigned or forged bundle must not block the trusted one forever."""
+    key = signing_key()
+    got = store.read(loc.key("manifest.json")) if key else None
+    if got is None:
+        return True
+    try:
+        bundle.verify_manifest(got[0], target=loc.target_id, signing_key=key)
+    except BundleError as e:
+        log.warning("%s; publishing a signed one in its place", e)
+        store.delete(loc.key("manifest.json"))
+        return False
+    return True
 
 
 @dataclass
@@ -44,7 +64,7 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
     result = CompileResult(target.id, "error", key.env_key, key.code_hash)
     loc = BundleLocation(target.id, key.env_key, key.code_hash)
     try:
-        if not force and store.has_bundle(loc):
+        if not force and store.has_bundle(loc) and _trusted(store, loc):
             result.status = "exists"
             return result
     except StoreError as e:

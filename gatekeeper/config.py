@@ -64,8 +64,8 @@ class ParityTolerance(_Strict):
 class GateConfig(_Strict):
     """Regression thresholds, as fractions (0.05 = 5% worse)."""
 
-    latency_regression: float = Field(0.05, ge=0)
-    speedup_regression: float = Field(0.05, ge=0)
+    latency_regression: float = Field(0.05, ge=0, lt=1)
+    speedup_regression: float = Field(0.05, ge=0, lt=1)
     compile_time_regression: float = Field(0.15, ge=0)
     memory_regression: float = Field(0.05, ge=0)
     graph_breaks: Literal["no-increase", "ignore"] = "no-increase"

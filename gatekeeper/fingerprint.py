@@ -148,19 +148,24 @@ def code_files(ref: str, base_dir: Path) -> list[Path]:
 
 
 class search_path:
-    """Put the config's folder first on ``sys.path`` while user modules are located."""
+    """While user modules are located: the config's folder first on ``sys.path`` and the
+    current directory last, as the worker has them."""
 
     def __init__(self, base_dir: Path) -> None:
-        self.entry = str(base_dir)
+        self.front = str(base_dir) if str(base_dir) not in sys.path else None
+        cwd = os.getcwd()
+        self.back = cwd if cwd not in sys.path and cwd != str(base_dir) else None
 
     def __enter__(self) -> None:
-        sys.path.insert(0, self.entry)
+        if self.front:
+            sys.path.insert(0, self.front)
+        if self.back:
+            sys.path.append(self.back)
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            sys.path.remove(self.entry)
-        except ValueError:
-            pass
+        for entry in (self.front, self.back):
+            if entry and entry in sys.path:
+                sys.path.remove(entry)
 
 
 def compile_spec(target: Target) -> dict:

@@ -22,6 +22,8 @@ def cache_env(cache_dir: Path) -> dict[str, str]:
     env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
     # Triton's kernels then land inside the inductor cache dir (<cache>/triton/<device>)
     env.pop("TRITON_CACHE_DIR", None)
+    # no current directory on sys.path: a gatekeeper/ folder there must not shadow us
+    env["PYTHONSAFEPATH"] = "1"
     return env
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +18,8 @@ def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:
     module_name, _, attr = ref.partition(":")
     if str(base_dir) not in sys.path:
         sys.path.insert(0, str(base_dir))
+    if os.getcwd() not in sys.path:  # then the current directory, last
+        sys.path.append(os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as e:  # the user's module may raise anything on import

@@ -137,6 +137,7 @@ class Results(_Doc):
     gatekeeper_version: str
     creator: dict
     base_ref: str
+    shard: str | None = None  # "i/n" when this run measured one shard of the targets
     targets: list[TargetResult]
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

@@ -59,8 +59,14 @@ def pr_version(body: str) -> str:
         "\n\ndef make():\n    return Net()\n"
 
 
+# One OpenMP thread: on a 2-core runner, a second thread that the OS deschedules turns
+# every parallel region into a scheduler quantum, and timings into noise.
+QUIET = {"OMP_NUM_THREADS": "1"}
+
+
 def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:
-    proc = gk("run", "--json", "--base-ref", "main", *extra, cwd=project, env=env)
+    proc = gk("run", "--json", "--base-ref", "main", *extra, cwd=project,
+              env={**QUIET, **(env or {})})
     assert "Traceback" not in proc.stderr, proc.stderr
     doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
     return proc.returncode, doc, proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import gk, write_project
-from test_gate_e2e import BASE_MODEL, CONFIG, pr_version
+from test_gate_e2e import BASE_MODEL, CONFIG, QUIET, pr_version
 
 SLOWER = '''
     def forward(self, x):
@@ -37,7 +37,7 @@ def repo(tmp_path_factory) -> Path:
 
 
 def test_paired_run_flags_the_slower_head(repo: Path):
-    proc = gk("run", "--json", "--paired", "main", "--base-ref", "main", cwd=repo)
+    proc = gk("run", "--json", "--paired", "main", "--base-ref", "main", cwd=repo, env=QUIET)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 1, proc.stderr
     (t,) = json.loads(proc.stdout)["targets"]

@@ -234,3 +234,18 @@ def test_shape_set_key_order_does_not_change_the_id():
 def test_empty_shard_is_refused():
     with pytest.raises(UsageError):
         select(expand(config(model("m", shapes=[{"batch": 1}]))), None, "")
+
+
+def test_merge_needs_every_shard_once():
+    from gatekeeper.commands.merge import _check_shards
+
+    _check_shards(["1/3", "3/3", "2/3"])
+    _check_shards([None, None])
+    with pytest.raises(UsageError, match="missing shard"):
+        _check_shards(["1/3", "3/3"])
+    with pytest.raises(UsageError, match="twice"):
+        _check_shards(["1/2", "2/2", "2/2"])
+    with pytest.raises(UsageError, match="different splits"):
+        _check_shards(["1/2", "2/3"])
+    with pytest.raises(UsageError, match="all sharded"):
+        _check_shards(["1/2", None])

@@ -33,7 +33,8 @@ def measure(ctx: Context):
     out = Path(ctx.args.out)
     results = check_all(ctx.targets, ctx.config, ctx.store, out_dir=out,
                         base_ref=ctx.args.base_ref or base_ref(), cold=ctx.args.cold,
-                        verbose=ctx.args.verbose, paired_ref=ctx.args.paired)
+                        verbose=ctx.args.verbose, paired_ref=ctx.args.paired,
+                        shard=ctx.args.shard)
     return results, write_results(results, out)
 
 

@@ -8,6 +8,7 @@ from ..check import write_results
 from ..errors import UsageError
 from ..provenance import base_ref
 from ..results import Results, load_results
+from ..targets import parse_shard
 from ..verdict import judge
 from .common import Context
 from .gate import add_gate_flags, write_report
@@ -42,12 +43,31 @@ def merge_results(paths: list[Path], out_dir: Path) -> Results:
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(src, dest)
             targets.append(t)
+    _check_shards([d.shard for _, d in docs])
     first = docs[0][1]
     bases = {d.base_ref for _, d in docs}
     if len(bases) > 1:
         raise UsageError(f"shards were gated against different base refs: {sorted(bases)}")
     return first.model_copy(update={"targets": sorted(targets, key=lambda t: t.target),
                                     "created_at": max(d.created_at for _, d in docs)})
+
+
+def _check_shards(shards: list[str | None]) -> None:
+    """Shard results must be the whole set: 1/n .. n/n, each once."""
+    given = [s for s in shards if s]
+    if not given:
+        return
+    if len(given) != len(shards):
+        raise UsageError("merge takes either all sharded results or none")
+    parsed = [parse_shard(s) for s in given]
+    counts = {n for _, n in parsed}
+    if len(counts) != 1:
+        raise UsageError(f"shards of different splits: {', '.join(sorted(given))}")
+    (n,) = counts
+    if missing := sorted(set(range(1, n + 1)) - {i for i, _ in parsed}):
+        raise UsageError(f"missing shard(s) {', '.join(f'{i}/{n}' for i in missing)}")
+    if len(set(given)) != len(given):
+        raise UsageError("the same shard was given twice")
 
 
 def run(ctx: Context) -> int:
