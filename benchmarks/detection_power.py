@@ -1,8 +1,9 @@
 """How often does the gate flag a slowdown, and how often does it cry wolf?
 
 A model with a knob that adds x% of extra work (one more tanh(Linear) layer of 20 per 5%)
-is measured as a baseline in one process; then each gate trial runs `gatekeeper run` in
-new processes, as CI does, at 0%, 5%, 10% and 20% slowdown, in two modes:
+is measured as main's baseline (by default three pushes, so the baseline knows the
+runner's drift between processes); then each gate trial runs `gatekeeper run` in new
+processes, as CI does, at 0%, 5%, 10% and 20% slowdown, in two modes:
 
     stored  the PR is measured alone and gated against the stored baseline of main
     paired  `--paired main`: main's code is checked out in a git worktree and measured
@@ -91,6 +92,8 @@ def main() -> None:
     ap.add_argument("--modes", default="stored,paired")
     ap.add_argument("--min-time", type=float, default=10.0,
                     help="seconds of timed rounds per measurement (measure.min_time)")
+    ap.add_argument("--baseline-runs", type=int, default=3,
+                    help="pushes to main measured before the trials (baseline history)")
     ap.add_argument("--json", metavar="PATH", help="also write every trial here")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -105,8 +108,9 @@ def main() -> None:
         sh("git", *cmd, cwd=repo)
     print(f"work dir {repo}; baseline of main", file=sys.stderr)
     gk("compile", cwd=repo)
-    gk("check", "--out", "base", cwd=repo)
-    gk("baseline", "--results", "base/results.json", "--ref", "main", cwd=repo)
+    for _ in range(args.baseline_runs):  # main's history: the runner's drift between runs
+        gk("check", "--out", "base", cwd=repo)
+        gk("baseline", "--results", "base/results.json", "--ref", "main", cwd=repo)
 
     trials: list[dict] = []
     for pct in levels:

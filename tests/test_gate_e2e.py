@@ -39,7 +39,15 @@ CONFIG = textwrap.dedent('''
     store = "store"
 
     [tool.gatekeeper.measure]
-    min_time = 1.5
+    min_time = 1.0
+
+    # Wide timing thresholds: these tests check the mechanism end to end on a shared
+    # 2-core machine (the slower version below does 3x the work); the detection rates at
+    # 5-10% are measured by benchmarks/detection_power.py, not asserted here.
+    [tool.gatekeeper.gate]
+    latency_regression = 0.5
+    speedup_regression = 0.5
+    compile_time_regression = 1.0
 
     [[tool.gatekeeper.models]]
     name = "net"
@@ -74,10 +82,16 @@ def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, 
 
 @pytest.fixture(scope="session")
 def base_project(tmp_path_factory) -> Path:
+    """Main with three pushes measured: its baseline knows this runner's drift between
+    processes, as a real main branch's history does."""
     root = write_project(tmp_path_factory.mktemp("gate-base"), BASE_MODEL, CONFIG)
     code, doc, err = run_gate(root, "--publish", env={"GITHUB_REF_NAME": "main"})
     assert code == 0, err
     assert doc["targets"][0]["verdict"] == "no-baseline"
+    for _ in range(2):
+        for verb in (["check"], ["baseline", "--ref", "main"]):
+            proc = gk(*verb, cwd=root, env=QUIET)
+            assert proc.returncode == 0, proc.stderr
     return root
 
 
@@ -135,14 +149,15 @@ def test_outputs_beyond_tolerance_fail_parity(project: Path):
 def test_reordered_float_work_passes_parity(project: Path):
     (project / "tinymodel.py").write_text(pr_version('''
         def forward(self, x):
-            w1, b1 = self.fc1.weight, self.fc1.bias
-            h = torch.relu(x @ w1.t() + b1)          # the same math, another order
-            return h @ self.fc2.weight.t() + self.fc2.bias
+            h = torch.relu(self.fc1(x))
+            w = self.fc2.weight  # the same sum, added up in two halves: another order
+            return (h[:, :128] @ w[:, :128].t() + h[:, 128:] @ w[:, 128:].t()) + self.fc2.bias
     '''))
     code, doc, err = run_gate(project)
-    assert code == 0, err
     t = target_of(doc)
-    assert t["verdict"] in ("pass", "improved")
+    # two half-sums may also be slower than one addmm: only parity is asserted here
+    assert t["verdict"] != "parity-failed" and code in (0, 1), err
+    assert not any("parity" in reason for reason in t["reasons"])
     results = Results.model_validate_json((project / "results.json").read_text())
     vs_base = results.targets[0].parity.vs_baseline
     assert vs_base.passed and 0 < vs_base.max_abs_err < 1e-4
@@ -177,4 +192,4 @@ def test_documents_validate_and_older_baseline_never_wins(project: Path):
     assert after.created_at == current.created_at
     history = list(store.list(baseline.prefix(TARGET, results.targets[0].env_key, "main")
                               + "/history/"))
-    assert len(history) == 2  # the older run is kept in history, not as latest
+    assert len(history) == 4  # three pushes, and the older run kept in history only
