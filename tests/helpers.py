@@ -36,6 +36,30 @@ TINY_CONFIG = textwrap.dedent('''
     shapes = [{ batch = 4 }]
 ''')
 
+def parity_only_config(shapes: str) -> str:
+    """The tiny model's config with timing rules so wide that only parity and errors
+    decide a verdict (tests of plumbing, not of detection rates)."""
+    return textwrap.dedent('''
+        [tool.gatekeeper]
+        store = "store"
+
+        [tool.gatekeeper.measure]
+        warmup = 2
+        min_time = 0.3
+
+        [tool.gatekeeper.gate]
+        latency_regression = 0.95
+        speedup_regression = 0.95
+        compile_time_regression = 100.0
+        memory_regression = 100.0
+
+        [[tool.gatekeeper.models]]
+        name = "tiny"
+        factory = "tinymodel:make"
+        inputs = [{ shape = ["batch", 16] }]
+    ''') + f"shapes = {shapes}\n"
+
+
 def write_project(root: Path, model: str = TINY_MODEL, config: str = TINY_CONFIG) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "tinymodel.py").write_text(model)

@@ -34,7 +34,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import textwrap
 import time
 import uuid
 import zipfile
@@ -46,7 +45,7 @@ from typing import Any
 import pytest
 import yaml
 from github_server import FakeGitHub
-from helpers import TINY_MODEL, write_project
+from helpers import TINY_MODEL, parity_only_config, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTION = ROOT / "action.yml"
@@ -57,27 +56,7 @@ WRITE_TOKEN = "ghs_write_token_for_tests"
 READ_TOKEN = "ghs_read_only_token_for_tests"
 SIGNING_KEY = "sk-test-5f1e0c2b9a7d4e63"
 
-CONFIG = textwrap.dedent('''
-    [tool.gatekeeper]
-    store = "store"
-
-    [tool.gatekeeper.measure]
-    warmup = 2
-    min_time = 0.3
-
-    # timing never decides these tests: only parity and errors do
-    [tool.gatekeeper.gate]
-    latency_regression = 0.95
-    speedup_regression = 0.95
-    compile_time_regression = 100.0
-    memory_regression = 100.0
-
-    [[tool.gatekeeper.models]]
-    name = "tiny"
-    factory = "tinymodel:make"
-    inputs = [{ shape = ["batch", 16] }]
-    shapes = [{ batch = 4 }]
-''')
+CONFIG = parity_only_config("[{ batch = 4 }]")
 
 # the PR's version of the model: the same weights, outputs 1% off
 DRIFTED_MODEL = TINY_MODEL.replace("return self.fc2(torch.relu(self.fc1(x)))",

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import gk
+from helpers import gk, parity_only_config
 
 MODEL = textwrap.dedent('''
     import os
@@ -42,27 +42,7 @@ MODEL = textwrap.dedent('''
         return Tiny()
 ''')
 
-CONFIG = textwrap.dedent('''
-    [tool.gatekeeper]
-    store = "store"
-
-    [tool.gatekeeper.measure]
-    warmup = 2
-    min_time = 0.3
-
-    # timing never decides here: only parity does
-    [tool.gatekeeper.gate]
-    latency_regression = 0.95
-    speedup_regression = 0.95
-    compile_time_regression = 100.0
-    memory_regression = 100.0
-
-    [[tool.gatekeeper.models]]
-    name = "tiny"
-    factory = "tinymodel:make"
-    inputs = [{ shape = ["batch", 16] }]
-    shapes = [{ batch = 4 }, { batch = 8 }]
-''')
+CONFIG = parity_only_config("[{ batch = 4 }, { batch = 8 }]")
 
 TARGETS = ["tiny/b4/default", "tiny/b8/default"]
 # one thread: every run has the same env key, and a busy machine cannot turn an OpenMP
