@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+from typing import Any, Callable
 from pathlib import Path
 
 TINY_MODEL = textwrap.dedent('''
@@ -93,3 +95,27 @@ def shared_objects(cache_dir: Path) -> dict[str, float]:
     inductor's own cache key) shows whether a process compiled any C++ kernel.
     """
     return {str(p): p.stat().st_mtime for p in cache_dir.rglob("*.so")}
+
+
+def run_threads(count: int, work: Callable[[int], Any], timeout: float = 120) -> list[Any]:
+    """``work(i)`` in ``count`` threads released at once; their results, or the first error."""
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = work(i)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a worker hung"
+    if errors:
+        raise errors[0]
+    return results

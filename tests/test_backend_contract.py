@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,6 +20,7 @@ from gatekeeper.errors import (AccessDenied, GatekeeperError, PreconditionFailed
 from gatekeeper.store.base import Backend
 from gatekeeper.store.local import LocalBackend
 from gatekeeper.store.s3 import S3Backend
+from helpers import run_threads
 from s3_server import FaultProxy, S3BucketURI, S3Server, unreachable_endpoint
 
 MiB = 1024 * 1024
@@ -49,26 +49,6 @@ def write_file(path: Path, size: int, fill: int | None = None) -> Path:
     return path
 
 
-def run_threads(count: int, work: Callable[[int], None]) -> None:
-    """Run ``work(i)`` in ``count`` threads released at once; re-raise the first error."""
-    barrier = threading.Barrier(count)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            work(i)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a worker hung"
-    if errors:
-        raise errors[0]
 
 
 def one_line(e: pytest.ExceptionInfo[GatekeeperError]) -> str:

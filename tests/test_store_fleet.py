@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -29,6 +28,7 @@ from gatekeeper.store import BundleLocation, Store
 from gatekeeper.store.base import Backend
 from gatekeeper.store.local import LocalBackend
 from gatekeeper.store.s3 import S3Backend
+from helpers import run_threads
 
 TARGET = "tiny/b4/default"
 ENV = "torch2.13.0+cpu-py3.11-cpu-x86_64-avx512-t2-a1b1b8"
@@ -219,28 +219,6 @@ def publish_baseline(store: Store, tmp: Path, second: int, *, ref: str = "main",
                             reference_file=ref_file)
 
 
-def run_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
-    """``work(i)`` in ``count`` threads released at once; their results, or the first error."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = work(i)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a worker hung"
-    if errors:
-        raise errors[0]
-    return results
 
 
 def bad(findings: list[housekeeping.Finding]) -> list[housekeeping.Finding]:
