@@ -91,3 +91,24 @@ def test_other_version_swaps_modules_and_restores_them(tmp_path: Path):
     finally:
         sys.path.remove(str(head))
         sys.modules.pop("gkswap", None)
+
+
+def test_paired_rounds_give_base_and_head_the_same_neighbours():
+    """An identical base and head must not read differently because of where they sit
+    in a round: each takes the first and the second place equally often, and each
+    follows the other as often as it follows the reference workload."""
+    from gatekeeper.measure import _round_order
+
+    names = ["base", "eager", "compiled", "reference"]
+    rounds = [_round_order(names, k) for k in range(11)]
+    assert all(sorted(r) == sorted(names) for r in rounds)
+    seq = [n for r in rounds for n in r]
+    role = lambda n, m: "the other" if n in ("base", "compiled") and n != m else n  # noqa: E731
+    before = {m: [role(seq[i - 1], m) for i in range(len(names), len(seq)) if seq[i] == m]
+              for m in ("base", "compiled")}
+    assert sorted(before["base"]) == sorted(before["compiled"]) != []
+    for m in ("base", "compiled"):
+        assert [r.index(m) for r in rounds[1:]].count(0) == 5
+
+    alone = [_round_order(["eager", "compiled", "reference"], k) for k in range(2)]
+    assert alone == [["eager", "compiled", "reference"], ["reference", "compiled", "eager"]]
