@@ -14,6 +14,9 @@ gate measured, and the time per trial. Usage, from the repo root:
 
     python benchmarks/detection_power.py [--trials 20] [--levels 0,5,10,20]
                                          [--modes stored,paired] [--min-time 10]
+
+``--levels 0:60,5:20,10:60,20:20`` runs 60 trials at 0% and 10% and 20 at 5% and 20%
+(a level without ``:N`` takes ``--trials``).
 """
 from __future__ import annotations
 
@@ -88,7 +91,9 @@ def set_slowdown(repo: Path, pct: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--levels", default="0,5,10,20")
+    ap.add_argument("--levels", default="0,5,10,20",
+                    help="slowdowns in percent, each optionally with its own trial count "
+                         "(0:60,10:60,5:20)")
     ap.add_argument("--modes", default="stored,paired")
     ap.add_argument("--min-time", type=float, default=10.0,
                     help="seconds of timed rounds per measurement (measure.min_time)")
@@ -96,7 +101,9 @@ def main() -> None:
                     help="pushes to main measured before the trials (baseline history)")
     ap.add_argument("--json", metavar="PATH", help="also write every trial here")
     args = ap.parse_args()
-    levels = [int(x) for x in args.levels.split(",")]
+    counts = {int(pct): int(n or args.trials)
+              for pct, _, n in (x.partition(":") for x in args.levels.split(","))}
+    levels = list(counts)
     modes = args.modes.split(",")
 
     repo = Path(tempfile.mkdtemp(prefix="gk-detect-"))
@@ -117,7 +124,7 @@ def main() -> None:
         set_slowdown(repo, pct)
         gk("compile", cwd=repo)  # each trial then starts warm, as a PR's CI does
         for mode in modes:
-            for n in range(args.trials):
+            for n in range(counts[pct]):
                 extra = ["--paired", "main"] if mode == "paired" else []
                 start = time.monotonic()
                 proc = gk("run", "--json", "--base-ref", "main", "--out", f"trial/{mode}",
