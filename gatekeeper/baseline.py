@@ -9,10 +9,7 @@ goes into history but never replaces a newer baseline.
 """
 from __future__ import annotations
 
-import math
 import random
-import statistics
-from statistics import NormalDist
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -23,7 +20,9 @@ from .hashing import sha256_file
 from .bundle import now_iso
 from . import stats
 from .errors import GatekeeperError, PreconditionFailed, StoreError
-from .results import Baseline, Noise, Reference, TargetResult, normalised_latency
+from .gate import DEFAULT_DRIFT
+from .results import (Baseline, Noise, Reference, RunMedians, TargetResult,
+                      normalised_latency, run_medians)
 from .store import Store
 
 CAS_ATTEMPTS = 30
@@ -92,7 +91,7 @@ def publish(store: Store, result: TargetResult, *, ref: str, commit: str | None,
     raise StoreError(f"{latest}: kept changing over {CAS_ATTEMPTS} attempts; try again")
 
 
-HISTORY_FOR_NOISE = 10
+HISTORY_FOR_NOISE = 10  # runs (processes) behind a baseline's noise figures
 
 
 def recent_history(store: Store, base: str) -> list[TargetResult]:
@@ -108,21 +107,33 @@ def recent_history(store: Store, base: str) -> list[TargetResult]:
 
 
 def measure_noise(result: TargetResult, history: list[TargetResult]) -> Noise | None:
-    """Within-process noise of this run, and the spread of recent runs' medians: the
-    second is what a stored baseline cannot see in one run's samples."""
+    """Within-process noise of this run, and the drift between runs of the same code
+    over the recent history: the second is what one run's samples cannot show, and
+    what the stored-baseline gate pays for (see gatekeeper.gate)."""
     samples = normalised_latency(result)
     if len(samples) < 5:
         return None
     within = stats.noise(samples)
-    detectable = stats.min_detectable_change(within, len(samples))
-    runs = [r for r in history if r.measured_at != result.measured_at] + [result]
-    medians = [statistics.median(xs) for xs in map(normalised_latency, runs) if xs]
-    between = stats.noise(medians) if len(medians) >= 3 else None
-    if between:
-        # one PR run against one baseline run: both medians drift
-        z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
-        detectable = math.hypot(detectable, math.expm1(z * math.sqrt(2) * between))
-    return Noise(within=within, between=between, runs=len(medians), detectable=detectable)
+    runs = [RunMedians(measured_at=r.measured_at or "", code_hash=r.code_hash,
+                       latency=lat, vs_eager=ratio,
+                       normalised=bool(r.latency and r.latency.samples.get("reference")))
+            for r in [*(h for h in history if h.measured_at != result.measured_at), result]
+            for lat, ratio in run_medians(r)][-HISTORY_FOR_NOISE:]
+    mine = [m for m in runs if m.normalised == runs[-1].normalised]
+    between, df = stats.pooled_sd(_by_code(mine, "latency"))
+    vs_eager_between, _ = stats.pooled_sd(_by_code(mine, "vs_eager"))
+    same = sum(m.code_hash == result.code_hash for m in mine)
+    detectable = stats.runs_detectable_change(between or DEFAULT_DRIFT,
+                                              df if between else None, same)
+    return Noise(within=within, between=between, vs_eager_between=vs_eager_between, df=df,
+                 runs=runs, detectable=detectable)
+
+
+def _by_code(runs: list[RunMedians], field: str) -> list[list[float]]:
+    groups: dict[str, list[float]] = {}
+    for m in runs:
+        groups.setdefault(m.code_hash, []).append(getattr(m, field))
+    return list(groups.values())
 
 
 def _parse(data: bytes, key: str) -> Baseline | None:

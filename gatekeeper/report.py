@@ -357,7 +357,8 @@ def _comparison_row(label: str, comp: dict) -> list[str]:
         fmt_p(comp["p_value"]) + ("" if comp["significant"] else " (n.s.)"),
         f"±{comp['threshold']:.0%}",
         comp["verdict"],
-        f"{comp['test']}, n={comp['n_base']}/{comp['n_pr']}",
+        f"{comp['test']}, {'runs' if 'run medians' in comp['test'] else 'n'}="
+        f"{comp['n_base']}/{comp['n_pr']}",
     ]
 
 
@@ -494,7 +495,7 @@ def _details(row: GateRow) -> str:
                    + f", measured {md_text(row.baseline.created_at)}")
         noise = row.baseline.noise
         if noise is not None:
-            between = (f", {noise.between:.1%} between {noise.runs} runs"
+            between = (f", {noise.between:.1%} between {len(noise.runs)} runs"
                        if noise.between is not None else "")
             env.append(f"- noise on this runner: {noise.within:.1%} within a run{between}; "
                        f"smallest slowdown it can detect: **{noise.detectable:.1%}**")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import GatekeeperError
 
@@ -46,6 +46,7 @@ class Latency(_Doc):
     throughput: float  # compiled calls per second (1 / p50)
     inner_loops: int  # calls averaged into each sample
     samples: dict[str, list[float]]  # "eager", "compiled", "reference"
+    runs: list[int] | None = None  # rounds per process when pooled from several; None: one
 
 
 class GraphBreak(_Doc):
@@ -146,14 +147,38 @@ class Results(_Doc):
         return self.model_dump_json(indent=2, by_alias=True)
 
 
-class Noise(_Doc):
-    """How noisy this target's latency is on the runner that measured it (relative,
-    1.4826 * MAD / median of latency divided by the reference workload)."""
+class RunMedians(_Doc):
+    """One published run (one process) of a target, by its medians."""
 
-    within: float  # between the rounds of one process
-    between: float | None = None  # between the medians of recent processes (>= 3 runs)
-    runs: int = 1  # processes behind ``between``
+    measured_at: str
+    code_hash: str
+    latency: float  # median compiled latency per round / reference workload (or raw)
+    vs_eager: float  # median of the per-round ratio compiled / eager
+    normalised: bool = True  # ``latency`` was divided by the reference workload
+
+
+class Noise(_Doc):
+    """How noisy this target's latency is on the runner that measured it.
+
+    ``within`` is relative (1.4826 * MAD / median) over the rounds of this run.
+    ``between`` and ``vs_eager_between`` are the sd of log run medians between runs of
+    the same code among ``runs`` (this run and up to nine before it), pooled per code
+    hash with ``df`` degrees of freedom; None until df >= 2. The stored-baseline gate
+    compares a PR's run medians with these runs' (stats.compare_runs)."""
+
+    within: float
+    between: float | None = None
+    vs_eager_between: float | None = None
+    df: int = 0
+    runs: list[RunMedians] = Field(default_factory=list)  # oldest first, this run last
     detectable: float  # smallest slowdown one PR run can tell from this baseline
+
+    @field_validator("runs", mode="before")
+    @classmethod
+    def _count_only(cls, v: object) -> object:
+        # baselines published before run medians were stored had a count here: still
+        # readable, gated as if they had no history
+        return [] if isinstance(v, int) else v
 
 
 class Baseline(_Doc):
@@ -183,6 +208,25 @@ def normalised_latency(r: TargetResult, use_reference: bool = True) -> list[floa
     return list(s.get("compiled", []))
 
 
+def run_medians(r: TargetResult, use_reference: bool = True) -> list[tuple[float, float]]:
+    """Per process behind ``r`` (several once re-measured): the median normalised
+    latency and the median compiled/eager round ratio."""
+    import statistics
+
+    s = r.latency.samples if r.latency else {}
+    lat, comp, eager = normalised_latency(r, use_reference), s.get("compiled", []), \
+        s.get("eager", [])
+    out, start = [], 0
+    for count in (r.latency.runs if r.latency and r.latency.runs else [len(lat)]):
+        stop = start + count
+        if stop > start:
+            out.append((statistics.median(lat[start:stop]),
+                        statistics.median([c / e for c, e in zip(comp[start:stop],
+                                                                  eager[start:stop])])))
+        start = stop
+    return out
+
+
 def load_results(path: str | Path) -> Results:
     path = Path(path)
     try:
@@ -209,8 +253,9 @@ def merge_latency(a: Latency, b: Latency) -> Latency:
                               min=s.min, max=s.max, stdev=s.stdev)
 
     eager, compiled = summary(samples["eager"]), summary(samples["compiled"])
+    runs = [*(a.runs or [len(a.samples["compiled"])]), *(b.runs or [len(b.samples["compiled"])])]
     return Latency(eager=eager, compiled=compiled,
                    reference=summary(samples["reference"]) if samples.get("reference")
                    else None,
                    speedup=eager.p50 / compiled.p50, throughput=1.0 / compiled.p50,
-                   inner_loops=a.inner_loops, samples=samples)
+                   inner_loops=a.inner_loops, samples=samples, runs=runs)

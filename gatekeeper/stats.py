@@ -13,13 +13,17 @@ The pieces:
   how large the change is: the ratio PR / base with a confidence interval.
 - :func:`compare` combines an effect size and a test into the gate's verdict, using
   the rule in :func:`decide`.
+- :func:`compare_runs` compares *runs* (one median per process) against a stored
+  baseline's runs, with the runner's drift between processes from :func:`pooled_sd`.
 - :func:`min_detectable_change` says how small a slowdown a runner can resolve.
 
 The samples of one side are treated as independent draws from one distribution.
 Drift *between* processes or machines (a stored baseline measured in another run) is
-not visible in the samples of either side, so it is not covered by these intervals;
-paired A/B samples (:func:`paired_ratio_ci`) or reference-normalised samples are the
-way to cancel it.
+not visible in the samples of either side, so it is not covered by these intervals:
+thousands of samples from one process make a tiny interval around that process's own
+level. Two honest answers: paired A/B samples in one process (:func:`paired_ratio_ci`),
+where the drift cancels, or the process as the unit of comparison
+(:func:`compare_runs`), where the drift is measured and paid for.
 """
 
 from __future__ import annotations
@@ -44,7 +48,10 @@ __all__ = [
     "paired_ratio_ci",
     "decide",
     "compare",
+    "pooled_sd",
+    "compare_runs",
     "min_detectable_change",
+    "runs_detectable_change",
 ]
 
 #: Scale factor that turns a median absolute deviation into a standard deviation for
@@ -662,6 +669,81 @@ def compare(
     )
 
 
+def pooled_sd(groups: Sequence[ArrayLike]) -> tuple[float | None, int]:
+    """The spread between runs of the same code: ``(sd, df)`` of log run medians.
+
+    Each group holds the medians of runs that measured the same thing (one code hash);
+    their deviations from their own group's mean are pooled, so a real change of level
+    between groups (a merged speed-up) is not mistaken for drift. ``df`` is the count
+    of runs minus the count of groups; ``sd`` is None while df < 2.
+    """
+    dev, df = 0.0, 0
+    for g in groups:
+        x = np.log(_samples(g, "run medians"))
+        dev += float(((x - x.mean()) ** 2).sum())
+        df += x.size - 1
+    return (math.sqrt(dev / df) if df >= 2 else None), df
+
+
+def compare_runs(
+    base_runs: ArrayLike,
+    pr_runs: ArrayLike,
+    *,
+    sd: float,
+    df: int | None,
+    threshold: float,
+    alpha: float = 0.05,
+    confidence: float = 0.95,
+) -> Comparison:
+    """Compare a PR's runs with a stored baseline's runs, one median per process.
+
+    Within one process the samples scatter little, but a process's level drifts
+    (memory layout, frequency, the neighbours of a shared runner): across processes
+    of unchanged code the median moves by a few percent, so thousands of samples from
+    one run say nothing about the next. Here the unit is the run. With ``x`` the log
+    medians of the ``n`` baseline runs and ``y`` those of the ``k`` PR runs::
+
+        d = mean(y) - mean(x),   se = sd * sqrt(1/n + 1/k)
+
+    ``sd`` is the runner's drift between runs (log scale, e.g. from :func:`pooled_sd`
+    over the baseline's history) with ``df`` degrees of freedom: the interval is
+    ``exp(d +/- t_df * se)`` and the one-sided p-values come from the t distribution.
+    ``df=None`` means ``sd`` is assumed, not estimated (normal quantiles). The verdict
+    follows :func:`decide`, as in :func:`compare`.
+    """
+    x = np.log(_samples(base_runs, "base runs"))
+    y = np.log(_samples(pr_runs, "pr runs"))
+    if not (math.isfinite(sd) and sd > 0):
+        raise ValueError(f"sd must be a positive finite number, got {sd!r}")
+    if df is not None and (int(df) != df or df < 1):
+        raise ValueError(f"df must be a positive integer or None, got {df!r}")
+    confidence = _check_open_unit(confidence, "confidence")
+    d = float(y.mean() - x.mean())
+    se = sd * math.sqrt(1.0 / x.size + 1.0 / y.size)
+    q = 0.5 + confidence / 2.0
+    half = (_t_ppf(q, int(df)) if df is not None else _norm_ppf(q)) * se
+    z = d / se
+    p_slower = 1.0 - _t_cdf(z, int(df)) if df is not None else _norm_sf(z)
+    p_faster = _t_cdf(z, int(df)) if df is not None else _norm_sf(-z)
+    ratio, lo, hi = math.exp(d), math.exp(d - half), math.exp(d + half)
+    verdict, significant = decide(ratio, lo, hi, p_slower, p_faster, threshold=threshold,
+                                  alpha=alpha)
+    return Comparison(
+        ratio=ratio,
+        delta=ratio - 1.0,
+        ci_lo=lo,
+        ci_hi=hi,
+        p_value=p_slower if ratio >= 1.0 else p_faster,
+        significant=significant,
+        verdict=verdict,
+        threshold=float(threshold),
+        n_base=int(x.size),
+        n_pr=int(y.size),
+        paired=False,
+        test="t-test on run medians" if df is not None else "z-test on run medians",
+    )
+
+
 def min_detectable_change(
     samples_or_noise: Union[float, ArrayLike],
     n: int,
@@ -702,3 +784,14 @@ def min_detectable_change(
     power = _check_open_unit(power, "power")
     z = _norm_ppf(1.0 - alpha / 2.0) + _norm_ppf(power)
     return math.expm1(z * math.sqrt(math.pi / 2.0) * sigma * math.sqrt(2.0 / n))
+
+
+def runs_detectable_change(sd: float, df: int | None, n_base: int, n_pr: int = 1, *,
+                           alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest relative slowdown :func:`compare_runs` finds significant with probability
+    about ``power``: ``exp((q_{1-alpha/2} + z_power) * sd * sqrt(1/n_base + 1/n_pr)) - 1``,
+    q from the t distribution with ``df`` (normal when df is None)."""
+    alpha = _check_open_unit(alpha, "alpha")
+    q = _t_ppf(1.0 - alpha / 2.0, int(df)) if df is not None else _norm_ppf(1.0 - alpha / 2.0)
+    z = q + _norm_ppf(_check_open_unit(power, "power"))
+    return math.expm1(z * sd * math.sqrt(1.0 / n_base + 1.0 / n_pr))

@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 
+from gatekeeper import baseline as baseline_mod
 from gatekeeper import gate, report
 from gatekeeper.config import GateConfig
 from gatekeeper.results import (
@@ -82,10 +83,18 @@ def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
     )
 
 
-def make_baseline(result: TargetResult, ref: str = "main") -> Baseline:
+def make_baseline(result: TargetResult, ref: str = "main", history: int = 0) -> Baseline:
+    """``result`` as the baseline of ``ref``; with ``history``, after that many earlier
+    runs of the same code (so the gate knows the runner's drift between runs)."""
+    runs = []
+    for i in range(history):
+        r = make_result(result.target, seed=1000 + i, code_hash=result.code_hash)
+        r.measured_at = f"2024-12-{i + 1:02d}T00:00:00Z"
+        runs.append(r)
     return Baseline(target=result.target, env_key=result.env_key, ref=ref,
                     commit="a1b2c3d4e5f6a7b8", created_at="2025-01-01T00:00:00Z",
-                    published_at="2025-01-01T00:05:00Z", result=result)
+                    published_at="2025-01-01T00:05:00Z", result=result,
+                    noise=baseline_mod.measure_noise(result, runs) if history else None)
 
 
 NASTY = ("Data-dependent branching `if x.sum() > 0:` | col\nsecond line *bold* _u_ "
@@ -111,7 +120,7 @@ def rep() -> gate.GateReport:
     results.append(make_result("gpt2-tiny/b8/max-autotune", seed=4, compiled_s=1.25e-3,
                                breaks=[old_break, new_break], recompiles=1,
                                code_hash="c0de5678"))
-    baselines[base.target] = make_baseline(base)
+    baselines[base.target] = make_baseline(base, history=5)
 
     results.append(make_result("brand-new/b1/default", seed=5, baseline_parity=False))
     base = make_result("broken/b1/default", seed=8)
@@ -125,7 +134,7 @@ def rep() -> gate.GateReport:
     base = make_result("fast/b1/default", seed=9, compile_s=14.0)
     results.append(make_result("fast/b1/default", seed=10, compiled_s=0.7e-3, compile_s=2.5,
                                warm=True, cache="hit", peak=38 << 20))
-    baselines[base.target] = make_baseline(base)
+    baselines[base.target] = make_baseline(base, history=5)
     return build(results, baselines, removed=["gone/b1/default"])
 
 
@@ -197,7 +206,7 @@ def test_regressed_row_and_details(rep):
     assert "❌ regressed" in row
     delta = next(r.verdict.latency["delta"] for r in rep.rows
                  if r.result.target == "gpt2-tiny/b8/max-autotune")
-    assert f"**{delta:+.1%}** (p<0.001)" in row
+    assert re.search(re.escape(f"**{delta:+.1%}** (p") + r"(<0\.001|=0\.0\d+)\)", row)
     assert re.search(r"(\d+ µs|1\.\d\d ms) → 1\.\d\d ms", row)
     assert "1 → 2 (+1 new)" in row
     assert "0 → 1" in row  # recompiles
@@ -209,7 +218,7 @@ def test_regressed_row_and_details(rep):
     assert "`mymodel/net.py:10`" in sec  # the old break, in the list of all breaks
     assert "graph breaks 1 -&gt; 2: Data-dependent" in sec  # the gate's reason, escaped
     for part in ("p50", "p95", "p99", "mean", "compiled (base)", "eager (PR)",
-                 "compiled latency ÷ reference workload", "mann-whitney-u", "±5%",
+                 "compiled latency ÷ reference workload", "t-test on run medians, runs=6/1", "±5%",
                  "FX graph hit / miss", "peak RSS growth", "compiled vs eager",
                  f"env key: `{ENV}`", "code hash: `c0de5678` (baseline: `c0de1234`)"):
         assert part in sec, part
@@ -229,7 +238,7 @@ def test_pass_row(rep):
 def test_improved_row_with_warm_compile(rep):
     row = _row(report.render_markdown(rep), "fast/b1/default")
     assert "🚀 improved" in row
-    assert re.search(r", -\d\d\.\d% \(p<0\.001\)", row)
+    assert re.search(r", -\d\d\.\d% \(p(<0\.001|=0\.0\d+)\)", row)
     assert "14.0 s (cold) → 2.5 s (warm)" in row
     assert "40.0 → 38.0" in row
     assert "| hit " in row

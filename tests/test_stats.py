@@ -19,11 +19,14 @@ from gatekeeper.stats import (
     Comparison,
     bootstrap_ratio_ci,
     compare,
+    compare_runs,
     decide,
     mann_whitney_u,
     min_detectable_change,
     noise,
     paired_ratio_ci,
+    pooled_sd,
+    runs_detectable_change,
     summarize,
     wilcoxon_signed_rank,
 )
@@ -535,3 +538,103 @@ def test_min_detectable_change_matches_simulated_power():
     )
     print(f"significant at the MDC ({shift - 1:.2%}): {rates['significant']}")  # observed: 0.82 (100 seeds)
     assert 0.65 <= rates["significant"] <= 0.93
+
+
+# ------------------------------------------------- stored baselines: runs, not samples
+
+
+def drifting_runs(rng: np.random.Generator, runs: int, drift: float, factor: float = 1.0,
+                  n: int = 100, sigma: float = 0.01) -> list[np.ndarray]:
+    """``runs`` processes of ``n`` samples each; every process has its own level
+    (lognormal ``drift``), as on a shared runner."""
+    return [lognormal(rng, n, sigma, factor * math.exp(rng.normal(0.0, drift)))
+            for _ in range(runs)]
+
+
+def run_rates(drift: float, factor: float, seeds=range(1000), base_runs: int = 10,
+              threshold: float = 0.05) -> dict[str, float]:
+    """Verdict rates of compare_runs: 10 baseline runs (sd from their spread) against
+    one PR run, as the stored-baseline gate does."""
+    counts = {"regressed": 0, "improved": 0, "unchanged": 0, "borderline": 0,
+              "significant": 0, "covered": 0}
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        base = [float(np.median(r)) for r in drifting_runs(rng, base_runs, drift)]
+        pr = [float(np.median(r)) for r in drifting_runs(rng, 1, drift, factor)]
+        sd, df = pooled_sd([base])
+        c = compare_runs(base, pr, sd=sd, df=df, threshold=threshold)
+        counts[c.verdict] += 1
+        counts["significant"] += c.significant
+        counts["covered"] += c.ci_lo <= factor <= c.ci_hi
+    return {k: v / len(seeds) for k, v in counts.items()}
+
+
+def test_pooled_sd_is_the_spread_within_groups():
+    x = [1.0, 1.1, 0.95, 1.02]
+    sd, df = pooled_sd([x])
+    assert df == 3 and sd == pytest.approx(float(np.std(np.log(x), ddof=1)))
+    # a second group at another level (a merged speed-up) adds spread only from within
+    sd2, df2 = pooled_sd([x, [0.5 * v for v in x]])
+    assert df2 == 6 and sd2 == pytest.approx(sd)
+    assert pooled_sd([[1.0], [2.0]]) == (None, 0)
+    assert pooled_sd([[1.0, 1.1]])[0] is None  # one degree of freedom is not an estimate
+
+
+def test_runs_no_change_rarely_flagged():
+    # 3% drift between processes, one PR run against ten baseline runs
+    rates = run_rates(0.03, 1.0)
+    print("runs, no change:", rates)  # observed: regressed 0.0, significant 0.048, covered 0.952
+    assert rates["regressed"] <= 0.02 and rates["improved"] <= 0.02
+    assert rates["significant"] <= 0.07
+    assert 0.93 <= rates["covered"] <= 0.97  # the t interval has its nominal coverage
+
+
+def test_runs_detect_a_slowdown_well_beyond_the_drift():
+    rates = run_rates(0.03, 1.25)
+    print("runs, 25% slower:", rates)  # observed: regressed 1.0
+    assert rates["regressed"] >= 0.95
+    assert 0.93 <= rates["covered"] <= 0.97
+    faster = run_rates(0.03, 0.75, seeds=range(200))
+    print("runs, 25% faster:", faster)  # observed: improved 1.0
+    assert faster["improved"] >= 0.95 and faster["regressed"] == 0.0
+
+
+def test_samples_alone_would_blame_drift_on_the_pr():
+    """The reason for compare_runs: the same data through the sample-level test finds
+    'significant' changes in most trials where nothing changed."""
+    sample_level = run_level = 0
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        base_runs, (pr,) = drifting_runs(rng, 10, 0.03), drifting_runs(rng, 1, 0.03)
+        sample_level += compare(base_runs[-1], pr, threshold=0.05).significant
+        medians = [float(np.median(r)) for r in base_runs]
+        sd, df = pooled_sd([medians])
+        run_level += compare_runs(medians, [float(np.median(pr))], sd=sd, df=df,
+                                  threshold=0.05).significant
+    print("significant, no change: samples", sample_level / 200, "runs", run_level / 200)
+    # observed: samples 0.925, runs 0.035
+    assert sample_level / 200 > 0.5 and run_level / 200 <= 0.08
+
+
+def test_runs_with_assumed_drift_use_normal_quantiles():
+    c = compare_runs([1.0], [1.0], sd=0.1, df=None, threshold=0.05)
+    assert c.test == "z-test on run medians" and c.verdict == "unchanged"
+    assert c.ci_hi == pytest.approx(math.exp(1.959964 * 0.1 * math.sqrt(2)), rel=1e-5)
+    assert compare_runs([1.0], [3.0], sd=0.1, df=None, threshold=0.05).verdict == "regressed"
+    for bad in (dict(sd=0.0, df=3), dict(sd=float("nan"), df=3), dict(sd=0.1, df=0)):
+        with pytest.raises(ValueError):
+            compare_runs([1.0], [1.0], threshold=0.05, **bad)
+
+
+def test_runs_detectable_change_matches_simulated_power():
+    drift, base_runs = 0.03, 10
+    shift = 1 + runs_detectable_change(drift, base_runs - 1, base_runs)
+    hits = 0
+    for seed in range(400):
+        rng = np.random.default_rng(seed)
+        base = [float(np.median(r)) for r in drifting_runs(rng, base_runs, drift)]
+        pr = [float(np.median(r)) for r in drifting_runs(rng, 1, drift, shift)]
+        sd, df = pooled_sd([base])
+        hits += compare_runs(base, pr, sd=sd, df=df, threshold=0.0).significant
+    print(f"significant at the runs MDC ({shift - 1:.2%}): {hits / 400}")  # observed: 0.79
+    assert 0.68 <= hits / 400 <= 0.9
