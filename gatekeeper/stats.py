@@ -652,21 +652,20 @@ def compare(
         _, p_slower = mann_whitney_u(p, b, "greater")
         _, p_faster = mann_whitney_u(p, b, "less")
         test = "mann-whitney-u"
-    verdict, significant = decide(ratio, lo, hi, p_slower, p_faster, threshold=threshold, alpha=alpha)
-    return Comparison(
-        ratio=ratio,
-        delta=ratio - 1.0,
-        ci_lo=lo,
-        ci_hi=hi,
-        p_value=p_slower if ratio >= 1.0 else p_faster,
-        significant=significant,
-        verdict=verdict,
-        threshold=float(threshold),
-        n_base=int(b.size),
-        n_pr=int(p.size),
-        paired=bool(paired),
-        test=test,
-    )
+    return _comparison(ratio, lo, hi, p_slower, p_faster, threshold=threshold, alpha=alpha,
+                       n=(b.size, p.size), paired=paired, test=test)
+
+
+def _comparison(ratio: float, lo: float, hi: float, p_slower: float, p_faster: float, *,
+                threshold: float, alpha: float, n: tuple[int, int], paired: bool,
+                test: str) -> Comparison:
+    """A Comparison with the verdict of :func:`decide`."""
+    verdict, significant = decide(ratio, lo, hi, p_slower, p_faster, threshold=threshold,
+                                  alpha=alpha)
+    return Comparison(ratio=ratio, delta=ratio - 1.0, ci_lo=lo, ci_hi=hi,
+                      p_value=p_slower if ratio >= 1.0 else p_faster,
+                      significant=significant, verdict=verdict, threshold=float(threshold),
+                      n_base=int(n[0]), n_pr=int(n[1]), paired=bool(paired), test=test)
 
 
 def pooled_sd(groups: Sequence[ArrayLike]) -> tuple[float | None, int]:
@@ -725,23 +724,10 @@ def compare_runs(
     z = d / se
     p_slower = 1.0 - _t_cdf(z, int(df)) if df is not None else _norm_sf(z)
     p_faster = _t_cdf(z, int(df)) if df is not None else _norm_sf(-z)
-    ratio, lo, hi = math.exp(d), math.exp(d - half), math.exp(d + half)
-    verdict, significant = decide(ratio, lo, hi, p_slower, p_faster, threshold=threshold,
-                                  alpha=alpha)
-    return Comparison(
-        ratio=ratio,
-        delta=ratio - 1.0,
-        ci_lo=lo,
-        ci_hi=hi,
-        p_value=p_slower if ratio >= 1.0 else p_faster,
-        significant=significant,
-        verdict=verdict,
-        threshold=float(threshold),
-        n_base=int(x.size),
-        n_pr=int(y.size),
-        paired=False,
-        test="t-test on run medians" if df is not None else "z-test on run medians",
-    )
+    return _comparison(math.exp(d), math.exp(d - half), math.exp(d + half), p_slower,
+                       p_faster, threshold=threshold, alpha=alpha, n=(x.size, y.size),
+                       paired=False, test="t-test on run medians" if df is not None
+                       else "z-test on run medians")
 
 
 def min_detectable_change(
