@@ -33,8 +33,8 @@ from .config import GateConfig
 from .results import Baseline, GraphBreak, Graphs, TargetResult, run_medians
 
 # assumed drift between processes (sd of log run medians) while a baseline's history
-# cannot estimate it yet: measured 6.7% (latency / reference) and 0.8% (compiled/eager)
-# over 60 processes on a shared 2-core runner; these priors are wider
+# cannot estimate it yet: measured 5.8% (latency / reference) and 1.6% (compiled/eager)
+# over 58 quiet processes on a shared 2-core runner (README); these priors are wider
 DEFAULT_DRIFT = 0.10
 DEFAULT_VS_EAGER_DRIFT = 0.03
 COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression

@@ -9,6 +9,7 @@ No torch here: tensors never appear in these documents, only numbers and file ha
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Literal
 
@@ -211,8 +212,6 @@ def normalised_latency(r: TargetResult, use_reference: bool = True) -> list[floa
 def run_medians(r: TargetResult, use_reference: bool = True) -> list[tuple[float, float]]:
     """Per process behind ``r`` (several once re-measured): the median normalised
     latency and the median compiled/eager round ratio."""
-    import statistics
-
     s = r.latency.samples if r.latency else {}
     lat, comp, eager = normalised_latency(r, use_reference), s.get("compiled", []), \
         s.get("eager", [])
