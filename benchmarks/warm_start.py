@@ -24,8 +24,9 @@ from tabulate import tabulate
 from gatekeeper import bundle
 from gatekeeper.compile import compile_all
 from gatekeeper.config import load_config
-from gatekeeper.fingerprint import compute_key
-from gatekeeper.isolate import run_worker
+from gatekeeper.key import compute_key
+from gatekeeper.worker.launch import run_worker
+from gatekeeper.worker.protocol import Request
 from gatekeeper.store import open_store
 from gatekeeper.targets import expand, select
 
@@ -33,14 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def first_call(target, config, cache_dir: Path, device: str, megacache: Path | None = None):
-    req = {"action": "probe", "model": target.model.model_dump(mode="json"),
-           "base_dir": str(config.base_dir), "device": device, "shapes": target.shape_set,
-           "mode": target.mode, "dynamic": target.dynamic,
-           "load_megacache": str(megacache) if megacache else None}
+    req = Request.for_target("probe", target, config, device,
+                             megacache_in=str(megacache) if megacache else None)
     resp = run_worker(req, cache_dir=cache_dir, timeout=1800, label=target.id)
-    if not resp["ok"]:
-        raise SystemExit(f"{target.id}: {resp['error']}")
-    return resp["compile_seconds"]
+    if not resp.ok:
+        raise SystemExit(f"{target.id}: {resp.error}")
+    return resp.compile_seconds
 
 
 def main() -> None:

@@ -73,6 +73,12 @@ class Manifest(BaseModel):
         return json.dumps(self.model_dump(), indent=2, sort_keys=True).encode() + b"\n"
 
 
+def signing_key() -> bytes | None:
+    """The HMAC key bundles are signed with and must carry (``GATEKEEPER_SIGNING_KEY``)."""
+    key = os.environ.get("GATEKEEPER_SIGNING_KEY")
+    return key.encode() if key else None
+
+
 def _sign(data: bytes, key: bytes) -> str:
     return "hmac-sha256:" + hmac.new(key, data, hashlib.sha256).hexdigest()
 

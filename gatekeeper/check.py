@@ -1,4 +1,5 @@
-"""``check``: measure each target in a fresh process, warm from the store when it can."""
+"""``check``: measure each target in a worker (a fresh process), warm from the store when
+it can; paired mode measures the base commit's model beside it."""
 from __future__ import annotations
 
 import logging
@@ -8,21 +9,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .hashing import sha256_bytes
-from . import __version__, baseline as baselines
-from .bundle import now_iso
-from .compile import signing_key
+from . import __version__
+from .bundle import now_iso, signing_key
 from .config import Config
-from .errors import StoreError, WorkerError
-from .fingerprint import compute_key
-from .isolate import run_worker
+from .errors import StoreError
+from .hashing import sha256_bytes
+from .key import compute_key
+from .paired import checkout
 from .progress import Progress
 from .provenance import creator
-from .results import Reference, Results, TargetResult
-from .store import Store
+from .results import ReferenceOutputs, Results, TargetResult
+from .store import Store, baselines
 from .targets import Target
 from .warm import warm_target
-from .worktree import checkout
+from .worker.launch import run_or_fail
+from .worker.protocol import Request
 
 log = logging.getLogger("gatekeeper.check")
 
@@ -58,44 +59,40 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
                             signing_key=signing_key(), cache_key=base_key)
         base_reference = None
         try:
-            base = baselines.fetch(store, target.id, key.env_key, base_ref)
+            base = baselines.fetch(store, baselines.BaselineKey(target.id, key.env_key,
+                                                                base_ref))
             if base is not None:
                 base_reference = baselines.fetch_reference(store, base, Path(tmp, "base.pt"))
         except StoreError as e:
             log.warning("%s: baseline outputs unavailable: %s", target.id, e)
         ref_out = reference_path(out_dir, target.id)
         ref_out.parent.mkdir(parents=True, exist_ok=True)
-        request = {"action": "measure", "model": target.model.model_dump(mode="json"),
-                   "base_dir": str(config.base_dir), "device": key.device,
-                   "shapes": target.shape_set, "mode": target.mode, "dynamic": target.dynamic,
-                   "budget": config.measure.model_dump(),
-                   "parity": config.gate_for(target.model).parity.model_dump(),
-                   "baseline_reference": str(base_reference) if base_reference else None,
-                   "reference_out": str(ref_out),
-                   "paired": {"base_dir": str(paired.base_dir)} if paired else None}
-        try:
-            resp = run_worker(request, cache_dir=cache_dir, timeout=config.measure.timeout,
-                              verbose=verbose, label=target.id)
-        except WorkerError as e:
-            resp = {"ok": False, "error": str(e)}
-    if not resp["ok"]:
-        return TargetResult(**ident, status="error", error=resp["error"])
-    counters = resp["counters"]
+        request = Request.for_target(
+            "measure", target, config, key.device, budget=config.measure,
+            parity=config.gate_for(target.model).parity,
+            baseline_reference=str(base_reference) if base_reference else None,
+            reference_out=str(ref_out),
+            paired_base_dir=str(paired.base_dir) if paired else None)
+        resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
+                           verbose=verbose, label=target.id)
+    if not resp.ok:
+        return TargetResult(**ident, status="error", error=resp.error)
+    counters = resp.counters or {}
     data = ref_out.read_bytes()
     pair = None
-    if paired and base_key and resp.get("paired"):
+    if paired and base_key and resp.paired:
         pair = {"base_ref": paired.ref, "base_commit": paired.commit,
-                "code_hash": base_key.code_hash, **resp["paired"]}
+                "code_hash": base_key.code_hash, **resp.paired}
     return TargetResult(
         **ident, status="ok", measured_at=now_iso(),
-        compile={"seconds": resp["compile_seconds"], "warm": cache_status in ("hit", "partial"),
+        compile={"seconds": resp.compile_seconds, "warm": cache_status in ("hit", "partial"),
                  "cache": cache_status,
                  **{k: counters[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss",
                                              "autograd_cache_hit", "autograd_cache_miss")}},
-        graphs=resp["graphs"], latency=resp["latency"], memory=resp["memory"],
-        parity=resp["parity"], paired=pair,
-        reference=Reference(file=os.path.relpath(ref_out, out_dir),
-                            sha256=sha256_bytes(data), size=len(data)))
+        graphs=resp.graphs, latency=resp.latency, memory=resp.memory,
+        parity=resp.parity, paired=pair,
+        reference=ReferenceOutputs(file=os.path.relpath(ref_out, out_dir),
+                                   sha256=sha256_bytes(data), size=len(data)))
 
 
 def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
@@ -157,12 +154,3 @@ def _check_all(targets: list[Target], config: Config, store: Store, *, out_dir: 
                           f"speedup {r.latency.speedup:.2f}x, cache {r.compile.cache}")  # type: ignore
     return Results(created_at=now_iso(), gatekeeper_version=__version__, creator=creator(),
                    base_ref=base_ref, targets=results)
-
-
-def write_results(results: Results, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "results.json"
-    tmp = path.with_suffix(".json.part")
-    tmp.write_text(results.dump())
-    os.replace(tmp, path)
-    return path

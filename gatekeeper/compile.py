@@ -1,29 +1,26 @@
-"""Compile each target in a fresh process, pack its bundle, publish it to the store."""
+"""``compile``: compile each target in a worker (a fresh process, an empty isolated cache
+dir), pack the cache dir into a bundle, publish it to the store."""
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__, bundle
+from .bundle import signing_key
 from .config import Config
-from .errors import BundleError, StoreError, WorkerError
-from .fingerprint import compute_key
-from .isolate import run_worker
+from .errors import BundleError, StoreError
+from .key import compute_key
 from .progress import Progress
 from .provenance import creator
 from .store import BundleLocation, Store
 from .targets import Target
+from .worker.launch import run_or_fail
+from .worker.protocol import Request
 
 
 log = logging.getLogger("gatekeeper.compile")
-
-
-def signing_key() -> bytes | None:
-    key = os.environ.get("GATEKEEPER_SIGNING_KEY")
-    return key.encode() if key else None
 
 
 def _trusted(store: Store, loc: BundleLocation) -> bool:
@@ -72,25 +69,20 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         return result
     with tempfile.TemporaryDirectory(prefix="gk-compile-") as tmp:
         cache_dir, megacache = Path(tmp, "cache"), Path(tmp, "megacache.bin")
-        request = {"action": "compile", "model": target.model.model_dump(mode="json"),
-                   "base_dir": str(config.base_dir), "device": key.device,
-                   "shapes": target.shape_set, "mode": target.mode,
-                   "dynamic": target.dynamic, "megacache": str(megacache)}
-        try:
-            resp = run_worker(request, cache_dir=cache_dir, timeout=config.measure.timeout,
-                              verbose=verbose, label=target.id)
-        except WorkerError as e:
-            resp = {"ok": False, "kind": "compile", "error": str(e)}
-        if not resp["ok"]:
-            result.error, result.error_kind = resp["error"], resp["kind"]
+        request = Request.for_target("compile", target, config, key.device,
+                                     megacache_out=str(megacache))
+        resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
+                           verbose=verbose, label=target.id)
+        if not resp.ok:
+            result.error, result.error_kind = resp.error, resp.kind
             return result
-        result.compile_seconds = resp["compile_seconds"]
-        result.counters = resp["counters"]
+        result.compile_seconds = resp.compile_seconds
+        result.counters = resp.counters or {}
         archive, manifest = bundle.pack(
             cache_dir, megacache if megacache.is_file() else None, Path(tmp),
             target=target.id, key=key.as_dict(),
-            compile_info={"seconds": resp["compile_seconds"], "counters": resp["counters"],
-                          "torch": resp["torch"]},
+            compile_info={"seconds": resp.compile_seconds, "counters": resp.counters,
+                          "torch": resp.torch},
             creator=creator(), version=__version__, signing_key=signing_key())
         result.bundle_bytes = manifest.archive.size
         try:

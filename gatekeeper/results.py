@@ -9,13 +9,15 @@ No torch here: tensors never appear in these documents, only numbers and file ha
 """
 from __future__ import annotations
 
-import statistics
+import os
+import shutil
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import GatekeeperError
+from .errors import GatekeeperError, UsageError
+from .targets import parse_shard
 
 RESULTS_SCHEMA = "gatekeeper.results/1"
 BASELINE_SCHEMA = "gatekeeper.baseline/1"
@@ -96,7 +98,7 @@ class Parity(_Doc):
     vs_baseline: ParityCheck | None = None  # compiled outputs vs the baseline's stored ones
 
 
-class Reference(_Doc):
+class ReferenceOutputs(_Doc):
     """Outputs of this compiled model on the fixed seeded inputs (torch.save file)."""
 
     file: str  # path relative to the results file
@@ -128,7 +130,7 @@ class TargetResult(_Doc):
     latency: Latency | None = None
     memory: Memory | None = None
     parity: Parity | None = None
-    reference: Reference | None = None
+    reference: ReferenceOutputs | None = None
     paired: Paired | None = None
     measured_at: str | None = None
 
@@ -200,32 +202,6 @@ class Baseline(_Doc):
         return self.model_dump_json(indent=2, by_alias=True).encode()
 
 
-def normalised_latency(r: TargetResult, use_reference: bool = True) -> list[float]:
-    """Compiled latency per round, divided by that round's reference workload when both
-    were measured: the figure the gate compares across processes."""
-    s = r.latency.samples if r.latency else {}
-    if use_reference and s.get("reference"):
-        return [c / ref for c, ref in zip(s["compiled"], s["reference"])]
-    return list(s.get("compiled", []))
-
-
-def run_medians(r: TargetResult, use_reference: bool = True) -> list[tuple[float, float]]:
-    """Per process behind ``r`` (several once re-measured): the median normalised
-    latency and the median compiled/eager round ratio."""
-    s = r.latency.samples if r.latency else {}
-    lat, comp, eager = normalised_latency(r, use_reference), s.get("compiled", []), \
-        s.get("eager", [])
-    out, start = [], 0
-    for count in (r.latency.runs if r.latency and r.latency.runs else [len(lat)]):
-        stop = start + count
-        if stop > start:
-            out.append((statistics.median(lat[start:stop]),
-                        statistics.median([c / e for c, e in zip(comp[start:stop],
-                                                                  eager[start:stop])])))
-        start = stop
-    return out
-
-
 def load_results(path: str | Path) -> Results:
     path = Path(path)
     try:
@@ -242,7 +218,7 @@ def load_results(path: str | Path) -> Results:
 
 def merge_latency(a: Latency, b: Latency) -> Latency:
     """Two measurements of one target pooled into one (a re-measured borderline result)."""
-    from . import stats
+    from .gate import stats
 
     samples = {k: a.samples.get(k, []) + b.samples.get(k, []) for k in a.samples}
 
@@ -258,3 +234,57 @@ def merge_latency(a: Latency, b: Latency) -> Latency:
                    else None,
                    speedup=eager.p50 / compiled.p50, throughput=1.0 / compiled.p50,
                    inner_loops=a.inner_loops, samples=samples, runs=runs)
+
+
+def write_results(results: Results, out_dir: Path) -> Path:
+    """``out_dir/results.json``, replaced atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    tmp = path.with_suffix(".json.part")
+    tmp.write_text(results.dump())
+    os.replace(tmp, path)
+    return path
+
+
+def merge_results(paths: list[Path], out_dir: Path) -> Results:
+    """Shard results concatenated into one document; each target may appear once.
+    Reference outputs are copied next to the merged file so it stays self-contained."""
+    docs = [(p.parent, load_results(p)) for p in paths]
+    seen: dict[str, Path] = {}
+    targets = []
+    for folder, doc in docs:
+        for t in doc.targets:
+            if t.target in seen:
+                raise UsageError(f"target {t.target} is in both {seen[t.target]} and {folder}")
+            seen[t.target] = folder
+            if t.reference is not None:
+                src, dest = folder / t.reference.file, out_dir / t.reference.file
+                if src.is_file() and src.resolve() != dest.resolve():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, dest)
+            targets.append(t)
+    check_shards([d.shard for _, d in docs])
+    first = docs[0][1]
+    bases = {d.base_ref for _, d in docs}
+    if len(bases) > 1:
+        raise UsageError(f"shards were gated against different base refs: {sorted(bases)}")
+    return first.model_copy(update={"targets": sorted(targets, key=lambda t: t.target),
+                                    "created_at": max(d.created_at for _, d in docs)})
+
+
+def check_shards(shards: list[str | None]) -> None:
+    """Shard results must be the whole set: 1/n .. n/n, each once."""
+    given = [s for s in shards if s]
+    if not given:
+        return
+    if len(given) != len(shards):
+        raise UsageError("merge takes either all sharded results or none")
+    parsed = [parse_shard(s) for s in given]
+    counts = {n for _, n in parsed}
+    if len(counts) != 1:
+        raise UsageError(f"shards of different splits: {', '.join(sorted(given))}")
+    (n,) = counts
+    if missing := sorted(set(range(1, n + 1)) - {i for i, _ in parsed}):
+        raise UsageError(f"missing shard(s) {', '.join(f'{i}/{n}' for i in missing)}")
+    if len(set(given)) != len(given):
+        raise UsageError("the same shard was given twice")

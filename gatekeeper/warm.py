@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import bundle
-from .compile import signing_key
+from .bundle import signing_key
 from .config import Config, load_config
 from .errors import BundleError, StoreError
-from .fingerprint import CacheKey, compute_key
+from .key import CacheKey, compute_key, resolve_device
 from .store import Store, open_store
 from .targets import Target, expand, select
 
@@ -103,6 +103,17 @@ def warm_targets(targets: list[Target], config: Config, store: Store,
     cache = default_cache_dir()
     key = signing_key()
     return [warm_target(t, config, store, cache, signing_key=key) for t in targets]
+
+
+def probe(target: Target, config: Config, cache_dir: Path, *, verbose: bool = False):
+    """The first compiled call of ``target`` in a new process on ``cache_dir``: its time
+    and FX graph cache hits show whether the warm start really is warm."""
+    from .worker.launch import run_or_fail
+    from .worker.protocol import Request
+
+    request = Request.for_target("probe", target, config, resolve_device(target.model.device))
+    return run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
+                       verbose=verbose, label=target.id)
 
 
 def warm_start(config: Config | str | os.PathLike | None = None, *,

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import baseline as baselines
 from ..errors import EXIT_OK
+from ..gate.baseline import publish_results
 from ..provenance import current_ref
-from ..results import Results, load_results
-from ..store import Store
+from ..results import load_results
 from .common import Context
 
 HELP = "publish results.json as the baseline of a branch (default: the current one)"
@@ -20,26 +19,11 @@ def register(sub, parents) -> None:
                    help="branch to publish for (default: $GITHUB_REF_NAME, else git's)")
 
 
-def publish_all(results: Results, results_dir: Path, store: Store, ref: str) -> list[dict]:
-    rows = []
-    commit = results.creator.get("commit")
-    for r in results.targets:
-        if r.status != "ok":
-            rows.append({"target": r.target, "status": "error", "error": r.error})
-            continue
-        ref_file = results_dir / r.reference.file if r.reference else None
-        status = baselines.publish(store, r, ref=ref, commit=commit,
-                                   reference_file=ref_file if ref_file and ref_file.is_file()
-                                   else None)
-        rows.append({"target": r.target, "status": status, "env_key": r.env_key})
-    return rows
-
-
 def run(ctx: Context) -> int:
     path = Path(ctx.args.results)
     results = load_results(path)
     ref = ctx.args.ref or current_ref()
-    rows = publish_all(results, path.parent, ctx.store, ref)
+    rows = publish_results(results, path.parent, ctx.store, ref)
     ctx.emit({"command": "baseline", "ref": ref, "store": ctx.store.uri,
               "skipped_writes": len(ctx.store.skipped_writes), "targets": rows},
              rows, {"target": "target", "status": "status", "error": "error"},

@@ -3,25 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..check import check_all, write_results
+from ..check import check_all
 from ..errors import EXIT_ERROR, EXIT_OK
 from ..provenance import base_ref
-from .common import Context
+from ..results import write_results
+from .common import Context, add_measure_flags
 
 HELP = "measure parity, compile time, graph breaks, latency and memory per target"
-
-
-def add_measure_flags(p) -> None:
-    p.add_argument("--out", metavar="DIR", default=".",
-                   help="where results.json (and reference outputs) go (default: .)")
-    p.add_argument("--cold", action="store_true",
-                   help="measure a cold compile: do not restore bundles first")
-    p.add_argument("--paired", metavar="BASE_REF",
-                   help="also build BASE_REF's model code from a git worktree and measure "
-                        "base and head interleaved in the same process (paired A/B)")
-    p.add_argument("--base-ref", metavar="REF",
-                   help="branch whose baseline outputs to compare with (default: "
-                        "$GITHUB_BASE_REF, else main)")
 
 
 def register(sub, parents) -> None:
@@ -29,17 +17,13 @@ def register(sub, parents) -> None:
     add_measure_flags(p)
 
 
-def measure(ctx: Context):
+def run(ctx: Context) -> int:
     out = Path(ctx.args.out)
     results = check_all(ctx.targets, ctx.config, ctx.store, out_dir=out,
                         base_ref=ctx.args.base_ref or base_ref(), cold=ctx.args.cold,
                         verbose=ctx.args.verbose, paired_ref=ctx.args.paired,
                         shard=ctx.args.shard)
-    return results, write_results(results, out)
-
-
-def run(ctx: Context) -> int:
-    results, path = measure(ctx)
+    path = write_results(results, out)
     rows = [{"target": r.target, "status": r.status,
              "p50_ms": r.latency.compiled.p50 * 1e3 if r.latency else None,
              "speedup": r.latency.speedup if r.latency else None,

@@ -1,5 +1,6 @@
-"""What every command shares: config, store and targets resolved once from the flags,
-and output that is either a human table or exactly one JSON document on stdout."""
+"""What every command shares: the common flags, config, store and targets resolved once
+from them, the flag groups several verbs take, and output that is either a human table
+or exactly one JSON document on stdout."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +8,14 @@ import json
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
 from ..config import Config, load_config
 from ..errors import ConfigError
+from ..gate import GateReport
 from ..store import Store, open_store
 from ..targets import Target, expand, select
 
@@ -32,6 +35,29 @@ def common_flags() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     g.add_argument("-v", "--verbose", action="store_true", help="more logs on stderr")
     return p
+
+
+def add_measure_flags(p: argparse.ArgumentParser) -> None:
+    """``check`` and ``run``."""
+    p.add_argument("--out", metavar="DIR", default=".",
+                   help="where results.json (and reference outputs) go (default: .)")
+    p.add_argument("--cold", action="store_true",
+                   help="measure a cold compile: do not restore bundles first")
+    p.add_argument("--paired", metavar="BASE_REF",
+                   help="also build BASE_REF's model code from a git worktree and measure "
+                        "base and head interleaved in the same process (paired A/B)")
+    p.add_argument("--base-ref", metavar="REF",
+                   help="branch whose baseline to compare with (default: "
+                        "$GITHUB_BASE_REF, else main)")
+
+
+def add_gate_flags(p: argparse.ArgumentParser) -> None:
+    """``gate``, ``merge`` and ``run``."""
+    p.add_argument("--report", metavar="PATH",
+                   help="where the markdown report goes (default: report.md beside the "
+                        "results)")
+    p.add_argument("--require-baseline", action="store_true",
+                   help="a target without a baseline fails (exit 1)")
 
 
 @dataclass
@@ -68,6 +94,22 @@ class Context:
             print(tabulate(table, headers=list(headers.values()), disable_numparse=True))
         if footer:
             print(footer)
+
+    def finish_gate(self, report: GateReport, report_path: Path, results_path: Path) -> int:
+        """Write report.md and report.json, print the report (or its JSON), tell GitHub
+        (outputs, summary, annotations); the exit code of the verdict."""
+        from ..publish import announce
+        from ..report import summary_line, write_report
+
+        markdown, doc = write_report(report, report_path)
+        if self.args.json:
+            self.emit(doc | {"report": str(report_path)})
+        else:
+            print(markdown)
+        sys.stderr.write(summary_line(report) + "\n")
+        announce(report, markdown=markdown, report_path=report_path,
+                 results_path=results_path, base_dir=self.config.base_dir)
+        return report.exit_code
 
 
 def _optional_config() -> Config | None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import EXIT_OK
-from ..fingerprint import compute_key
+from ..key import compute_key
 from .common import Context
 
 HELP = "print each target's cache key and its components (why did a runner miss?)"

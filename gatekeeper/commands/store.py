@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from .. import housekeeping
-from ..compile import signing_key
+from ..bundle import signing_key
+from ..store import maintenance
 from ..errors import EXIT_FAILED, EXIT_OK, UsageError
 from .common import Context, human_bytes
 
@@ -42,7 +42,7 @@ def ls(ctx: Context) -> int:
 
 
 def verify(ctx: Context) -> int:
-    findings = housekeeping.verify(ctx.store, signing_key())
+    findings = maintenance.verify(ctx.store, signing_key())
     bad = [f for f in findings if not f.ok]
     ctx.emit({"command": "store verify", "store": ctx.store.uri, "ok": not bad,
               "objects": [f.as_dict() for f in findings]},
@@ -58,7 +58,7 @@ def prune(ctx: Context) -> int:
         raise UsageError("store prune needs --keep N and/or --older-than DAYS")
     if (a.keep is not None and a.keep < 1) or (a.older_than is not None and a.older_than < 0):
         raise UsageError("--keep must be at least 1 and --older-than not negative")
-    deleted = housekeeping.prune(ctx.store, keep=a.keep, older_than_days=a.older_than,
+    deleted = maintenance.prune(ctx.store, keep=a.keep, older_than_days=a.older_than,
                                  dry_run=a.dry_run)
     ctx.emit({"command": "store prune", "store": ctx.store.uri, "dry_run": a.dry_run,
               "deleted": deleted, "skipped_writes": len(ctx.store.skipped_writes)},

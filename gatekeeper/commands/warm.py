@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import EXIT_FAILED, EXIT_OK
-from ..isolate import run_worker
+from ..progress import Progress
 from ..publish import announce_warm
-from ..warm import default_cache_dir, warm_targets
+from ..warm import default_cache_dir, probe, warm_targets
 from .common import Context, human_bytes
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
@@ -24,41 +24,27 @@ def register(sub, parents) -> None:
                         "on the warmed cache and report its time and cache hits")
 
 
-def probe(ctx: Context, target, cache_dir: Path) -> dict:
-    """First compiled call in a new process against the warmed cache."""
-    from ..fingerprint import resolve_device
-
-    request = {"action": "probe", "model": target.model.model_dump(mode="json"),
-               "base_dir": str(ctx.config.base_dir),
-               "device": resolve_device(target.model.device), "shapes": target.shape_set,
-               "mode": target.mode, "dynamic": target.dynamic}
-    return run_worker(request, cache_dir=cache_dir, timeout=ctx.config.measure.timeout,
-                      verbose=ctx.args.verbose, label=target.id)
-
-
 def run(ctx: Context) -> int:
     cache_dir = Path(ctx.args.cache_dir).absolute() if ctx.args.cache_dir else None
     results = warm_targets(ctx.targets, ctx.config, ctx.store, cache_dir)
     cache = cache_dir or default_cache_dir()
     docs = [r.as_dict() for r in results]
     if ctx.args.probe:
-        from ..progress import Progress
-
         progress = Progress(len(results))
         for target, doc in zip(ctx.targets, docs):
             with progress.step(target.id, "first compiled call") as step:
-                resp = probe(ctx, target, cache)
-                if resp["ok"]:
-                    c = resp["counters"]
-                    doc["first_call_seconds"] = resp["compile_seconds"]
+                resp = probe(target, ctx.config, cache, verbose=ctx.args.verbose)
+                if resp.ok and resp.compile_seconds is not None and resp.counters:
+                    c = resp.counters
+                    doc["first_call_seconds"] = resp.compile_seconds
                     if doc.get("cold_compile_seconds"):
-                        doc["speedup"] = doc["cold_compile_seconds"] / resp["compile_seconds"]
+                        doc["speedup"] = doc["cold_compile_seconds"] / resp.compile_seconds
                     doc["fxgraph_cache_hit"] = c["fxgraph_cache_hit"]
                     doc["fxgraph_cache_miss"] = c["fxgraph_cache_miss"]
-                    step.done(f"{resp['compile_seconds']:.2f} s")
+                    step.done(f"{resp.compile_seconds:.2f} s")
                 else:
-                    doc["probe_error"] = resp["error"]
-                    step.done(f"error: {resp['error']}")
+                    doc["probe_error"] = resp.error
+                    step.done(f"error: {resp.error}")
     hits = sum(r.status == "hit" for r in results)
     announce_warm([r.status for r in results])
     ctx.emit({"command": "warm", "store": ctx.store.uri, "cache_dir": str(cache),

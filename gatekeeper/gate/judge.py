@@ -1,14 +1,14 @@
-"""Judge a results document: fetch each target's baseline, gate it, build the report."""
+"""The judge: fetch each target's baseline from the store, gate every result under its
+rules (gate.rules), and build the report."""
 from __future__ import annotations
 
 import logging
 
-from . import baseline as baselines
-from .config import Config
-from .errors import StoreError
-from .gate import GateReport, build_report
-from .results import Baseline, Results
-from .store import Store
+from ..config import Config
+from ..errors import StoreError
+from ..results import Baseline, Results
+from ..store import Store, baselines
+from .rules import GateReport, build_report
 
 log = logging.getLogger("gatekeeper.gate")
 
@@ -18,7 +18,8 @@ def judge(results: Results, config: Config, store: Store, *, base_ref: str,
     found: dict[str, Baseline | None] = {}
     for r in results.targets:
         try:
-            found[r.target] = baselines.fetch(store, r.target, r.env_key, base_ref)
+            found[r.target] = baselines.fetch(
+                store, baselines.BaselineKey(r.target, r.env_key, base_ref))
         except StoreError as e:
             log.warning("%s: no baseline: %s", r.target, e)
             found[r.target] = None

@@ -1,4 +1,4 @@
-"""The gate: one target's results against its baseline, under the config's rules.
+"""The rules: one target's results against its baseline, under the config's rules.
 
 Pure functions over :mod:`gatekeeper.results` documents; no torch, no store. A verdict is
 ``error`` > ``parity-failed`` > ``regressed`` > ``improved`` > ``pass`` (the first that
@@ -28,15 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import GateConfig
+from ..results import Baseline, GraphBreak, Graphs, TargetResult
 from . import stats
-from .config import GateConfig
-from .results import Baseline, GraphBreak, Graphs, TargetResult, run_medians
+from .drift import DEFAULT_DRIFT, DEFAULT_VS_EAGER_DRIFT, is_normalised, run_medians
 
-# assumed drift between processes (sd of log run medians) while a baseline's history
-# cannot estimate it yet: measured 5.8% (latency / reference) and 1.6% (compiled/eager)
-# over 58 quiet processes on a shared 2-core runner (README); these priors are wider
-DEFAULT_DRIFT = 0.10
-DEFAULT_VS_EAGER_DRIFT = 0.03
 COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
 MEMORY_FLOOR = {"cuda": 1 << 20, "rss": 8 << 20}  # bytes; RSS moves by page-cache noise
 ORDER = ["error", "parity-failed", "regressed", "improved", "pass", "no-baseline"]
@@ -125,8 +121,7 @@ def _gate_runs(v: TargetVerdict, found: set[str], result: TargetResult, baseline
                rules: GateConfig) -> None:
     """Stored mode: the PR's run medians against the baseline's runs of the same code."""
     base, noise = baseline.result, baseline.noise
-    normalised = bool(result.latency.samples.get("reference")  # type: ignore[union-attr]
-                      and base.latency.samples.get("reference"))  # type: ignore[union-attr]
+    normalised = is_normalised(result) and is_normalised(base)
     runs = [m for m in (noise.runs if noise else [])
             if m.code_hash == base.code_hash and m.normalised == normalised]
     pr = run_medians(result, normalised)

@@ -1,4 +1,14 @@
-"""Stores: where bundles and baselines live. ``open_store`` picks the backend by URI."""
+"""The store: where bundles and baselines live (a local directory or S3). It knows
+nothing of torch, and it does not trust what it reads (verification is bundle.py's).
+
+* ``base``         the small interface every backend implements (objects under keys)
+* ``local``, ``s3``  the two backends
+* ``layout``       :class:`Store`: the bundle key scheme and its atomic publish / find
+* ``baselines``    the baseline key scheme: publish (compare-and-swap), fetch, list
+* ``maintenance``  ``store verify`` and ``store prune``
+
+``open_store`` picks the backend by URI.
+"""
 from __future__ import annotations
 
 from pathlib import Path

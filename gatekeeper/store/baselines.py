@@ -1,31 +1,33 @@
-"""Baselines in the store: publish (compare-and-swap, history append-only), fetch, list.
+"""Baselines in the store: their key scheme, and the atomic moves that publish them.
 
-    baselines/<target-id>/<env-key>/<ref>/latest.json
-    baselines/<target-id>/<env-key>/<ref>/history/<measured-at>-<commit>.json
-    baselines/<target-id>/<env-key>/<ref>/outputs/<sha16>.pt    (reference outputs)
+    baselines/<target-id>/<env-key>/<ref>/latest.json                  (compare-and-swap)
+    baselines/<target-id>/<env-key>/<ref>/history/<stamp>-<commit>.json (append-only)
+    baselines/<target-id>/<env-key>/<ref>/outputs/<sha16>.pt           (reference outputs)
 
 ``latest`` only ever moves forward in measurement time: an older run that publishes late
-goes into history but never replaces a newer baseline.
+goes into history but never replaces a newer baseline. What a baseline *says* (its
+noise figures) is decided in :mod:`gatekeeper.gate.baseline`; this module only stores,
+finds and parses. Every key of this scheme is built and parsed here, nowhere else.
 """
 from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from typing import Iterator, Literal
+from urllib.parse import quote, unquote
 
 from pydantic import ValidationError
 
-from .hashing import sha256_file
-from .bundle import now_iso
-from . import stats
-from .errors import GatekeeperError, PreconditionFailed, StoreError
-from .gate import DEFAULT_DRIFT
-from .results import (Baseline, Noise, Reference, RunMedians, TargetResult,
-                      normalised_latency, run_medians)
-from .store import Store
+from ..errors import GatekeeperError, PreconditionFailed, StoreError
+from ..hashing import sha256_file
+from ..results import Baseline
+from .layout import Store
 
 CAS_ATTEMPTS = 30
+ROOT = "baselines/"
+Kind = Literal["latest", "history", "outputs"]
 
 
 def ref_slug(ref: str) -> str:
@@ -33,130 +35,131 @@ def ref_slug(ref: str) -> str:
     return quote(ref, safe="")
 
 
-def prefix(target_id: str, env_key: str, ref: str) -> str:
-    return f"baselines/{target_id}/{env_key}/{ref_slug(ref)}"
-
-
 def _stamp(iso: str) -> str:
     return "".join(ch for ch in iso if ch.isdigit())[:17]
 
 
-def publish(store: Store, result: TargetResult, *, ref: str, commit: str | None,
-            reference_file: Path | None = None) -> str:
-    """Publish one target's result as the baseline of ``ref``.
+@dataclass(frozen=True)
+class BaselineKey:
+    """Where one target's baselines of one branch live, in one environment."""
 
-    Returns ``published``, ``older`` (history only: a newer baseline is in place) or
-    ``skipped`` (read-only store).
-    """
-    if result.status != "ok" or result.measured_at is None:
-        raise GatekeeperError(f"{result.target}: cannot publish a failed measurement "
-                              "as a baseline")
-    base = prefix(result.target, result.env_key, ref)
-    reference_key = None
-    if reference_file is not None and result.reference is not None:
-        digest = sha256_file(reference_file)
-        if digest != result.reference.sha256:
-            raise GatekeeperError(f"{result.target}: reference outputs {reference_file} do "
-                                  "not match the sha256 in the results")
-        reference_key = f"{base}/outputs/{digest[:16]}.pt"
-        try:
-            if store.write(reference_key, reference_file, if_none_match=True) is None:
-                return "skipped"
-        except PreconditionFailed:
-            pass  # the same outputs are stored already: the name is their hash
-    doc = Baseline(target=result.target, env_key=result.env_key, ref=ref, commit=commit,
-                   created_at=result.measured_at, published_at=now_iso(), result=result,
-                   reference_key=reference_key,
-                   noise=measure_noise(result, recent_history(store, base)))
-    data = doc.dump()
-    try:
-        if store.write(f"{base}/history/{_stamp(doc.created_at)}-{(commit or 'local')[:12]}"
-                       ".json", data, if_none_match=True) is None:
-            return "skipped"
-    except PreconditionFailed:
-        pass  # this very run was published before
-    latest = f"{base}/latest.json"
-    for attempt in range(CAS_ATTEMPTS):
-        current = store.read(latest)
-        if current is not None:
-            existing = _parse(current[0], latest)
-            if existing is not None and existing.created_at > doc.created_at:
-                return "older"
-        try:
-            written = store.write(latest, data, if_none_match=current is None,
-                                  if_match=current[1] if current else None)
-            return "published" if written is not None else "skipped"
-        except PreconditionFailed:
-            time.sleep(random.uniform(0, 0.05 * 2 ** min(attempt, 5)))  # backoff + jitter
-    raise StoreError(f"{latest}: kept changing over {CAS_ATTEMPTS} attempts; try again")
+    target_id: str  # model/shapes/variant
+    env_key: str
+    ref: str  # the branch, unescaped
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}{self.target_id}/{self.env_key}/{ref_slug(self.ref)}"
+
+    @property
+    def latest(self) -> str:
+        return f"{self.prefix}/latest.json"
+
+    def history(self, measured_at: str, commit: str | None) -> str:
+        return f"{self.prefix}/history/{_stamp(measured_at)}-{(commit or 'local')[:12]}.json"
+
+    def outputs(self, sha256: str) -> str:
+        return f"{self.prefix}/outputs/{sha256[:16]}.pt"
 
 
-HISTORY_FOR_NOISE = 10  # runs (processes) behind a baseline's noise figures
+@dataclass(frozen=True)
+class ParsedKey:
+    baseline: BaselineKey
+    kind: Kind
+    name: str  # the file name
 
 
-def recent_history(store: Store, base: str) -> list[TargetResult]:
-    """The newest few published results of this target, env and ref."""
-    infos = sorted(store.list(f"{base}/history/"), key=lambda i: i.key)[-HISTORY_FOR_NOISE:]
-    out = []
-    for info in infos:
-        got = store.read(info.key)
-        doc = _parse(got[0], info.key) if got else None
-        if doc is not None:
-            out.append(doc.result)
-    return out
-
-
-def measure_noise(result: TargetResult, history: list[TargetResult]) -> Noise | None:
-    """Within-process noise of this run, and the drift between runs of the same code
-    over the recent history: the second is what one run's samples cannot show, and
-    what the stored-baseline gate pays for (see gatekeeper.gate)."""
-    samples = normalised_latency(result)
-    if len(samples) < 5:
+def parse_key(key: str) -> ParsedKey | None:
+    """``baselines/m/s/v/<env>/<ref>/latest.json`` and its history and outputs keys;
+    None for anything else (a stray object, a temporary file)."""
+    parts = key.split("/")
+    if parts[0] != ROOT.rstrip("/"):
         return None
-    within = stats.noise(samples)
-    runs = [RunMedians(measured_at=r.measured_at or "", code_hash=r.code_hash,
-                       latency=lat, vs_eager=ratio,
-                       normalised=bool(r.latency and r.latency.samples.get("reference")))
-            for r in [*(h for h in history if h.measured_at != result.measured_at), result]
-            for lat, ratio in run_medians(r)][-HISTORY_FOR_NOISE:]
-    mine = [m for m in runs if m.normalised == runs[-1].normalised]
-    between, df = stats.pooled_sd(_by_code(mine, "latency"))
-    vs_eager_between, _ = stats.pooled_sd(_by_code(mine, "vs_eager"))
-    same = sum(m.code_hash == result.code_hash for m in mine)
-    detectable = stats.runs_detectable_change(between or DEFAULT_DRIFT,
-                                              df if between else None, same)
-    return Noise(within=within, between=between, vs_eager_between=vs_eager_between, df=df,
-                 runs=runs, detectable=detectable)
+    if len(parts) == 7 and parts[6] == "latest.json":
+        kind: Kind = "latest"
+    elif len(parts) == 8 and parts[6] in ("history", "outputs"):
+        kind = parts[6]  # type: ignore[assignment]
+        if not parts[7].endswith(".json" if kind == "history" else ".pt"):
+            return None
+    else:
+        return None
+    return ParsedKey(BaselineKey("/".join(parts[1:4]), parts[4], unquote(parts[5])), kind,
+                     parts[-1])
 
 
-def _by_code(runs: list[RunMedians], field: str) -> list[list[float]]:
-    groups: dict[str, list[float]] = {}
-    for m in runs:
-        groups.setdefault(m.code_hash, []).append(getattr(m, field))
-    return list(groups.values())
-
-
-def _parse(data: bytes, key: str) -> Baseline | None:
+def parse_doc(data: bytes) -> Baseline | None:
     try:
         return Baseline.model_validate_json(data)
     except ValidationError:
         return None  # an unreadable baseline: treated as absent, replaced on publish
 
 
-def fetch(store: Store, target_id: str, env_key: str, ref: str) -> Baseline | None:
-    key = f"{prefix(target_id, env_key, ref)}/latest.json"
-    got = store.read(key)
+def publish(store: Store, key: BaselineKey, doc: Baseline,
+            reference_file: Path | None = None) -> str:
+    """Store ``doc`` (and its reference outputs): outputs first, then history, then
+    ``latest`` by compare-and-swap. Returns ``published``, ``older`` (history only: a
+    newer baseline is in place) or ``skipped`` (read-only store)."""
+    result = doc.result
+    if reference_file is not None and result.reference is not None:
+        digest = sha256_file(reference_file)
+        if digest != result.reference.sha256:
+            raise GatekeeperError(f"{result.target}: reference outputs {reference_file} do "
+                                  "not match the sha256 in the results")
+        doc = doc.model_copy(update={"reference_key": key.outputs(digest)})
+        try:
+            if store.write(key.outputs(digest), reference_file, if_none_match=True) is None:
+                return "skipped"
+        except PreconditionFailed:
+            pass  # the same outputs are stored already: the name is their hash
+    data = doc.dump()
+    try:
+        if store.write(key.history(doc.created_at, doc.commit), data,
+                       if_none_match=True) is None:
+            return "skipped"
+    except PreconditionFailed:
+        pass  # this very run was published before
+    for attempt in range(CAS_ATTEMPTS):
+        current = store.read(key.latest)
+        if current is not None:
+            existing = parse_doc(current[0])
+            if existing is not None and existing.created_at > doc.created_at:
+                return "older"
+        try:
+            written = store.write(key.latest, data, if_none_match=current is None,
+                                  if_match=current[1] if current else None)
+            return "published" if written is not None else "skipped"
+        except PreconditionFailed:
+            time.sleep(random.uniform(0, 0.05 * 2 ** min(attempt, 5)))  # backoff + jitter
+    raise StoreError(f"{key.latest}: kept changing over {CAS_ATTEMPTS} attempts; try again")
+
+
+def history(store: Store, key: BaselineKey, newest: int) -> list[Baseline]:
+    """The newest ``newest`` documents of this target, env and ref, oldest first."""
+    infos = sorted((i for i in store.list(f"{key.prefix}/history/")
+                    if (p := parse_key(i.key)) and p.kind == "history"),
+                   key=lambda i: i.key)[-newest:]
+    out = []
+    for info in infos:
+        got = store.read(info.key)
+        doc = parse_doc(got[0]) if got else None
+        if doc is not None:
+            out.append(doc)
+    return out
+
+
+def fetch(store: Store, key: BaselineKey) -> Baseline | None:
+    got = store.read(key.latest)
     if got is None:
         return None
-    doc = _parse(got[0], key)
+    doc = parse_doc(got[0])
     if doc is None:
-        raise StoreError(f"{key}: not a valid gatekeeper baseline")
+        raise StoreError(f"{key.latest}: not a valid gatekeeper baseline")
     return doc
 
 
 def fetch_reference(store: Store, baseline: Baseline, dest: Path) -> Path | None:
     """Download the baseline's reference outputs, verified against their sha256."""
-    ref: Reference | None = baseline.result.reference
+    ref = baseline.result.reference
     if baseline.reference_key is None or ref is None:
         return None
     store.download(baseline.reference_key, dest)
@@ -168,15 +171,23 @@ def fetch_reference(store: Store, baseline: Baseline, dest: Path) -> Path | None
 
 def targets_with_baseline(store: Store, env_keys: set[str], ref: str) -> set[str]:
     """Target ids that have a baseline of ``ref`` in any of ``env_keys``."""
-    found = set()
-    slug = ref_slug(ref)
-    for info in store.list("baselines/"):
-        parts = info.key.split("/")
-        if len(parts) == 7 and parts[-1] == "latest.json" and parts[5] == slug \
-                and parts[4] in env_keys:
-            found.add("/".join(parts[1:4]))
-    return found
+    return {p.baseline.target_id for info in store.list(ROOT)
+            if (p := parse_key(info.key)) and p.kind == "latest"
+            and p.baseline.ref == ref and p.baseline.env_key in env_keys}
 
 
-__all__ = ["fetch", "fetch_reference", "publish", "prefix", "ref_slug",
-           "targets_with_baseline"]
+def documents(store: Store) -> Iterator[tuple[str, Baseline | None]]:
+    """Every latest and history document in the store (None: unreadable)."""
+    for info in store.list(ROOT):
+        p = parse_key(info.key)
+        if p is not None and p.kind in ("latest", "history"):
+            got = store.read(info.key)
+            yield info.key, parse_doc(got[0]) if got is not None else None
+
+
+def outputs(store: Store) -> Iterator:
+    """Every stored reference-outputs object (ObjectInfo)."""
+    for info in store.list(ROOT):
+        p = parse_key(info.key)
+        if p is not None and p.kind == "outputs":
+            yield info

@@ -1,4 +1,5 @@
-"""``store verify`` and ``store prune``: re-hash what is stored; drop what is not needed.
+"""Looking after a store: ``verify`` re-hashes what is stored, ``prune`` drops what is
+not needed.
 
 Prune never deletes a bundle or reference outputs that a baseline points to.
 """
@@ -9,11 +10,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .hashing import sha256_bytes
-from . import bundle
-from .errors import BundleError, StoreError
-from .results import Baseline
-from .store import BundleLocation, Store, StoredBundle
+from .. import bundle
+from ..errors import BundleError, StoreError
+from ..hashing import sha256_bytes
+from ..results import Baseline
+from . import baselines
+from .layout import BundleLocation, Store, StoredBundle
 
 ORPHAN_GRACE_S = 24 * 3600  # an archive without a manifest may still be mid-publish
 
@@ -52,18 +54,7 @@ def _verify_bundle(store: Store, b: StoredBundle, tmp: Path,
 
 
 def _baselines(store: Store) -> list[tuple[str, Baseline | None]]:
-    out = []
-    for info in store.list("baselines/"):
-        if info.key.endswith("/latest.json") or "/history/" in info.key:
-            got = store.read(info.key)
-            doc = None
-            if got is not None:
-                try:
-                    doc = Baseline.model_validate_json(got[0])
-                except ValueError:
-                    doc = None
-            out.append((info.key, doc))
-    return out
+    return list(baselines.documents(store))
 
 
 def verify(store: Store, signing_key: bytes | None) -> list[Finding]:
@@ -130,9 +121,8 @@ def prune(store: Store, *, keep: int | None, older_than_days: float | None,
         # outputs are stored before the baseline that names them: unnamed ones may be
         # mid-publish, so they get the same grace as an archive without a manifest
         min_age = max(older_than_days * 86400, ORPHAN_GRACE_S)
-        for info in store.list("baselines/"):
-            if "/outputs/" in info.key and info.key not in keep_keys and \
-                    now - info.modified > min_age:
+        for info in baselines.outputs(store):
+            if info.key not in keep_keys and now - info.modified > min_age:
                 doomed.append(info.key)
     if dry_run:
         return doomed

@@ -1,17 +1,16 @@
-"""Run one worker action in a fresh Python process with an isolated inductor cache.
-
-The parent side of :mod:`gatekeeper.worker`; it never imports torch itself.
+"""The parent's one door into a worker: run a :class:`Request` in a fresh Python process
+with an isolated inductor cache dir, and read its :class:`Response`. No torch here.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from .errors import WorkerError
+from ..errors import WorkerError
+from .protocol import Request, Response
 
 
 def cache_env(cache_dir: Path) -> dict[str, str]:
@@ -27,16 +26,16 @@ def cache_env(cache_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_worker(request: dict, *, cache_dir: Path, timeout: float, verbose: bool = False,
-               label: str = "") -> dict:
-    """Run ``request`` in a subprocess; returns its response dict (``ok`` true or false).
+def run_worker(request: Request, *, cache_dir: Path, timeout: float, verbose: bool = False,
+               label: str = "") -> Response:
+    """Run ``request`` in a subprocess; returns its response (``ok`` true or false).
 
     Raises WorkerError only when the process dies without answering (crash, timeout).
     """
     with tempfile.TemporaryDirectory(prefix="gk-worker-") as tmp:
         req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
         log_path = Path(tmp, "worker.log")
-        req_path.write_text(json.dumps(request))
+        req_path.write_text(request.model_dump_json())
         cmd = [sys.executable, "-m", "gatekeeper.worker", str(req_path), str(resp_path)]
         with open(log_path, "wb") as log:
             try:
@@ -47,7 +46,17 @@ def run_worker(request: dict, *, cache_dir: Path, timeout: float, verbose: bool 
             except subprocess.TimeoutExpired:
                 raise WorkerError(f"{label}: worker timed out after {timeout:.0f} s") from None
         if resp_path.is_file():
-            return json.loads(resp_path.read_text())
+            return Response.model_validate_json(resp_path.read_text())
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
         last = tail[-1] if tail else "no output"
         raise WorkerError(f"{label}: worker exited with code {proc.returncode}: {last}")
+
+
+def run_or_fail(request: Request, *, cache_dir: Path, timeout: float, verbose: bool = False,
+                label: str = "") -> Response:
+    """:func:`run_worker`, with a dead worker turned into a failed response."""
+    try:
+        return run_worker(request, cache_dir=cache_dir, timeout=timeout, verbose=verbose,
+                          label=label)
+    except WorkerError as e:
+        return Response.failure("compile", str(e))

@@ -10,8 +10,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .config import InputSpec, ModelConfig
-from .errors import ConfigError
+from ..config import InputSpec, ModelConfig
+from ..errors import ConfigError
 
 
 def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:

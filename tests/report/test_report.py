@@ -9,92 +9,17 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pytest
 
-from gatekeeper import baseline as baseline_mod
-from gatekeeper import gate, report
-from gatekeeper.config import GateConfig
+from gatekeeper import report
+from gatekeeper.gate import rules as gate
+from gatekeeper.report import markdown
 from gatekeeper.results import (
-    Baseline,
-    CompileStats,
     GraphBreak,
-    Graphs,
-    Latency,
-    LatencySummary,
-    Memory,
-    Parity,
     ParityCheck,
-    TargetResult,
 )
-from gatekeeper.stats import summarize
 
-ENV = "torch2.6.0+cpu-py3.11-cpu-avx512-t2-3f9c1a"
-RULES = GateConfig()
-
-
-def _summary(x: np.ndarray) -> LatencySummary:
-    s = summarize(x)
-    return LatencySummary(n=s.n, mean=s.mean, p50=s.median, p95=s.p95, p99=s.p99,
-                          min=s.min, max=s.max, stdev=s.stdev)
-
-
-def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
-                eager_s: float = 2e-3, reference_s: float = 2e-4, noise: float = 0.02,
-                n: int = 40, breaks: list[GraphBreak] | None = None, recompiles: int = 0,
-                compile_s: float = 6.0, warm: bool = False, cache: str = "miss",
-                peak: int = 40 << 20, parity_ok: bool = True, baseline_parity: bool = True,
-                code_hash: str = "c0de1234", error: str | None = None) -> TargetResult:
-    """A realistic measured target: interleaved eager/compiled/reference samples with
-    log-normal noise, summaries computed from them, counters, memory and parity."""
-    model = target.split("/")[0]
-    if error is not None:
-        return TargetResult(target=target, model=model, env_key=ENV, code_hash=code_hash,
-                            device="cpu", status="error", error=error)
-    rng = np.random.default_rng(seed)
-    drift = rng.lognormal(0.0, noise, n)  # shared by the three of one round
-    eager = eager_s * drift * rng.lognormal(0.0, noise / 2, n)
-    compiled = compiled_s * drift * rng.lognormal(0.0, noise / 2, n)
-    ref = reference_s * drift * rng.lognormal(0.0, noise / 2, n)
-    breaks = breaks or []
-    return TargetResult(
-        target=target, model=model, env_key=ENV, code_hash=code_hash, device="cpu",
-        status="ok",
-        compile=CompileStats(seconds=compile_s, warm=warm, cache=cache,
-                             fxgraph_cache_hit=3 if warm else 0,
-                             fxgraph_cache_miss=0 if warm else 3,
-                             autograd_cache_hit=0, autograd_cache_miss=0),
-        graphs=Graphs(count=len(breaks) + 1, breaks=len(breaks), break_reasons=breaks,
-                      recompiles=recompiles),
-        latency=Latency(eager=_summary(eager), compiled=_summary(compiled),
-                        reference=_summary(ref),
-                        speedup=float(np.median(eager) / np.median(compiled)),
-                        throughput=float(1 / np.median(compiled)), inner_loops=4,
-                        samples={"eager": eager.tolist(), "compiled": compiled.tolist(),
-                                 "reference": ref.tolist()}),
-        memory=Memory(kind="rss", eager_peak_bytes=30 << 20, compiled_peak_bytes=peak),
-        parity=Parity(
-            vs_eager=ParityCheck(passed=parity_ok, method="allclose" if parity_ok else "failed",
-                                 max_abs_err=2.4e-7 if parity_ok else 0.31,
-                                 detail=None if parity_ok else "max abs err 0.31 > atol 1e-4"),
-            vs_baseline=ParityCheck(passed=True, method="allclose", max_abs_err=1.2e-7)
-            if baseline_parity else None),
-        measured_at="2025-01-01T00:00:00Z",
-    )
-
-
-def make_baseline(result: TargetResult, ref: str = "main", history: int = 0) -> Baseline:
-    """``result`` as the baseline of ``ref``; with ``history``, after that many earlier
-    runs of the same code (so the gate knows the runner's drift between runs)."""
-    runs = []
-    for i in range(history):
-        r = make_result(result.target, seed=1000 + i, code_hash=result.code_hash)
-        r.measured_at = f"2024-12-{i + 1:02d}T00:00:00Z"
-        runs.append(r)
-    return Baseline(target=result.target, env_key=result.env_key, ref=ref,
-                    commit="a1b2c3d4e5f6a7b8", created_at="2025-01-01T00:00:00Z",
-                    published_at="2025-01-01T00:05:00Z", result=result,
-                    noise=baseline_mod.measure_noise(result, runs) if history else None)
+from factories import ENV, RULES, make_baseline, make_result  # noqa: E402
 
 
 NASTY = ("Data-dependent branching `if x.sum() > 0:` | col\nsecond line *bold* _u_ "
@@ -139,7 +64,7 @@ def rep() -> gate.GateReport:
 
 
 def _row(md: str, target: str) -> str:
-    target_md = report.md_text(target)
+    target_md = markdown.md_text(target)
     lines = [ln for ln in md.splitlines() if ln.startswith(f"| {target_md} ")]
     assert len(lines) == 1, (target, lines)
     return lines[0]
@@ -297,18 +222,18 @@ def test_nasty_break_reason_does_not_break_tables(rep):
 
 
 def test_markdown_escaping_helpers():
-    assert report.md_text("a|b\nc") == "a\\|b<br>c"
-    assert report.md_text("x" * 20, limit=5) == "xxxx…"
-    assert report.md_code("a`b") == "``a`b``"
-    assert report.md_code("a|b", table=True) == "`a\\|b`"
-    assert report.fmt_time(812e-6) == "812 µs"
-    assert report.fmt_time(1.234e-3) == "1.23 ms"
-    assert report.fmt_time(0.9996) == "1.00 s"
-    assert report.fmt_time(12.5) == "12.5 s"
-    assert report.fmt_time(None) == "–"
-    assert report.error_line("Traceback (most recent call last):\n  x\nValueError: y") == \
+    assert markdown.md_text("a|b\nc") == "a\\|b<br>c"
+    assert markdown.md_text("x" * 20, limit=5) == "xxxx…"
+    assert markdown.md_code("a`b") == "``a`b``"
+    assert markdown.md_code("a|b", table=True) == "`a\\|b`"
+    assert markdown.fmt_time(812e-6) == "812 µs"
+    assert markdown.fmt_time(1.234e-3) == "1.23 ms"
+    assert markdown.fmt_time(0.9996) == "1.00 s"
+    assert markdown.fmt_time(12.5) == "12.5 s"
+    assert markdown.fmt_time(None) == "–"
+    assert markdown.error_line("Traceback (most recent call last):\n  x\nValueError: y") == \
         "ValueError: y"
-    assert report.error_line("boom\nmore") == "boom"
+    assert markdown.error_line("boom\nmore") == "boom"
 
 
 def test_without_details(rep):
@@ -324,7 +249,7 @@ def test_size_cap_drops_details_from_the_end():
     results = [one.model_copy(update={"target": f"big{i:02d}/b1/default"}) for i in range(12)]
     rep = build(results, {})
     md = report.render_markdown(rep)
-    assert len(md) <= report.MAX_MARKDOWN_CHARS
+    assert len(md) <= markdown.MAX_MARKDOWN_CHARS
     kept = md.count("<details>")
     assert 0 < kept < 12
     assert md.count("<details>") == md.count("</details>")
@@ -340,7 +265,7 @@ def test_size_cap_last_resort():
     results = [one.model_copy(update={"target": f"model-{i:04d}/b1/default"})
                for i in range(400)]
     md = report.render_markdown(build(results, {}), details=False)
-    assert len(md) <= report.MAX_MARKDOWN_CHARS
+    assert len(md) <= markdown.MAX_MARKDOWN_CHARS
     assert "Report truncated" in md
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,61 +14,8 @@ import pytest
 from gatekeeper.results import Baseline, Results
 from helpers import gk, write_project
 
-BASE_MODEL = textwrap.dedent('''
-    import torch
-    from torch import nn
+from projects import BASE_MODEL, CONFIG, QUIET, TARGET, pr_version  # noqa: E402
 
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1 = nn.Linear(256, 256)
-            self.fc2 = nn.Linear(256, 256)
-            self.extra = nn.Linear(256, 256)
-
-        def forward(self, x):
-            h = torch.relu(self.fc1(x))
-            return self.fc2(h)
-
-    def make():
-        return Net()
-''')
-
-CONFIG = textwrap.dedent('''
-    [tool.gatekeeper]
-    store = "store"
-
-    [tool.gatekeeper.measure]
-    min_time = 1.0
-
-    # Wide timing thresholds: these tests check the mechanism end to end on a shared
-    # 2-core machine (the slower version below does 3x the work); the detection rates at
-    # 5-10% are measured by benchmarks/detection_power.py, not asserted here.
-    [tool.gatekeeper.gate]
-    latency_regression = 0.5
-    speedup_regression = 0.5
-    compile_time_regression = 1.0
-
-    [[tool.gatekeeper.models]]
-    name = "net"
-    factory = "tinymodel:make"
-    inputs = [{ shape = ["batch", 256] }]
-    shapes = [{ batch = 64 }]
-''')
-
-TARGET = "net/b64/default"
-
-
-def pr_version(body: str) -> str:
-    """The base model with a new forward()."""
-    head, found, _ = BASE_MODEL.partition("    def forward(self, x):")
-    assert found
-    return head + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 4) + \
-        "\n\ndef make():\n    return Net()\n"
-
-
-# One OpenMP thread: on a 2-core runner, a second thread that the OS deschedules turns
-# every parallel region into a scheduler quantum, and timings into noise.
-QUIET = {"OMP_NUM_THREADS": "1"}
 
 
 def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:
@@ -179,17 +125,17 @@ def test_clearly_slower_model_is_regressed(project: Path):
 
 
 def test_documents_validate_and_older_baseline_never_wins(project: Path):
-    from gatekeeper import baseline
-    from gatekeeper.store import open_store
+    from gatekeeper.gate.baseline import publish_result
+    from gatekeeper.store import baselines, open_store
 
     results = Results.model_validate_json((project / "results.json").read_text())
     store = open_store(str(project / "store"))
-    current = baseline.fetch(store, TARGET, results.targets[0].env_key, "main")
+    current = baselines.fetch(store, baselines.BaselineKey(TARGET, results.targets[0].env_key, "main"))
     assert isinstance(current, Baseline)
     older = current.result.model_copy(update={"measured_at": "2000-01-01T00:00:00.000+00:00"})
-    assert baseline.publish(store, older, ref="main", commit="0ld") == "older"
-    after = baseline.fetch(store, TARGET, results.targets[0].env_key, "main")
+    assert publish_result(store, older, ref="main", commit="0ld") == "older"
+    after = baselines.fetch(store, baselines.BaselineKey(TARGET, results.targets[0].env_key, "main"))
     assert after.created_at == current.created_at
-    history = list(store.list(baseline.prefix(TARGET, results.targets[0].env_key, "main")
+    history = list(store.list(baselines.BaselineKey(TARGET, results.targets[0].env_key, "main").prefix
                               + "/history/"))
     assert len(history) == 4  # three pushes, and the older run kept in history only

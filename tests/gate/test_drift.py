@@ -8,10 +8,12 @@ import math
 
 import pytest
 
-from gatekeeper import baseline, gate
+from gatekeeper.gate import drift
+from gatekeeper.gate import rules as gate
 from gatekeeper.config import GateConfig
-from gatekeeper.results import merge_latency, normalised_latency, run_medians
-from test_report import make_baseline, make_result
+from gatekeeper.gate.drift import normalised_latency, run_medians
+from gatekeeper.results import merge_latency
+from factories import make_baseline, make_result
 
 TARGET = "m/b1/default"
 RULES = GateConfig()
@@ -32,30 +34,30 @@ def with_history(result, history):
     """``result`` published as the baseline after ``history``."""
     result.measured_at = "2026-02-01T00:00:00.000+00:00"
     base = make_baseline(result)
-    base.noise = baseline.measure_noise(result, history)
+    base.noise = drift.measure_noise(result, history)
     return base
 
 
 def test_noise_within_one_run_only():
     r = make_result(TARGET, noise=0.03, n=200)
-    noise = baseline.measure_noise(r, [])
+    noise = drift.measure_noise(r, [])
     assert 0.02 < noise.within < 0.04
     assert noise.between is None and noise.df == 0 and len(noise.runs) == 1
     # nothing measured between runs: the assumed drift sets what can be detected
-    assert noise.detectable > gate.DEFAULT_DRIFT
+    assert noise.detectable > drift.DEFAULT_DRIFT
 
 
 def test_noise_between_runs_of_the_same_code():
     history = runs_of([1.0, 1.04, 0.97, 1.02, 0.95])
     now = make_result(TARGET, seed=9, noise=0.005, n=100)
-    noise = baseline.measure_noise(now, history)
+    noise = drift.measure_noise(now, history)
     assert len(noise.runs) == 6 and noise.df == 5
     levels = [math.log(f) for f in [1.0, 1.04, 0.97, 1.02, 0.95, 1.0]]
     mean = sum(levels) / 6
     expected = math.sqrt(sum((x - mean) ** 2 for x in levels) / 5)
     assert noise.between == pytest.approx(expected, rel=0.15)
     assert noise.vs_eager_between < 0.01  # the whole process moved: compiled/eager did not
-    quiet = baseline.measure_noise(now, runs_of([1.0, 1.001, 0.999, 1.0, 1.0]))
+    quiet = drift.measure_noise(now, runs_of([1.0, 1.001, 0.999, 1.0, 1.0]))
     assert noise.detectable > quiet.detectable  # drift makes small changes undetectable
 
 
@@ -64,13 +66,13 @@ def test_a_change_of_code_on_main_is_not_counted_as_drift():
     history = runs_of([1.0, 1.01, 0.99]) + runs_of([0.7, 0.71, 0.69], "fa57c0de", first=3)
     now = make_result(TARGET, seed=9, noise=0.005, n=100, compiled_s=0.7e-3,
                       eager_s=1.4e-3, code_hash="fa57c0de")
-    noise = baseline.measure_noise(now, history)
+    noise = drift.measure_noise(now, history)
     assert noise.df == 5 and noise.between < 0.02
 
 
 def test_history_keeps_the_last_ten_runs():
-    noise = baseline.measure_noise(make_result(TARGET, seed=99), runs_of([1.0] * 14))
-    assert len(noise.runs) == baseline.HISTORY_FOR_NOISE
+    noise = drift.measure_noise(make_result(TARGET, seed=99), runs_of([1.0] * 14))
+    assert len(noise.runs) == drift.HISTORY_FOR_NOISE
     assert noise.runs[-1].measured_at == "2025-01-01T00:00:00Z"  # this run, last
 
 

@@ -20,10 +20,13 @@ from typing import Any, Callable, Iterator
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from gatekeeper import baseline, bundle, cli, housekeeping
+from gatekeeper import bundle, cli
+from gatekeeper.gate.baseline import publish_result
+from gatekeeper.store import baselines
+from gatekeeper.store import maintenance as housekeeping
 from gatekeeper.errors import AccessDenied, StoreError
 from gatekeeper.results import (CompileStats, Graphs, Latency, LatencySummary, Memory, Parity,
-                                ParityCheck, Reference, TargetResult)
+                                ParityCheck, ReferenceOutputs, TargetResult)
 from gatekeeper.store import BundleLocation, Store
 from gatekeeper.store.base import Backend
 from gatekeeper.store.local import LocalBackend
@@ -197,7 +200,7 @@ def make_result(measured_at: str, *, code_hash: str = "c0de0000c0de0000", env_ke
         memory=Memory(kind="rss", eager_peak_bytes=0, compiled_peak_bytes=0),
         parity=Parity(vs_eager=ParityCheck(passed=True, method="allclose", max_abs_err=0.0,
                                            rmse=0.0, cosine=1.0)),
-        reference=None if reference is None else Reference(
+        reference=None if reference is None else ReferenceOutputs(
             file="references/tiny__b4__default.pt",
             sha256=hashlib.sha256(reference).hexdigest(), size=len(reference)),
         measured_at=measured_at)
@@ -215,7 +218,7 @@ def publish_baseline(store: Store, tmp: Path, second: int, *, ref: str = "main",
     if outputs is not None:
         ref_file = tmp / f"outputs-{second}.pt"
         ref_file.write_bytes(outputs)
-    return baseline.publish(store, result, ref=ref, commit=f"c{second:011d}",
+    return publish_result(store, result, ref=ref, commit=f"c{second:011d}",
                             reference_file=ref_file)
 
 
@@ -259,19 +262,19 @@ def test_eight_concurrent_baseline_updates_lose_nothing(stores: StoreFactory, tm
     runners = [stores() for _ in range(8)]
     results = [make_result(at(s), code_hash=f"{s:016x}") for s in seconds]
 
-    statuses = run_threads(8, lambda i: baseline.publish(runners[i], results[i], ref="main",
+    statuses = run_threads(8, lambda i: publish_result(runners[i], results[i], ref="main",
                                                          commit=f"commit{seconds[i]:02d}"))
     assert set(statuses) <= {"published", "older"} and "published" in statuses
     # the newest measurement always ends up published (never "older")
     assert statuses[seconds.index(max(seconds))] == "published"
 
     store = stores()
-    base = baseline.prefix(TARGET, ENV, "main")
+    base = baselines.BaselineKey(TARGET, ENV, "main").prefix
     history = sorted(k for k in keys(store, base + "/") if "/history/" in k)
     assert len(history) == 8
     assert sorted(json.loads(store.read(k)[0])["created_at"] for k in history) == \
         sorted(at(s) for s in seconds)
-    latest = baseline.fetch(store, TARGET, ENV, "main")
+    latest = baselines.fetch(store, baselines.BaselineKey(TARGET, ENV, "main"))
     assert latest is not None
     assert latest.created_at == at(max(seconds))
     assert latest.result.code_hash == f"{max(seconds):016x}"
@@ -282,8 +285,8 @@ def test_eight_concurrent_baseline_updates_lose_nothing(stores: StoreFactory, tm
 def test_late_older_baseline_goes_to_history_only(store: Store, tmp_path: Path):
     assert publish_baseline(store, tmp_path, 50) == "published"
     assert publish_baseline(store, tmp_path, 10) == "older"
-    assert baseline.fetch(store, TARGET, ENV, "main").created_at == at(50)
-    base = baseline.prefix(TARGET, ENV, "main")
+    assert baselines.fetch(store, baselines.BaselineKey(TARGET, ENV, "main")).created_at == at(50)
+    base = baselines.BaselineKey(TARGET, ENV, "main").prefix
     assert len([k for k in keys(store, base) if "/history/" in k]) == 2
 
 
@@ -353,7 +356,7 @@ def test_denied_write_turns_store_read_only(stores: StoreFactory, tmp_path: Path
     assert keys(writer) == before
     # reads still work on the denied store
     assert store.find_bundle(TARGET, ENV, "e" * 16).match == "hit"
-    assert baseline.fetch(store, TARGET, ENV, "main").created_at == at(1)
+    assert baselines.fetch(store, baselines.BaselineKey(TARGET, ENV, "main")).created_at == at(1)
 
 
 # -- verify ----------------------------------------------------------------------------
@@ -398,15 +401,15 @@ def test_verify_catches_a_flipped_byte_in_reference_outputs(store: Store, tmp_pa
     assert failed and {f.key for f in failed} == {ref_key}
     assert all("sha256" in f.detail for f in failed)
     # gate's own fetch refuses it too
-    doc = baseline.fetch(store, TARGET, ENV, "main")
+    doc = baselines.fetch(store, baselines.BaselineKey(TARGET, ENV, "main"))
     with pytest.raises(StoreError, match="sha256"):
-        baseline.fetch_reference(store, doc, tmp_path / "ref.pt")
+        baselines.fetch_reference(store, doc, tmp_path / "ref.pt")
 
 
 def test_verify_reports_leftovers_and_broken_baselines(store: Store, tmp_path: Path):
     loc, archive, _ = make_bundle(tmp_path, 1)
     store.write(loc.key(archive.name), archive)  # the archive of a publish that died
-    bad_key = baseline.prefix(TARGET, ENV, "main") + "/latest.json"
+    bad_key = baselines.BaselineKey(TARGET, ENV, "main").prefix + "/latest.json"
     store.write(bad_key, b"{not json")
     failed = {f.key: f.detail for f in bad(housekeeping.verify(store, None))}
     assert "leftover" in failed[loc.prefix]
@@ -435,7 +438,7 @@ class Fleet:
         self.leftover_keys = {self.leftover.key(archive.name)}
         publish_baseline(store, tmp, 10, outputs=b"outputs of h1", code_hash=self.h[1].code_hash)
         publish_baseline(store, tmp, 20, outputs=b"outputs of h2", code_hash=self.h[2].code_hash)
-        self.unreferenced = baseline.prefix(TARGET, ENV, "main") + "/outputs/00000000deadbeef.pt"
+        self.unreferenced = baselines.BaselineKey(TARGET, ENV, "main").prefix + "/outputs/00000000deadbeef.pt"
         store.write(self.unreferenced, b"outputs of a publish that died")
         self.referenced = {k for k in keys(store, "baselines/") if "/outputs/" in k} \
             - {self.unreferenced}

@@ -1,4 +1,4 @@
-"""Tests of gatekeeper.stats: the statistics themselves, on synthetic latency samples.
+"""Tests of gatekeeper.gate.stats: the statistics themselves, on synthetic latency samples.
 
 Rates over seeds are deterministic (every generator is seeded); the observed values
 quoted in the comments are what this numpy produced, the asserts leave room for
@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from gatekeeper import stats
-from gatekeeper.stats import (
+from gatekeeper.gate import stats
+from gatekeeper.gate.stats import (
     Comparison,
     bootstrap_ratio_ci,
     compare,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import gk, write_project
-from test_gate_e2e import BASE_MODEL, CONFIG, QUIET, pr_version
+from projects import BASE_MODEL, CONFIG, QUIET, pr_version
 
 SLOWER = '''
     def forward(self, x):
@@ -70,7 +70,7 @@ def test_paired_unknown_ref_is_one_line(repo: Path):
 def test_other_version_swaps_modules_and_restores_them(tmp_path: Path):
     import sys
 
-    from gatekeeper.model import other_version
+    from gatekeeper.worker.model import other_version
 
     head, base = tmp_path / "head", tmp_path / "base"
     for root, value in ((head, "head"), (base, "base")):
@@ -97,7 +97,7 @@ def test_paired_rounds_give_base_and_head_the_same_neighbours():
     """An identical base and head must not read differently because of where they sit
     in a round: each takes the first and the second place equally often, and each
     follows the other as often as it follows the reference workload."""
-    from gatekeeper.measure import _round_order
+    from gatekeeper.worker.timing import _round_order
 
     names = ["base", "eager", "compiled", "reference"]
     rounds = [_round_order(names, k) for k in range(11)]

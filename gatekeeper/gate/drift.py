@@ -1,0 +1,81 @@
+"""Noise and drift, in one place: how much a target's latency moves within one run and
+between runs (processes) on the runner that measures it.
+
+Within one process interleaved rounds scatter little; between processes the whole
+level moves (frequency, memory layout, the neighbours of a shared runner). A stored
+baseline was measured in another process, so the gate needs the drift *between* runs,
+estimated here from the baseline's recent history, and assumed (``DEFAULT_DRIFT``) until
+that history is long enough. No torch, no store.
+"""
+from __future__ import annotations
+
+import statistics
+
+from ..results import Noise, RunMedians, TargetResult
+from . import stats
+
+# assumed drift between processes (sd of log run medians) while a baseline's history
+# cannot estimate it yet: measured 5.8% (latency / reference) and 1.6% (compiled/eager)
+# over 58 quiet processes on a shared 2-core runner (README); these priors are wider
+DEFAULT_DRIFT = 0.10
+DEFAULT_VS_EAGER_DRIFT = 0.03
+HISTORY_FOR_NOISE = 10  # runs (processes) behind a baseline's noise figures
+
+
+def normalised_latency(r: TargetResult, use_reference: bool = True) -> list[float]:
+    """Compiled latency per round, divided by that round's reference workload when both
+    were measured: the figure the gate compares across processes."""
+    s = r.latency.samples if r.latency else {}
+    if use_reference and s.get("reference"):
+        return [c / ref for c, ref in zip(s["compiled"], s["reference"])]
+    return list(s.get("compiled", []))
+
+
+def is_normalised(r: TargetResult) -> bool:
+    return bool(r.latency and r.latency.samples.get("reference"))
+
+
+def run_medians(r: TargetResult, use_reference: bool = True) -> list[tuple[float, float]]:
+    """Per process behind ``r`` (several once re-measured): the median normalised
+    latency and the median compiled/eager round ratio."""
+    s = r.latency.samples if r.latency else {}
+    lat, comp, eager = normalised_latency(r, use_reference), s.get("compiled", []), \
+        s.get("eager", [])
+    out, start = [], 0
+    for count in (r.latency.runs if r.latency and r.latency.runs else [len(lat)]):
+        stop = start + count
+        if stop > start:
+            out.append((statistics.median(lat[start:stop]),
+                        statistics.median([c / e for c, e in zip(comp[start:stop],
+                                                                  eager[start:stop])])))
+        start = stop
+    return out
+
+
+def measure_noise(result: TargetResult, history: list[TargetResult]) -> Noise | None:
+    """Within-process noise of this run, and the drift between runs of the same code
+    over the recent history: the second is what one run's samples cannot show, and what
+    the stored-baseline gate pays for (see gatekeeper.gate.rules)."""
+    samples = normalised_latency(result)
+    if len(samples) < 5:
+        return None
+    within = stats.noise(samples)
+    runs = [RunMedians(measured_at=r.measured_at or "", code_hash=r.code_hash,
+                       latency=lat, vs_eager=ratio, normalised=is_normalised(r))
+            for r in [*(h for h in history if h.measured_at != result.measured_at), result]
+            for lat, ratio in run_medians(r)][-HISTORY_FOR_NOISE:]
+    mine = [m for m in runs if m.normalised == runs[-1].normalised]
+    between, df = stats.pooled_sd(_by_code(mine, "latency"))
+    vs_eager_between, _ = stats.pooled_sd(_by_code(mine, "vs_eager"))
+    same = sum(m.code_hash == result.code_hash for m in mine)
+    detectable = stats.runs_detectable_change(between or DEFAULT_DRIFT,
+                                              df if between else None, same)
+    return Noise(within=within, between=between, vs_eager_between=vs_eager_between, df=df,
+                 runs=runs, detectable=detectable)
+
+
+def _by_code(runs: list[RunMedians], field: str) -> list[list[float]]:
+    groups: dict[str, list[float]] = {}
+    for m in runs:
+        groups.setdefault(m.code_hash, []).append(getattr(m, field))
+    return list(groups.values())

@@ -1,0 +1,23 @@
+"""The report: a GateReport rendered for people (markdown: the PR comment and the job
+summary) and for tools (JSON); written beside the results. Nothing here measures or
+decides."""
+from __future__ import annotations
+
+import json as _json
+from pathlib import Path
+
+from ..gate import GateReport
+from .json import report_json
+from .markdown import render_markdown, summary_line
+
+__all__ = ["render_markdown", "report_json", "summary_line", "write_report"]
+
+
+def write_report(report: GateReport, path: Path) -> tuple[str, dict]:
+    """Write ``path`` (markdown) and the JSON report beside it; return both."""
+    markdown = render_markdown(report)
+    doc = report_json(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown)
+    path.with_suffix(".json").write_text(_json.dumps(doc, indent=2))
+    return markdown, doc

@@ -1,0 +1,97 @@
+"""The report as a JSON document (schema ``gatekeeper.report/1``): the same data as the
+markdown, for tools, without the raw timing samples (those stay in results.json)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..gate import GateReport, GateRow
+from ..results import TargetResult
+from .markdown import (_base, _breaks, _compile_s, _p50, _recompiles, _speedup, counts,
+                       summary_line)
+
+REPORT_SCHEMA = "gatekeeper.report/1"
+
+
+
+def _json_safe(x: Any) -> Any:
+    """Non-finite floats become None (strict JSON has no NaN); containers recurse."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def _side(base: Any, pr: Any) -> dict:
+    return {"base": base, "pr": pr}
+
+
+def _latency_summaries(r: TargetResult | None) -> dict | None:
+    if r is None or r.latency is None:
+        return None
+    lat = r.latency
+    return {"eager": lat.eager.model_dump(), "compiled": lat.compiled.model_dump(),
+            "reference": lat.reference.model_dump() if lat.reference else None,
+            "throughput": lat.throughput, "inner_loops": lat.inner_loops}
+
+
+def _target_json(row: GateRow, remeasured: set[str]) -> dict:
+    r, v, base = row.result, row.verdict, _base(row)
+    dump = lambda m: m.model_dump() if m is not None else None  # noqa: E731
+    return {
+        "target": r.target,
+        "model": r.model,
+        "device": r.device,
+        "verdict": v.verdict,
+        "status": r.status,
+        "error": r.error,
+        "reasons": list(v.reasons),
+        "notes": list(v.notes),
+        "borderline": v.borderline,
+        "remeasured": r.target in remeasured,
+        "latency": dict(v.latency) if v.latency else None,
+        "speedup_comparison": dict(v.speedup) if v.speedup else None,
+        "p50_s": _side(_p50(base), _p50(r)),
+        "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
+        "speedup": _side(_speedup(base), _speedup(r)),
+        "compile": _side(dump(base.compile) if base else None, dump(r.compile)),
+        "compile_s": _side(_compile_s(base), _compile_s(r)),
+        "graphs": _side(base.graphs.count if base and base.graphs else None,
+                        r.graphs.count if r.graphs else None),
+        "graph_breaks": _side(_breaks(base), _breaks(r)),
+        "break_reasons": [b.model_dump() for b in r.graphs.break_reasons] if r.graphs else [],
+        "new_breaks": [b.model_dump() for b in v.new_breaks],
+        "recompiles": _side(_recompiles(base), _recompiles(r)),
+        "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
+        "parity": dump(r.parity),
+        "cache": r.compile.cache if r.compile else None,
+        "env_key": r.env_key,
+        "code_hash": r.code_hash,
+        "base_code_hash": base.code_hash if base else None,
+        "baseline": None if row.baseline is None else {
+            "ref": row.baseline.ref, "commit": row.baseline.commit,
+            "created_at": row.baseline.created_at,
+            "noise": row.baseline.noise.model_dump() if row.baseline.noise else None},
+    }
+
+
+def report_json(report: GateReport) -> dict:
+    """The report as a JSON-serialisable dict (schema ``gatekeeper.report/1``): verdicts,
+    comparisons and summaries per target, never the raw timing samples."""
+    remeasured = set(report.remeasured)
+    doc = {
+        "schema": REPORT_SCHEMA,
+        "verdict": report.verdict,
+        "exit_code": report.exit_code,
+        "base_ref": report.base_ref,
+        "summary": summary_line(report),
+        "counts": counts(report),
+        "creator": dict(report.creator or {}),
+        "targets": [_target_json(row, remeasured) for row in report.rows],
+        "removed": list(report.removed),
+        "remeasured": list(report.remeasured),
+    }
+    return _json_safe(doc)

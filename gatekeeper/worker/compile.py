@@ -1,0 +1,66 @@
+"""torch.compile a target's model and report what the compile did (runs in the worker)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._dynamo.utils import counters
+
+from ..config import ModelConfig
+from .model import build_model, make_inputs
+from .protocol import Request, Response
+from .timing import first_call
+
+
+def compile_model(model: torch.nn.Module, cfg: ModelConfig, mode: str, dynamic: bool):
+    kwargs: dict[str, Any] = {"backend": cfg.backend, "fullgraph": cfg.fullgraph,
+                              "dynamic": dynamic}
+    if cfg.options:
+        kwargs["options"] = cfg.options
+    elif mode != "default":
+        kwargs["mode"] = mode
+    return torch.compile(model, **kwargs)
+
+
+def snapshot_counters() -> dict[str, int]:
+    """The torch counters that say what the compile did (cache hits, graphs, breaks)."""
+    inductor = dict(counters["inductor"])
+    aot = dict(counters["aot_autograd"])
+    return {
+        "fxgraph_cache_hit": inductor.get("fxgraph_cache_hit", 0),
+        "fxgraph_cache_miss": inductor.get("fxgraph_cache_miss", 0),
+        "fxgraph_cache_bypass": inductor.get("fxgraph_cache_bypass", 0),
+        "autograd_cache_hit": aot.get("autograd_cache_hit", 0),
+        "autograd_cache_miss": aot.get("autograd_cache_miss", 0),
+        "graphs": counters["stats"].get("unique_graphs", 0),
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "frames": counters["frames"].get("ok", 0),
+    }
+
+
+def compile_target(req: Request) -> Response:
+    """``compile``: the first compiled calls, then the Mega-Cache blob. ``probe``: the
+    same calls against the cache dir the parent restored, saving nothing: their time and
+    counters show whether a warm start really was warm."""
+    model = build_model(req.model, req.base_path, req.device)
+    inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
+    megacache_load = None
+    if req.megacache_in:  # PyTorch's documented recipe, for comparison
+        start = time.perf_counter()
+        torch.compiler.load_cache_artifacts(Path(req.megacache_in).read_bytes())
+        megacache_load = time.perf_counter() - start
+    compiled = compile_model(model, req.model, req.mode, req.dynamic)
+    calls = []
+    with torch.no_grad():
+        for _ in range(3):  # cudagraph trees record on a later call; run until settled
+            calls.append(first_call(compiled, inputs, req.device)[1])
+    megacache = None
+    if req.megacache_out:
+        megacache = torch.compiler.save_cache_artifacts()
+        if megacache is not None:
+            Path(req.megacache_out).write_bytes(megacache[0])
+    return Response(ok=True, compile_seconds=calls[0], call_seconds=calls,
+                    counters=snapshot_counters(), megacache=megacache is not None,
+                    megacache_load_seconds=megacache_load, torch=torch.__version__)

@@ -1,0 +1,82 @@
+"""What the parent asks of a worker process and what it answers: typed, shared by both
+sides, and free of torch (the parent never imports it).
+
+The parent writes a :class:`Request` as JSON, runs ``python -m gatekeeper.worker REQ
+RESP`` (:mod:`gatekeeper.worker.launch`), and reads back a :class:`Response`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance
+from ..targets import Target
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Request(_Msg):
+    """One job for a worker.
+
+    * ``compile``: build the model, compile it, call it until settled, and save the
+      Mega-Cache blob to ``megacache_out`` (the cache dir itself is the parent's).
+    * ``probe``: the same first compiled call against whatever cache dir the parent
+      restored, saving nothing: does a warm start really start warm?
+    * ``measure``: everything ``check`` reports for one target (see worker.measure).
+    """
+
+    action: Literal["compile", "probe", "measure"]
+    model: ModelConfig
+    base_dir: str  # the config's folder: factories are imported from there
+    device: str  # resolved: "cpu", "cuda", "cuda:1"
+    shapes: dict[str, int]
+    mode: str
+    dynamic: bool
+    megacache_out: str | None = None  # compile: write the Mega-Cache blob here
+    megacache_in: str | None = None  # load this blob first (PyTorch's recipe, benchmarks)
+    budget: MeasureConfig | None = None  # measure: warmup, min_time, max_samples
+    parity: ParityTolerance | None = None  # measure: tolerances
+    baseline_reference: str | None = None  # measure: the baseline's reference outputs
+    reference_out: str | None = None  # measure: write this run's reference outputs here
+    paired_base_dir: str | None = None  # measure: the base version's config folder
+
+    @classmethod
+    def for_target(cls, action: str, target: Target, config: Config, device: str,
+                   **extra: Any) -> "Request":
+        return cls(action=action, model=target.model, base_dir=str(config.base_dir),
+                   device=device, shapes=target.shape_set, mode=target.mode,
+                   dynamic=target.dynamic, **extra)
+
+    @property
+    def base_path(self) -> Path:
+        return Path(self.base_dir)
+
+
+class Response(_Msg):
+    """A worker's answer. ``ok`` false: ``kind`` is ``config`` (the user's factory or
+    inputs are wrong) or ``compile`` (torch failed), ``error`` one line. ``ok`` true: the
+    fields of the action that ran; nested documents match :mod:`gatekeeper.results`."""
+
+    ok: bool
+    kind: Literal["config", "compile"] | None = None
+    error: str | None = None
+    torch: str | None = None
+    compile_seconds: float | None = None  # first compiled call, wall time
+    call_seconds: list[float] | None = None  # compile/probe: the first calls
+    counters: dict[str, int] | None = None  # cache hits/misses, graphs, breaks, frames
+    megacache: bool | None = None  # compile: a Mega-Cache blob was written
+    megacache_load_seconds: float | None = None
+    graphs: dict[str, Any] | None = None
+    parity: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+    latency: dict[str, Any] | None = None
+    paired: dict[str, Any] | None = None
+    pid: int | None = None
+
+    @classmethod
+    def failure(cls, kind: str, error: str) -> "Response":
+        return cls(ok=False, kind=kind, error=error)

@@ -1,0 +1,109 @@
+"""Latency: warmup, then eager, compiled (and paired mode's base) timed in interleaved
+rounds with device synchronisation, plus a fixed drift-reference workload."""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..gate import stats
+
+SAMPLE_SECONDS = 0.002  # aim for at least this much work in one timing sample
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def first_call(compiled: Callable, inputs: tuple, device: str) -> tuple[Any, float]:
+    """One call's output and wall time (the first call of a compiled model is its
+    compile)."""
+    sync(device)
+    start = time.perf_counter()
+    out = compiled(*inputs)
+    sync(device)
+    return out, time.perf_counter() - start
+
+
+class DriftReference:
+    """A fixed workload (matmul + tanh) timed between the model's samples: dividing by it
+    cancels much of the machine's drift between processes."""
+
+    def __init__(self, device: str) -> None:
+        gen = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(128, 128, generator=gen).to(device)
+        self.w = (torch.randn(128, 128, generator=gen) / 12).to(device)
+
+    def __call__(self) -> None:
+        x = self.x
+        for _ in range(4):
+            x = torch.tanh(x @ self.w)
+
+
+def _timed(fn: Callable[[], Any], loops: int, device: str) -> float:
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(loops):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / loops
+
+
+def _loops(one_call: float) -> int:
+    """Calls per sample: a power of two giving at least SAMPLE_SECONDS of work."""
+    return min(2 ** max(0, math.ceil(math.log2(SAMPLE_SECONDS / one_call))), 4096)
+
+
+def _round_order(names: list[str], k: int) -> list[str]:
+    """The order of round ``k``. Alone, the order flips every round (E C R, R C E, ...):
+    no model always runs first, right after the other's caches were warmed, or last.
+    Paired, base and head take the first two places and swap them every round (B H E R,
+    H B E R, ...): each sees exactly the neighbours the other sees. (Flipping the whole
+    round put base after base every other round and the head always in the middle; the
+    head then read about 2% slower than an identical base.)"""
+    if "base" not in names:
+        return names if k % 2 == 0 else names[::-1]
+    pair = ["base", "compiled"] if k % 2 == 0 else ["compiled", "base"]
+    return pair + [n for n in names if n not in pair]
+
+
+def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
+            budget: dict, base: Callable[[], Any] | None = None) -> dict:
+    """Warm up, then time eager, compiled and the reference interleaved (see
+    :func:`_round_order`) until ``min_time`` seconds have passed or ``max_samples``
+    rounds were taken.
+
+    In paired mode ``base`` (the base version, compiled) is timed in each round too,
+    next to the head's compiled sample, so each (base, compiled) pair shares the
+    machine's state of that moment."""
+    ref = DriftReference(device)
+    fns = {"eager": eager, "compiled": compiled, "reference": ref}
+    if base is not None:
+        fns = {"base": base, **fns}
+    for _ in range(budget["warmup"]):
+        for fn in fns.values():
+            fn()
+    one = max(max(_timed(fn, 1, device) for name, fn in fns.items() if name != "reference"),
+              1e-7)
+    loops = _loops(one)
+    ref_loops = _loops(max(_timed(ref, 1, device), 1e-7))  # same sample length as the model's
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    while (time.perf_counter() - start < budget["min_time"] or len(samples["eager"]) < 5) \
+            and len(samples["eager"]) < budget["max_samples"]:
+        for name in _round_order(list(fns), len(samples["eager"])):
+            samples[name].append(_timed(fns[name], ref_loops if name == "reference" else loops,
+                                        device))
+
+    def summary(xs: list[float]) -> dict:
+        s = stats.summarize(xs)
+        return {"n": s.n, "mean": s.mean, "p50": s.median, "p95": s.p95, "p99": s.p99,
+                "min": s.min, "max": s.max, "stdev": s.stdev}
+
+    e, c = summary(samples["eager"]), summary(samples["compiled"])
+    return {"eager": e, "compiled": c, "reference": summary(samples["reference"]),
+            "speedup": e["p50"] / c["p50"], "throughput": 1.0 / c["p50"],
+            "inner_loops": loops, "samples": samples}
