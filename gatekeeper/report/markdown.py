@@ -354,8 +354,7 @@ def _comparison_row(label: str, comp: dict) -> list[str]:
         fmt_p(comp["p_value"]) + ("" if comp["significant"] else " (n.s.)"),
         f"±{comp['threshold']:.0%}",
         comp["verdict"],
-        f"{comp['test']}, {'runs' if 'run medians' in comp['test'] else 'n'}="
-        f"{comp['n_base']}/{comp['n_pr']}",
+        f"{comp['test']}, {comp.get('unit', 'n')}={comp['n_base']}/{comp['n_pr']}",
     ]
 
 

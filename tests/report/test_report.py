@@ -279,7 +279,7 @@ TARGET_KEYS = {"target", "model", "device", "verdict", "status", "error", "reaso
                "break_reasons", "new_breaks", "recompiles", "memory", "parity", "cache",
                "env_key", "code_hash", "base_code_hash", "baseline"}
 COMPARISON_KEYS = {"ratio", "delta", "ci_lo", "ci_hi", "p_value", "significant", "verdict",
-                   "threshold", "n_base", "n_pr", "paired", "test"}
+                   "threshold", "n_base", "n_pr", "paired", "test", "unit"}
 
 
 def test_json_schema_is_stable(rep):
