@@ -140,6 +140,7 @@ class FakeGitHub:
         now = _timestamp()
         comment = {
             "id": self._next_id,
+            "url": f"{self.url}/repos/{repo}/issues/comments/{self._next_id}",
             "body": body,
             "user": {"login": login, "type": "Bot" if login.endswith("[bot]") else "User"},
             "html_url": f"https://github.example/{repo}/pull/{issue}#issuecomment-{self._next_id}",

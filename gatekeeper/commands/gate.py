@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from ..gate import GateReport
+from ..github.announce import announce
 from ..provenance import base_ref
-from ..publish import announce
 from ..report import render_markdown, report_json, summary_line
 from ..results import load_results
 from ..verdict import judge
