@@ -11,10 +11,22 @@ way GitHub does:
   403 "Resource not accessible by integration" for a read-only token.
 
 ``Authorization: Bearer X`` or ``token X``; an unknown token gets 401 "Bad credentials".
+
+On demand, per test, it also answers the way GitHub limits and fails:
+
+* :meth:`FakeGitHub.rate_limit`: the primary rate limit. Once the budget is spent, every
+  request gets 403 (or 429) "API rate limit exceeded" with ``x-ratelimit-remaining: 0``
+  and ``x-ratelimit-reset`` (epoch seconds) until that time has really passed;
+* :meth:`FakeGitHub.secondary_rate_limit`: 403 (or 429) "You have exceeded a secondary
+  rate limit", with a ``Retry-After`` header unless told otherwise;
+* :meth:`FakeGitHub.fail_next`: 5xx for the next requests;
+* :meth:`FakeGitHub.fail_after_apply`: the request takes effect (a POST creates its
+  comment), then the connection is dropped (or a 5xx sent): the ambiguous failure.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -27,6 +39,12 @@ import pytest
 
 ACTIONS_BOT_LOGIN = "github-actions[bot]"
 NOT_ACCESSIBLE = "Resource not accessible by integration"
+PRIMARY_LIMITED = "API rate limit exceeded for installation ID 4242."
+SECONDARY_LIMITED = ("You have exceeded a secondary rate limit. Please wait a few minutes before you "
+                     "try again. If you reach out to GitHub Support for help, please include the "
+                     "request ID 0000:1111:2222.")
+RATE_LIMIT_DOCS = "https://docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api"
+DROP = -1  # a scripted "status": close the connection without an answer
 
 _COMMENTS_RE = re.compile(r"^/repos/([^/]+/[^/]+)/issues/(\d+)/comments$")
 _COMMENT_RE = re.compile(r"^/repos/([^/]+/[^/]+)/issues/comments/(\d+)$")
@@ -48,6 +66,17 @@ class LoggedRequest:
     body: Any  # decoded JSON, or None
 
 
+@dataclass(frozen=True)
+class Scripted:
+    """A canned answer for the next request (of ``method``, when given)."""
+
+    status: int  # or DROP
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    method: str | None = None
+    after_apply: bool = False  # the request takes effect first, then this is the answer
+
+
 @dataclass
 class FakeGitHub:
     """The fake API's state; tests arrange and inspect it directly."""
@@ -56,8 +85,11 @@ class FakeGitHub:
     tokens: dict[str, Token] = field(default_factory=dict)
     comments: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
     requests: list[LoggedRequest] = field(default_factory=list)
-    failures: list[int] = field(default_factory=list)  # statuses for the next requests
+    script: list[Scripted] = field(default_factory=list)  # answers for the next requests
     lock: threading.Lock = field(default_factory=threading.Lock)
+    budget: int | None = None  # primary rate limit: requests left in this window (None: unlimited)
+    reset_at: int = 0  # epoch seconds when the window resets
+    limited_status: int = 403
     _next_id: int = 1000
 
     def add_token(self, token: str, login: str, write: bool = True, can_read_user: bool = True) -> None:
@@ -81,7 +113,24 @@ class FakeGitHub:
 
     def fail_next(self, count: int, status: int = 502) -> None:
         """Answer the next ``count`` requests with ``status``."""
-        self.failures.extend([status] * count)
+        self.script.extend([Scripted(status, {"message": "Server Error"})] * count)
+
+    def rate_limit(self, *, after: int = 0, reset_in: float = 1.0, status: int = 403) -> None:
+        """The primary rate limit: ``after`` more requests pass, then ``status`` (403 or 429)
+        with ``x-ratelimit-remaining: 0`` until ``reset_in`` seconds from now have passed."""
+        self.budget, self.limited_status = after, status
+        self.reset_at = math.ceil(time.time() + reset_in)
+
+    def secondary_rate_limit(self, count: int = 1, *, retry_after: int | None = 1, status: int = 403,
+                             method: str | None = None) -> None:
+        """The next ``count`` requests (of ``method``) hit a secondary rate limit."""
+        headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+        body = {"message": SECONDARY_LIMITED, "documentation_url": RATE_LIMIT_DOCS}
+        self.script.extend([Scripted(status, body, headers, method)] * count)
+
+    def fail_after_apply(self, method: str = "POST", status: int = DROP) -> None:
+        """The next ``method`` request takes effect, then the connection drops (or ``status``)."""
+        self.script.append(Scripted(status, {"message": "Server Error"}, {}, method, after_apply=True))
 
     def writes(self) -> list[LoggedRequest]:
         return [r for r in self.requests if r.method in ("POST", "PATCH")]
@@ -91,6 +140,7 @@ class FakeGitHub:
         now = _timestamp()
         comment = {
             "id": self._next_id,
+            "url": f"{self.url}/repos/{repo}/issues/comments/{self._next_id}",
             "body": body,
             "user": {"login": login, "type": "Bot" if login.endswith("[bot]") else "User"},
             "html_url": f"https://github.example/{repo}/pull/{issue}#issuecomment-{self._next_id}",
@@ -132,13 +182,43 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(raw) if raw else None
         with state.lock:
             state.requests.append(LoggedRequest(self.command, split.path, query, dict(self.headers), body))
-            status, data, headers = self._route(state, split.path, query, body)
+            scripted = self._scripted(state)
+            if scripted is not None and not scripted.after_apply:
+                status, data, headers = scripted.status, scripted.body, scripted.headers
+            else:
+                status, data, headers = self._limited(state, split.path, query, body)
+                if scripted is not None:
+                    status, data, headers = scripted.status, scripted.body, scripted.headers
+        if status == DROP:
+            self.close_connection = True  # the request was read (and maybe applied): no answer
+            return
         self._reply(status, data, headers)
+
+    def _scripted(self, state: FakeGitHub) -> Scripted | None:
+        for i, scripted in enumerate(state.script):
+            if scripted.method in (None, self.command):
+                return state.script.pop(i)
+        return None
+
+    def _limited(self, state: FakeGitHub, path: str, query: dict[str, str],
+                 body: Any) -> tuple[int, Any, dict[str, str]]:
+        """The primary rate limit around :meth:`_route`, with GitHub's x-ratelimit headers."""
+        if state.budget is not None and time.time() >= state.reset_at:
+            state.budget = None  # a new window
+        if state.budget is None or self._token(state) is None:
+            return self._route(state, path, query, body)
+        limited = state.budget == 0
+        state.budget = max(state.budget - 1, 0)
+        headers = {"x-ratelimit-limit": "5000", "x-ratelimit-remaining": str(state.budget),
+                   "x-ratelimit-used": str(5000 - state.budget), "x-ratelimit-resource": "core",
+                   "x-ratelimit-reset": str(state.reset_at)}
+        if limited:
+            return state.limited_status, {"message": PRIMARY_LIMITED, "documentation_url": RATE_LIMIT_DOCS}, headers
+        status, data, extra = self._route(state, path, query, body)
+        return status, data, {**extra, **headers}
 
     def _route(self, state: FakeGitHub, path: str, query: dict[str, str],
                body: Any) -> tuple[int, Any, dict[str, str]]:
-        if state.failures:
-            return state.failures.pop(0), {"message": "Server Error"}, {}
         token = self._token(state)
         if token is None:
             return 401, {"message": "Bad credentials"}, {}

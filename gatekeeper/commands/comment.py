@@ -5,7 +5,8 @@ import os
 from pathlib import Path
 
 from ..errors import EXIT_OK, UsageError
-from ..github import pr_context_from_env, upsert_sticky_comment
+from ..github.comment import upsert_sticky_comment
+from ..github.event import pr_context_from_env
 from .common import Context
 
 HELP = "post the report as one sticky pull-request comment (updated in place)"

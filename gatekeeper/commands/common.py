@@ -98,7 +98,7 @@ class Context:
     def finish_gate(self, report: GateReport, report_path: Path, results_path: Path) -> int:
         """Write report.md and report.json, print the report (or its JSON), tell GitHub
         (outputs, summary, annotations); the exit code of the verdict."""
-        from ..publish import announce
+        from ..github.announce import announce
         from ..report import summary_line, write_report
 
         markdown, doc = write_report(report, report_path)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import EXIT_FAILED, EXIT_OK
+from ..github.announce import announce_warm
 from ..progress import Progress
-from ..publish import announce_warm
 from ..warm import default_cache_dir, probe, warm_targets
 from .common import Context, human_bytes
 

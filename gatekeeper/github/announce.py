@@ -1,17 +1,16 @@
-"""Report → GitHub: step outputs, the job summary, annotations and the sticky comment.
+"""A gate report → the Actions run: step outputs, the job summary and annotations.
 
-Everything here is a no-op outside GitHub Actions, so commands call it unconditionally.
+(Not "publish": that word now only means writing to the store. The sticky comment is
+``comment.py``'s job.) Everything here is a no-op outside GitHub Actions, so commands call
+it unconditionally.
 """
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
-from . import ghactions
-from .gate import GateReport
-
-log = logging.getLogger("gatekeeper.github")
+from ..gate import GateReport
+from . import actions
 
 
 def _repo_path(base_dir: Path, file: str | None) -> str | None:
@@ -29,24 +28,25 @@ def _repo_path(base_dir: Path, file: str | None) -> str | None:
 def announce(report: GateReport, *, markdown: str, report_path: Path, results_path: Path,
              base_dir: Path) -> None:
     """Outputs, summary and annotations for a gate verdict."""
-    if not (ghactions.in_actions() or os.environ.get("GITHUB_OUTPUT")):
+    if not (actions.in_actions() or os.environ.get("GITHUB_OUTPUT")):
         return
-    ghactions.set_output("verdict", report.verdict)
-    ghactions.set_output("report", str(report_path.absolute()))
-    ghactions.set_output("results", str(results_path.absolute()))
+    actions.set_output("verdict", report.verdict)
+    actions.set_output("report", str(report_path.absolute()))
+    actions.set_output("results", str(results_path.absolute()))
     cache = [row.result.compile.cache for row in report.rows if row.result.compile]
-    ghactions.set_output("cache-hit", bool(cache) and all(c == "hit" for c in cache))
-    ghactions.append_summary(markdown)
+    actions.set_output("cache-hit", bool(cache) and all(c == "hit" for c in cache))
+    actions.append_summary(markdown)
     for row in report.rows:
         v = row.verdict
         for brk in v.new_breaks:
-            ghactions.error_annotation(f"{v.target}: new graph break: {brk.reason}",
+            actions.error_annotation(f"{v.target}: new graph break: {brk.reason}",
                                        file=_repo_path(base_dir, brk.file), line=brk.line,
                                        title="gatekeeper: graph break")
         if v.verdict in ("regressed", "parity-failed", "error"):
-            ghactions.error_annotation(f"{v.target}: {v.verdict}: " + "; ".join(v.reasons),
+            actions.error_annotation(f"{v.target}: {v.verdict}: " + "; ".join(v.reasons),
                                        title=f"gatekeeper: {v.verdict}")
 
 
 def announce_warm(statuses: list[str]) -> None:
-    ghactions.set_output("cache-hit", bool(statuses) and all(s == "hit" for s in statuses))
+    """The ``cache-hit`` output of a warm: every target's bundle was restored."""
+    actions.set_output("cache-hit", bool(statuses) and all(s == "hit" for s in statuses))
