@@ -11,7 +11,8 @@ from .config import Config
 from .gate import GateReport
 from .gate.baseline import publish_results
 from .gate.judge import judge
-from .results import Results, merge_latency, write_results
+from .gate.drift import merge_latency
+from .results import Results, write_results
 from .store import Store
 from .targets import Target
 

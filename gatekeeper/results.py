@@ -216,26 +216,6 @@ def load_results(path: str | Path) -> Results:
                               f"{err['msg']}") from None
 
 
-def merge_latency(a: Latency, b: Latency) -> Latency:
-    """Two measurements of one target pooled into one (a re-measured borderline result)."""
-    from .gate import stats
-
-    samples = {k: a.samples.get(k, []) + b.samples.get(k, []) for k in a.samples}
-
-    def summary(xs: list[float]) -> LatencySummary:
-        s = stats.summarize(xs)
-        return LatencySummary(n=s.n, mean=s.mean, p50=s.median, p95=s.p95, p99=s.p99,
-                              min=s.min, max=s.max, stdev=s.stdev)
-
-    eager, compiled = summary(samples["eager"]), summary(samples["compiled"])
-    runs = [*(a.runs or [len(a.samples["compiled"])]), *(b.runs or [len(b.samples["compiled"])])]
-    return Latency(eager=eager, compiled=compiled,
-                   reference=summary(samples["reference"]) if samples.get("reference")
-                   else None,
-                   speedup=eager.p50 / compiled.p50, throughput=1.0 / compiled.p50,
-                   inner_loops=a.inner_loops, samples=samples, runs=runs)
-
-
 def write_results(results: Results, out_dir: Path) -> Path:
     """``out_dir/results.json``, replaced atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)

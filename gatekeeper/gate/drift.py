@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..results import Noise, RunMedians, TargetResult
+from ..results import Latency, LatencySummary, Noise, RunMedians, TargetResult
 from . import stats
 
 # assumed drift between processes (sd of log run medians) while a baseline's history
@@ -79,3 +79,21 @@ def _by_code(runs: list[RunMedians], field: str) -> list[list[float]]:
     for m in runs:
         groups.setdefault(m.code_hash, []).append(getattr(m, field))
     return list(groups.values())
+
+
+def merge_latency(a: Latency, b: Latency) -> Latency:
+    """Two measurements of one target pooled into one (a re-measured borderline result)."""
+    samples = {k: a.samples.get(k, []) + b.samples.get(k, []) for k in a.samples}
+
+    def summary(xs: list[float]) -> LatencySummary:
+        s = stats.summarize(xs)
+        return LatencySummary(n=s.n, mean=s.mean, p50=s.median, p95=s.p95, p99=s.p99,
+                              min=s.min, max=s.max, stdev=s.stdev)
+
+    eager, compiled = summary(samples["eager"]), summary(samples["compiled"])
+    runs = [*(a.runs or [len(a.samples["compiled"])]), *(b.runs or [len(b.samples["compiled"])])]
+    return Latency(eager=eager, compiled=compiled,
+                   reference=summary(samples["reference"]) if samples.get("reference")
+                   else None,
+                   speedup=eager.p50 / compiled.p50, throughput=1.0 / compiled.p50,
+                   inner_loops=a.inner_loops, samples=samples, runs=runs)

@@ -11,8 +11,7 @@ import pytest
 from gatekeeper.gate import drift
 from gatekeeper.gate import rules as gate
 from gatekeeper.config import GateConfig
-from gatekeeper.gate.drift import normalised_latency, run_medians
-from gatekeeper.results import merge_latency
+from gatekeeper.gate.drift import merge_latency, normalised_latency, run_medians
 from factories import make_baseline, make_result
 
 TARGET = "m/b1/default"
