@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from .config import Config
 from .errors import StoreError
 from .hashing import sha256_bytes
 from .key import compute_key
-from .paired import checkout
+from .paired import Mode, checkout
 from .progress import Progress
 from .provenance import creator
 from .results import ReferenceOutputs, Results, TargetResult
@@ -40,6 +41,10 @@ class PairedBase:
     commit: str
     base_dir: Path  # the config's folder inside the base worktree
 
+    @classmethod
+    def of(cls, mode: Mode, base_dir: Path) -> "PairedBase":
+        return cls(mode.base_ref, mode.base_commit, base_dir)
+
 
 def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
                  base_ref: str, cold: bool = False, verbose: bool = False,
@@ -51,9 +56,11 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
         cache_dir = Path(tmp, "cache")
         cache_status = "cold"
         base_key = compute_key(target, paired.base_dir) if paired else None
+        cold_seconds = None
         if not cold:
-            cache_status = warm_target(target, config, store, cache_dir, megacache=False,
-                                       signing_key=signing_key(), cache_key=key).status
+            warmed = warm_target(target, config, store, cache_dir, megacache=False,
+                                 signing_key=signing_key(), cache_key=key)
+            cache_status, cold_seconds = warmed.status, warmed.cold_compile_seconds
             if base_key is not None:  # the base version's artifacts, into the same cache
                 warm_target(target, config, store, cache_dir, megacache=False,
                             signing_key=signing_key(), cache_key=base_key)
@@ -83,30 +90,36 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
     if paired and base_key and resp.paired:
         pair = {"base_ref": paired.ref, "base_commit": paired.commit,
                 "code_hash": base_key.code_hash, **resp.paired}
+    if cache_status == "hit" and counters.get("fxgraph_cache_miss") and \
+            not counters.get("fxgraph_cache_hit"):
+        cache_status = "stale"  # the key said hit, inductor missed every graph
     return TargetResult(
-        **ident, status="ok", measured_at=now_iso(),
+        **ident, status="ok", measured_at=now_iso(), mode="paired" if pair else "stored",
         compile={"seconds": resp.compile_seconds, "warm": cache_status in ("hit", "partial"),
-                 "cache": cache_status,
+                 "cache": cache_status, "cold_seconds": cold_seconds,
                  **{k: counters[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss",
                                              "autograd_cache_hit", "autograd_cache_miss")}},
         graphs=resp.graphs, latency=resp.latency, memory=resp.memory,
-        parity=resp.parity, paired=pair,
+        parity=resp.parity, paired=pair, work=resp.work,
         reference=ReferenceOutputs(file=os.path.relpath(ref_out, out_dir),
                                    sha256=sha256_bytes(data), size=len(data)))
 
 
 def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
-              base_ref: str, cold: bool = False, verbose: bool = False,
-              paired_ref: str | None = None, shard: str | None = None) -> Results:
-    if paired_ref:
-        with checkout(paired_ref, config.base_dir) as (base_dir, commit):
+              base_ref: str, mode: Mode, cold: bool = False, verbose: bool = False,
+              shard: str | None = None) -> Results:
+    """Measure ``targets`` in ``mode`` (see gatekeeper.paired.choose_mode)."""
+    sys.stderr.write(f"gatekeeper: {mode.reason}\n")
+    if mode.name == "paired":
+        with checkout(mode.base_commit, config.base_dir) as base_dir:
             results = _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
                                  cold=cold, verbose=verbose,
-                                 paired=PairedBase(paired_ref, commit, base_dir))
+                                 paired=PairedBase.of(mode, base_dir))
     else:
         results = _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
                              cold=cold, verbose=verbose, paired=None)
     results.shard = shard
+    results.mode, results.mode_reason = mode.name, mode.reason
     return results
 
 

@@ -1,13 +1,28 @@
-"""Paired mode's base version: a detached git worktree of BASE_REF beside this checkout."""
+"""Which mode decides a run's timing, and paired mode's base version.
+
+Paired mode (the default whenever it can be had) measures the base commit's model in the
+same process as the pull request's, round by round, so drift between processes cancels.
+It needs the base commit in the repository the config lives in: a branch, a tag, a sha,
+or the pull request event's ``base.sha`` (the Action fetches it into a shallow checkout).
+When none of them resolves, ``auto`` falls back to stored mode (the baseline's recorded
+runs) and says why in one line.
+"""
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 from .errors import UsageError
+
+log = logging.getLogger("gatekeeper.paired")
+
+ModeName = Literal["auto", "paired", "stored"]
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -19,22 +34,85 @@ def _git(cwd: Path, *args: str) -> str:
     return proc.stdout.strip()
 
 
-@contextmanager
-def checkout(ref: str, config_dir: Path) -> Iterator[tuple[Path, str]]:
-    """Yield (the config's folder inside a worktree of ``ref``, the commit it resolves to).
+def _try_git(cwd: Path, *args: str) -> str | None:
+    try:
+        return _git(cwd, *args)
+    except (UsageError, OSError, subprocess.TimeoutExpired):
+        return None
 
-    The worktree is removed afterwards, whatever happens.
-    """
+
+@dataclass(frozen=True)
+class Mode:
+    """How this run's timing is decided, and why."""
+
+    name: Literal["paired", "stored"]
+    reason: str
+    base_ref: str = ""  # paired: the ref asked for
+    base_commit: str = ""  # paired: what it resolved to
+
+
+def _event_base_sha() -> str:
+    """The pull request event's ``base.sha``, when this run is about one."""
+    if not os.environ.get("GITHUB_EVENT_PATH"):
+        return ""
+    from .github.event import pr_context_from_env
+
+    try:
+        pr = pr_context_from_env()
+    except Exception:  # an unreadable event: not a reason to fail the run
+        return ""
+    return pr.base_sha if pr is not None else ""
+
+
+def resolve_base(ref: str, config_dir: Path) -> tuple[str | None, str]:
+    """(the base commit, how it was found) or (None, why not)."""
+    root = _try_git(config_dir, "rev-parse", "--show-toplevel")
+    if root is None:
+        return None, f"{config_dir} is not in a git checkout"
+    candidates = [c for c in (_event_base_sha(), ref, f"origin/{ref}",
+                              f"refs/remotes/origin/{ref}") if c]
+    for cand in candidates:
+        commit = _try_git(Path(root), "rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}")
+        if commit:
+            return commit, cand
+    return None, (f"the base {ref!r} is not in this checkout (fetch it, e.g. "
+                  f"`git fetch --depth=1 origin {ref}`)")
+
+
+def choose_mode(requested: ModeName, base_ref: str, config_dir: Path) -> Mode:
+    """``auto``: paired whenever the base commit resolves and differs from what is checked
+    out; else stored, with the reason. ``paired``: the base commit must resolve."""
+    if requested == "stored":
+        return Mode("stored", "stored mode: asked for (--mode stored)")
+    commit, how = resolve_base(base_ref, config_dir)
+    if commit is None:
+        if requested == "paired":
+            raise UsageError(f"--mode paired: {how}")
+        return Mode("stored", f"stored mode: cannot pair, {how}")
+    if requested == "auto":
+        root = Path(_git(config_dir, "rev-parse", "--show-toplevel"))
+        head = _try_git(root, "rev-parse", "HEAD")
+        dirty = _try_git(root, "status", "--porcelain", "--untracked-files=no")
+        if head == commit and not dirty:
+            return Mode("stored", f"stored mode: the checkout is the base commit "
+                                  f"{commit[:12]} ({how}), nothing to pair with")
+    return Mode("paired", f"paired with {how} at {commit[:12]}", base_ref, commit)
+
+
+@contextmanager
+def checkout(commit: str, config_dir: Path) -> Iterator[Path]:
+    """Yield the config's folder inside a detached worktree of ``commit``; the worktree is
+    removed afterwards, whatever happens."""
     try:
         root = Path(_git(config_dir, "rev-parse", "--show-toplevel"))
     except (UsageError, OSError):
-        raise UsageError(f"--paired needs a git checkout: {config_dir} is not in one") from None
-    commit = _git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+        raise UsageError(f"paired mode needs a git checkout: {config_dir} is not in one") \
+            from None
     with tempfile.TemporaryDirectory(prefix="gk-paired-") as tmp:
         tree = Path(tmp) / "base"
         _git(root, "worktree", "add", "--detach", str(tree), commit)
         try:
-            yield tree / config_dir.resolve().relative_to(root.resolve()), commit
+            yield tree / config_dir.resolve().relative_to(root.resolve())
         finally:
             subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
                            capture_output=True, stdin=subprocess.DEVNULL, timeout=120)

@@ -38,6 +38,15 @@ class LatencySummary(_Doc):
     stdev: float
 
 
+class Disturbance(_Doc):
+    """How disturbed the machine was while this run was timed."""
+
+    others_cores: float | None = None  # CPU other processes used, in cores (average)
+    cores: int = 1
+    reference_noise: float | None = None  # within-run spread of the reference workload
+    seconds: float | None = None  # how long the timed rounds took
+
+
 class Latency(_Doc):
     """Seconds per call. Eager, compiled and a fixed reference workload ran interleaved
     (E C R E C R ...), so each index i of the three sample lists is one round."""
@@ -50,6 +59,7 @@ class Latency(_Doc):
     inner_loops: int  # calls averaged into each sample
     samples: dict[str, list[float]]  # "eager", "compiled", "reference"
     runs: list[int] | None = None  # rounds per process when pooled from several; None: one
+    disturbance: Disturbance | None = None  # the worst of the runs pooled here
 
 
 class GraphBreak(_Doc):
@@ -71,22 +81,47 @@ class Graphs(_Doc):
 class CompileStats(_Doc):
     seconds: float  # first compiled call, wall time
     warm: bool  # the cache dir was restored from a bundle before compiling
-    cache: Literal["hit", "partial", "miss", "cold"]
+    cache: Literal["hit", "partial", "miss", "cold", "stale"]
     fxgraph_cache_hit: int = 0
     fxgraph_cache_miss: int = 0
     autograd_cache_hit: int = 0
     autograd_cache_miss: int = 0
+    cold_seconds: float | None = None  # the cold compile of the bundle restored, if any
+
+    @property
+    def state(self) -> Literal["warm", "cold", "mixed"]:
+        """What inductor's own counters say the compile was: every FX graph a hit
+        (warm), every one a miss (cold), or some of each. The bundle lookup ("hit") is
+        not enough: a bundle of other code restores a cache that misses every graph."""
+        if self.fxgraph_cache_hit and not self.fxgraph_cache_miss:
+            return "warm"
+        if self.fxgraph_cache_miss and not self.fxgraph_cache_hit:
+            return "cold"
+        if not self.fxgraph_cache_hit and not self.fxgraph_cache_miss:
+            return "warm" if self.warm else "cold"  # no counters (an old document)
+        return "mixed"
 
 
 class Memory(_Doc):
-    kind: Literal["cuda", "rss"]  # CUDA max_memory_allocated, or peak RSS growth on CPU
+    # "cuda": max_memory_allocated; "cpu": peak live bytes from the profiler's memory
+    # events; "rss": peak resident-set growth (older documents; it read 0 on CPU)
+    kind: Literal["cuda", "cpu", "rss"]
     eager_peak_bytes: int | None = None
     compiled_peak_bytes: int | None = None
 
 
+class Work(_Doc):
+    """Deterministic work counters of one call: they do not drift between processes."""
+
+    flops: int | None = None  # FlopCounterMode on the eager call
+    bytes_accessed: int | None = None  # inductor's estimate for the compiled graphs
+    kernels: int | None = None  # kernels inductor generated
+    instructions: int | Literal["unavailable"] | None = None  # one compiled call
+
+
 class ParityCheck(_Doc):
     passed: bool
-    method: str  # allclose | fp64-rmse | cosine | nan-inf | shape | failed
+    method: str  # allclose | fp64-rmse | cosine | nan-inf | structure | dtype | shape | failed
     max_abs_err: float | None = None
     rmse: float | None = None
     cosine: float | None = None
@@ -115,6 +150,7 @@ class Paired(_Doc):
     compile_seconds: float
     graphs: Graphs
     samples: list[float]  # base compiled latency; index i pairs with latency.samples["compiled"][i]
+    work: Work | None = None  # the base version's counters, measured in the same process
 
 
 class TargetResult(_Doc):
@@ -132,6 +168,8 @@ class TargetResult(_Doc):
     parity: Parity | None = None
     reference: ReferenceOutputs | None = None
     paired: Paired | None = None
+    work: Work | None = None
+    mode: Literal["paired", "stored"] | None = None  # what decided this target's timing
     measured_at: str | None = None
 
 
@@ -142,6 +180,8 @@ class Results(_Doc):
     creator: dict
     base_ref: str
     shard: str | None = None  # "i/n" when this run measured one shard of the targets
+    mode: Literal["paired", "stored"] | None = None
+    mode_reason: str | None = None  # why: "paired with main at 1a2b3c" / why not
     targets: list[TargetResult]
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

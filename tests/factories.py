@@ -10,6 +10,7 @@ from gatekeeper.gate.stats import summarize
 from gatekeeper.results import (
     Baseline,
     CompileStats,
+    Disturbance,
     GraphBreak,
     Graphs,
     Latency,
@@ -18,6 +19,7 @@ from gatekeeper.results import (
     Parity,
     ParityCheck,
     TargetResult,
+    Work,
 )
 
 ENV = "torch2.6.0+cpu-py3.11-cpu-avx512-t2-3f9c1a"
@@ -35,7 +37,9 @@ def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
                 n: int = 40, breaks: list[GraphBreak] | None = None, recompiles: int = 0,
                 compile_s: float = 6.0, warm: bool = False, cache: str = "miss",
                 peak: int = 40 << 20, parity_ok: bool = True, baseline_parity: bool = True,
-                code_hash: str = "c0de1234", error: str | None = None) -> TargetResult:
+                code_hash: str = "c0de1234", error: str | None = None,
+                work: Work | None = None, others_cores: float | None = 0.0,
+                cold_s: float | None = None, mode: str | None = None) -> TargetResult:
     """A realistic measured target: interleaved eager/compiled/reference samples with
     log-normal noise, summaries computed from them, counters, memory and parity."""
     model = target.split("/")[0]
@@ -54,7 +58,8 @@ def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
         compile=CompileStats(seconds=compile_s, warm=warm, cache=cache,
                              fxgraph_cache_hit=3 if warm else 0,
                              fxgraph_cache_miss=0 if warm else 3,
-                             autograd_cache_hit=0, autograd_cache_miss=0),
+                             autograd_cache_hit=0, autograd_cache_miss=0,
+                             cold_seconds=cold_s),
         graphs=Graphs(count=len(breaks) + 1, breaks=len(breaks), break_reasons=breaks,
                       recompiles=recompiles),
         latency=Latency(eager=_summary(eager), compiled=_summary(compiled),
@@ -62,7 +67,10 @@ def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
                         speedup=float(np.median(eager) / np.median(compiled)),
                         throughput=float(1 / np.median(compiled)), inner_loops=4,
                         samples={"eager": eager.tolist(), "compiled": compiled.tolist(),
-                                 "reference": ref.tolist()}),
+                                 "reference": ref.tolist()},
+                        disturbance=Disturbance(others_cores=others_cores, cores=2,
+                                                reference_noise=summarize(ref).noise)),
+        work=work, mode=mode,
         memory=Memory(kind="rss", eager_peak_bytes=30 << 20, compiled_peak_bytes=peak),
         parity=Parity(
             vs_eager=ParityCheck(passed=parity_ok, method="allclose" if parity_ok else "failed",

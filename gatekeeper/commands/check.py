@@ -5,7 +5,6 @@ from pathlib import Path
 
 from ..check import check_all
 from ..errors import EXIT_ERROR, EXIT_OK
-from ..provenance import base_ref
 from ..results import write_results
 from .common import Context, add_measure_flags
 
@@ -20,9 +19,8 @@ def register(sub, parents) -> None:
 def run(ctx: Context) -> int:
     out = Path(ctx.args.out)
     results = check_all(ctx.targets, ctx.config, ctx.store, out_dir=out,
-                        base_ref=ctx.args.base_ref or base_ref(), cold=ctx.args.cold,
-                        verbose=ctx.args.verbose, paired_ref=ctx.args.paired,
-                        shard=ctx.args.shard)
+                        base_ref=ctx.base_ref, mode=ctx.mode(), cold=ctx.args.cold,
+                        verbose=ctx.args.verbose, shard=ctx.args.shard)
     path = write_results(results, out)
     rows = [{"target": r.target, "status": r.status,
              "p50_ms": r.latency.compiled.p50 * 1e3 if r.latency else None,
@@ -33,9 +31,10 @@ def run(ctx: Context) -> int:
              "parity": (r.parity.vs_eager.method if r.parity.vs_eager.passed else "FAILED")
              if r.parity else None,
              "error": r.error} for r in results.targets]
-    ctx.emit({"command": "check", "results": str(path),
-              "targets": [{"target": r.target, "status": r.status, "error": r.error}
-                          for r in results.targets]},
+    ctx.emit({"command": "check", "results": str(path), "mode": results.mode,
+              "mode_reason": results.mode_reason,
+              "targets": [{"target": r.target, "status": r.status, "mode": r.mode,
+                           "error": r.error} for r in results.targets]},
              rows, {"target": "target", "status": "status", "p50_ms": "compiled p50 ms",
                     "speedup": "speedup", "compile_s": "compile s", "cache": "cache",
                     "breaks": "graph breaks", "parity": "parity", "error": "error"},

@@ -43,12 +43,16 @@ def add_measure_flags(p: argparse.ArgumentParser) -> None:
                    help="where results.json (and reference outputs) go (default: .)")
     p.add_argument("--cold", action="store_true",
                    help="measure a cold compile: do not restore bundles first")
+    p.add_argument("--mode", choices=("auto", "paired", "stored"), default="auto",
+                   help="paired: measure the base commit's model beside this one, round by "
+                        "round, in one process (drift cancels); stored: against the "
+                        "baseline's recorded runs; auto (default): paired whenever the base "
+                        "commit is in this checkout")
     p.add_argument("--paired", metavar="BASE_REF",
-                   help="also build BASE_REF's model code from a git worktree and measure "
-                        "base and head interleaved in the same process (paired A/B)")
+                   help="the same as --mode paired --base-ref BASE_REF")
     p.add_argument("--base-ref", metavar="REF",
-                   help="branch whose baseline to compare with (default: "
-                        "$GITHUB_BASE_REF, else main)")
+                   help="branch whose baseline (and, paired, whose commit) to compare with "
+                        "(default: $GITHUB_BASE_REF, else main)")
 
 
 def add_gate_flags(p: argparse.ArgumentParser) -> None:
@@ -58,6 +62,31 @@ def add_gate_flags(p: argparse.ArgumentParser) -> None:
                         "results)")
     p.add_argument("--require-baseline", action="store_true",
                    help="a target without a baseline fails (exit 1)")
+    p.add_argument("--accept", metavar="GLOB", action="append", default=[],
+                   help="targets whose regression this change makes on purpose: regressed "
+                        "becomes accepted (exit 0); never a parity failure (repeatable; a "
+                        "pull request's label gatekeeper:accept accepts every target, "
+                        "gatekeeper:accept:GLOB those matching)")
+
+
+ACCEPT_LABEL = "gatekeeper:accept"
+
+
+def accept_globs(args: argparse.Namespace) -> list[str]:
+    """``--accept`` globs, plus those of the pull request's gatekeeper:accept labels."""
+    globs = list(getattr(args, "accept", None) or [])
+    from ..github.event import pr_context_from_env
+
+    try:
+        pr = pr_context_from_env()
+    except Exception:  # an unreadable event accepts nothing
+        pr = None
+    for label in pr.labels if pr is not None else ():
+        if label == ACCEPT_LABEL:
+            globs.append("*")
+        elif label.startswith(ACCEPT_LABEL + ":") and label[len(ACCEPT_LABEL) + 1:]:
+            globs.append(label[len(ACCEPT_LABEL) + 1:])
+    return globs
 
 
 @dataclass
@@ -81,6 +110,19 @@ class Context:
     @cached_property
     def targets(self) -> list[Target]:
         return select(expand(self.config), self.args.target, self.args.shard)
+
+    @property
+    def base_ref(self) -> str:
+        from ..provenance import base_ref
+
+        return self.args.paired or self.args.base_ref or base_ref()
+
+    def mode(self):
+        """The measuring mode ``--mode`` / ``--paired`` ask for, resolved here."""
+        from ..paired import choose_mode
+
+        requested = "paired" if self.args.paired else self.args.mode
+        return choose_mode(requested, self.base_ref, self.config.base_dir)
 
     def emit(self, doc: dict, rows: list[dict] | None = None,
              headers: dict[str, str] | None = None, footer: str = "") -> None:

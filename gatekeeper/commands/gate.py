@@ -6,7 +6,7 @@ from pathlib import Path
 from ..gate.judge import judge
 from ..provenance import base_ref
 from ..results import load_results
-from .common import Context, add_gate_flags
+from .common import Context, accept_globs, add_gate_flags
 
 HELP = "compare results with the base branch's baseline; exit 1 on a regression"
 
@@ -24,5 +24,6 @@ def run(ctx: Context) -> int:
     results = load_results(path)
     report = judge(results, ctx.config, ctx.store,
                    base_ref=ctx.args.base_ref or results.base_ref or base_ref(),
-                   require_baseline=ctx.args.require_baseline)
+                   require_baseline=ctx.args.require_baseline,
+                   accept=accept_globs(ctx.args))
     return ctx.finish_gate(report, Path(ctx.args.report or path.parent / "report.md"), path)

@@ -6,7 +6,7 @@ from pathlib import Path
 from ..gate.judge import judge
 from ..provenance import base_ref
 from ..results import merge_results, write_results
-from .common import Context, add_gate_flags
+from .common import Context, accept_globs, add_gate_flags
 
 HELP = "merge shard results.json files, then gate and report them as one run"
 
@@ -29,5 +29,6 @@ def run(ctx: Context) -> int:
     path = write_results(merged, out)
     report = judge(merged, ctx.config, ctx.store,
                    base_ref=ctx.args.base_ref or merged.base_ref or base_ref(),
-                   require_baseline=ctx.args.require_baseline)
+                   require_baseline=ctx.args.require_baseline,
+                   accept=accept_globs(ctx.args))
     return ctx.finish_gate(report, Path(ctx.args.report or out / "report.md"), path)

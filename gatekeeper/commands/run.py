@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import pipeline
-from ..provenance import base_ref, current_ref
-from .common import Context, add_gate_flags, add_measure_flags
+from ..provenance import current_ref
+from .common import Context, accept_globs, add_gate_flags, add_measure_flags
 
 HELP = "compile + check + gate + report; re-measures borderline timings before failing"
 
@@ -22,9 +22,9 @@ def register(sub, parents) -> None:
 def run(ctx: Context) -> int:
     args = ctx.args
     out = pipeline.run(ctx.targets, ctx.config, ctx.store, out_dir=Path(args.out),
-                       base_ref=args.base_ref or base_ref(), cold=args.cold,
-                       verbose=args.verbose, paired_ref=args.paired, shard=args.shard,
-                       require_baseline=args.require_baseline)
+                       base_ref=ctx.base_ref, mode=ctx.mode(), cold=args.cold,
+                       verbose=args.verbose, shard=args.shard,
+                       require_baseline=args.require_baseline, accept=accept_globs(args))
     code = ctx.finish_gate(out.report, Path(args.report or out.results_path.parent
                                             / "report.md"), out.results_path)
     if args.publish:

@@ -21,6 +21,14 @@ DEFAULT_DRIFT = 0.10
 DEFAULT_VS_EAGER_DRIFT = 0.03
 HISTORY_FOR_NOISE = 10  # runs (processes) behind a baseline's noise figures
 
+# A run is disturbed when, while it was timed, other processes used this much CPU (in
+# cores, on average), or the reference workload scattered this much within the run, or
+# (stored mode) ran this many times slower or faster than in the baseline's run. A
+# disturbed run cannot decide a timing regression either way (gate.rules).
+DISTURBED_OTHERS_CORES = 0.25
+DISTURBED_REFERENCE_NOISE = 0.10
+DISTURBED_REFERENCE_SHIFT = 1.5
+
 
 def normalised_latency(r: TargetResult, use_reference: bool = True) -> list[float]:
     """Compiled latency per round, divided by that round's reference workload when both
@@ -50,6 +58,29 @@ def run_medians(r: TargetResult, use_reference: bool = True) -> list[tuple[float
                                                                   eager[start:stop])])))
         start = stop
     return out
+
+
+def disturbance(result: TargetResult, base: TargetResult | None = None) -> str | None:
+    """How disturbed ``result``'s timing was, in words, or None when it was quiet."""
+    lat = result.latency
+    if lat is None:
+        return None
+    found = []
+    d = lat.disturbance
+    if d is not None and d.others_cores is not None and \
+            d.others_cores >= DISTURBED_OTHERS_CORES:
+        found.append(f"other processes used {d.others_cores:.1f} of {d.cores} cores while "
+                     "it was timed")
+    if d is not None and d.reference_noise is not None and \
+            d.reference_noise > DISTURBED_REFERENCE_NOISE:
+        found.append(f"the reference workload scattered {d.reference_noise:.0%} within the run")
+    if result.paired is None and base is not None and base.latency and \
+            lat.reference and base.latency.reference:
+        shift = lat.reference.p50 / base.latency.reference.p50
+        if not 1 / DISTURBED_REFERENCE_SHIFT <= shift <= DISTURBED_REFERENCE_SHIFT:
+            found.append(f"the reference workload ran {shift:.2g}x as long as in the "
+                         "baseline's run")
+    return "; ".join(found) or None
 
 
 def measure_noise(result: TargetResult, history: list[TargetResult]) -> Noise | None:
@@ -92,8 +123,10 @@ def merge_latency(a: Latency, b: Latency) -> Latency:
 
     eager, compiled = summary(samples["eager"]), summary(samples["compiled"])
     runs = [*(a.runs or [len(a.samples["compiled"])]), *(b.runs or [len(b.samples["compiled"])])]
+    worst = max((d for d in (a.disturbance, b.disturbance) if d is not None),
+                key=lambda d: (d.others_cores or 0.0, d.reference_noise or 0.0), default=None)
     return Latency(eager=eager, compiled=compiled,
                    reference=summary(samples["reference"]) if samples.get("reference")
                    else None,
                    speedup=eager.p50 / compiled.p50, throughput=1.0 / compiled.p50,
-                   inner_loops=a.inner_loops, samples=samples, runs=runs)
+                   inner_loops=a.inner_loops, samples=samples, runs=runs, disturbance=worst)

@@ -2,6 +2,7 @@
 rules (gate.rules), and build the report."""
 from __future__ import annotations
 
+import fnmatch
 import logging
 
 from ..config import Config
@@ -14,7 +15,9 @@ log = logging.getLogger("gatekeeper.gate")
 
 
 def judge(results: Results, config: Config, store: Store, *, base_ref: str,
-          require_baseline: bool = False) -> GateReport:
+          require_baseline: bool = False, accept: list[str] | None = None) -> GateReport:
+    """Gate ``results`` against ``base_ref``'s baselines. ``accept``: globs of target ids
+    whose regression the pull request accepts on purpose (``accepted``, exit 0)."""
     found: dict[str, Baseline | None] = {}
     for r in results.targets:
         try:
@@ -36,6 +39,10 @@ def judge(results: Results, config: Config, store: Store, *, base_ref: str,
         model = models.get(target_id.split("/")[0])
         return config.gate_for(model) if model else config.gate
 
-    return build_report(results.targets, found, rules_for, base_ref=base_ref,
-                        removed=sorted(with_baseline - measured),
-                        require_baseline=require_baseline, creator=results.creator)
+    report = build_report(results.targets, found, rules_for, base_ref=base_ref,
+                          removed=sorted(with_baseline - measured),
+                          require_baseline=require_baseline, creator=results.creator,
+                          accepted=lambda t: any(fnmatch.fnmatchcase(t, g)
+                                                 for g in accept or []))
+    report.mode_reason = results.mode_reason
+    return report

@@ -1,53 +1,69 @@
 """The rules: one target's results against its baseline, under the config's rules.
 
 Pure functions over :mod:`gatekeeper.results` documents; no torch, no store. A verdict is
-``error`` > ``parity-failed`` > ``regressed`` > ``improved`` > ``pass`` (the first that
-applies), or ``no-baseline`` when there is nothing to compare with and nothing failed.
+the first that applies of ``error`` > ``parity-failed`` > ``regressed`` > ``inconclusive``
+> ``accepted`` > ``improved`` > ``pass``, or ``no-baseline`` when there is nothing to
+compare with and nothing failed.
 
 Rules (defaults in :class:`gatekeeper.config.GateConfig`):
 
-* parity: compiled vs eager, and vs the baseline's reference outputs, must pass.
-* latency: the compiled model's per-round latency divided by the co-measured reference
-  workload, one median per process (run), against the medians of the baseline's
-  recent runs of the same code, with :func:`gatekeeper.stats.compare_runs`: the
-  runner's drift between processes, estimated from the baseline's history (or
-  DEFAULT_DRIFT until it has enough runs), is in the interval. Regressed only when
-  significantly slower with the whole interval beyond ``latency_regression``.
-  Paired mode (base and head in one process) uses :func:`gatekeeper.stats.compare` on
-  the pairs instead, where that drift cancels.
-* speedup: the per-round ratio compiled/eager (back to back in one process), compared
-  across runs the same way with ``speedup_regression``; this ratio barely drifts
-  between processes, so compiler regressions are found precisely.
-* compile time: like with like (warm vs warm, cold vs cold), scaled by each run's
-  reference workload (so a busier machine is not a regression), beyond
-  ``compile_time_regression`` and by more than COMPILE_FLOOR_S.
+* parity: compiled vs eager, and vs the baseline's reference outputs (or, paired, the
+  base commit's outputs), must pass, structure included.
+* work: FLOPs per call or inductor's bytes accessed grew beyond ``work_regression``.
+  Deterministic, so a single stored baseline run is enough.
+* latency, paired mode (the default when the base commit is at hand): base and head
+  timed round by round in one process, :func:`stats.compare` on the pairs, where the
+  drift between processes cancels. Stored mode: the PR run's median (compiled latency
+  divided by the co-measured reference workload) against the medians of the baseline's
+  recent runs of the same code, :func:`stats.compare_runs`, paying for the runner's
+  drift between processes (gate.drift). Regressed only when significantly slower with
+  the whole interval beyond ``latency_regression``; a slowdown past the threshold that
+  the run cannot tell from drift is ``inconclusive``.
+* speedup: the per-round ratio compiled/eager, compared across runs the same way.
+* disturbance: when other processes took the CPU while timing, or the reference
+  workload moved, timing can say ``inconclusive`` or ``pass``, never ``regressed`` or
+  ``improved``.
+* compile time: like with like, judged by inductor's own counters (every FX graph a hit:
+  warm; every one a miss: cold): warm vs warm, cold vs cold (a cold PR compile against
+  the cold compile of the baseline's bundle), scaled by each run's reference workload,
+  beyond ``compile_time_regression`` and by more than COMPILE_FLOOR_S. Mixed or
+  mismatched states are reported without a verdict.
 * memory: compiled peak beyond ``memory_regression`` and by more than the floor.
 * graph breaks: with ``no-increase``, more breaks than the baseline fail, naming the new ones.
+* accepted: a ``regressed`` target the pull request accepts on purpose (``--accept``, the
+  ``gatekeeper:accept`` label); parity failures are never accepted.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..config import GateConfig
-from ..results import Baseline, GraphBreak, Graphs, TargetResult
+from ..results import Baseline, GraphBreak, Graphs, TargetResult, Work
 from . import stats
-from .drift import DEFAULT_DRIFT, DEFAULT_VS_EAGER_DRIFT, is_normalised, run_medians
+from .drift import (DEFAULT_DRIFT, DEFAULT_VS_EAGER_DRIFT, disturbance, is_normalised,
+                    run_medians)
 
 COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
-MEMORY_FLOOR = {"cuda": 1 << 20, "rss": 8 << 20}  # bytes; RSS moves by page-cache noise
-ORDER = ["error", "parity-failed", "regressed", "improved", "pass", "no-baseline"]
+MEMORY_FLOOR = {"cuda": 1 << 20, "cpu": 256 << 10, "rss": 8 << 20}  # bytes
+ORDER = ["error", "parity-failed", "regressed", "inconclusive", "accepted", "improved",
+         "pass", "no-baseline"]
+WORK_COUNTERS = {"flops": "FLOPs per call", "bytes_accessed": "bytes accessed per call"}
 
 
 @dataclass
 class TargetVerdict:
     target: str
-    verdict: str  # pass | improved | regressed | parity-failed | no-baseline | error
+    verdict: str  # one of ORDER
     reasons: list[str] = field(default_factory=list)  # why it is not a plain pass
     notes: list[str] = field(default_factory=list)  # worth saying, not failing
-    latency: dict | None = None  # stats.Comparison.to_dict() of normalised latency
+    latency: dict | None = None  # stats.Comparison.to_dict() of the latency test
     speedup: dict | None = None  # stats.Comparison of compiled/eager round ratios
     new_breaks: list[GraphBreak] = field(default_factory=list)
     borderline: bool = False  # a timing result to re-measure before believing it
+    disturbed: str | None = None  # how disturbed the run was, when it was
+    mode: str | None = None  # paired | stored: what decided the timing
+    detectable: float | None = None  # smallest slowdown this run could tell from drift
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -65,17 +81,21 @@ def _break_key(b: GraphBreak) -> tuple:
     return (b.reason, b.file, b.line)
 
 
-def gate_target(result: TargetResult, baseline: Baseline | None,
-                rules: GateConfig) -> TargetVerdict:
-    v = TargetVerdict(result.target, "pass")
+def gate_target(result: TargetResult, baseline: Baseline | None, rules: GateConfig, *,
+                accept: bool = False) -> TargetVerdict:
+    v = TargetVerdict(result.target, "pass", mode=result.mode or (
+        "paired" if result.paired is not None else "stored"))
     if result.status == "error":
         v.verdict, v.reasons = "error", [result.error or "measurement failed"]
         return v
     found: set[str] = set()
+    base = baseline.result if baseline is not None else None
+    v.disturbed = disturbance(result, base)
 
     parity = result.parity
     if parity is not None:
-        for name, check in (("vs eager", parity.vs_eager), ("vs baseline", parity.vs_baseline)):
+        label = "vs base commit" if result.paired is not None else "vs baseline"
+        for name, check in (("vs eager", parity.vs_eager), (label, parity.vs_baseline)):
             if check is not None and not check.passed:
                 found.add("parity-failed")
                 v.reasons.append(f"parity {name}: {check.detail or check.method}")
@@ -83,38 +103,32 @@ def gate_target(result: TargetResult, baseline: Baseline | None,
     if result.paired is not None:
         _gate_paired(v, result, rules, found)
     if baseline is None:
-        v.verdict = min(found | {"no-baseline" if result.paired is None else "pass"},
-                        key=ORDER.index)
-        return v
-    base = baseline.result
-
-    if result.latency and base.latency and result.paired is None:
-        _gate_runs(v, found, result, baseline, rules)
-
-    if result.compile and base.compile and result.compile.warm == base.compile.warm:
-        b, p = base.compile.seconds, result.compile.seconds
-        # a busier machine compiles slower: scale by each run's reference workload
-        ratio = (p / b) * _load(base) / _load(result)
-        if ratio > 1 + rules.compile_time_regression and p - b > COMPILE_FLOOR_S:
-            found.add("regressed")
-            kind = "warm" if result.compile.warm else "cold"
-            v.reasons.append(f"{kind} compile time {b:.1f} s -> {p:.1f} s ({ratio - 1:+.0%} "
-                             f"load-adjusted, threshold {rules.compile_time_regression:.0%})")
-
-    if result.memory and base.memory and result.memory.kind == base.memory.kind:
-        b_mem, p_mem = base.memory.compiled_peak_bytes, result.memory.compiled_peak_bytes
-        if b_mem is not None and p_mem is not None and \
-                p_mem > b_mem * (1 + rules.memory_regression) and \
-                p_mem - b_mem > MEMORY_FLOOR[result.memory.kind]:
-            found.add("regressed")
-            v.reasons.append(f"peak memory {b_mem / 2**20:.1f} MiB -> {p_mem / 2**20:.1f} MiB "
-                             f"(threshold {rules.memory_regression:.0%})")
-
-    if result.graphs and base.graphs and result.paired is None:
-        _graph_breaks(v, found, base.graphs, result.graphs, rules)
-
-    v.verdict = min(found | {"pass"}, key=ORDER.index)
+        if result.paired is None:
+            _work(v, found, result.work, None, "", rules)
+            v.verdict = _finish(v, found | {"no-baseline"}, accept)
+            return v
+    else:
+        if result.latency and base.latency and result.paired is None:
+            _gate_runs(v, found, result, baseline, rules)
+        _compile_time(v, found, result, base, rules)
+        _memory(v, found, result, base, rules)
+        if result.graphs and base.graphs and result.paired is None:
+            _graph_breaks(v, found, base.graphs, result.graphs, rules)
+        if result.paired is None:
+            _work(v, found, result.work, base.work, "baseline", rules)
+    v.verdict = _finish(v, found | {"pass"}, accept)
     return v
+
+
+def _finish(v: TargetVerdict, found: set[str], accept: bool) -> str:
+    verdict = min(found, key=ORDER.index)
+    if v.disturbed:
+        v.notes.append(f"this run was disturbed: {v.disturbed}")
+    if verdict == "regressed" and accept:
+        v.notes.append("the pull request accepts this regression (--accept or the "
+                       "gatekeeper:accept label)")
+        return "accepted"
+    return verdict
 
 
 def _gate_runs(v: TargetVerdict, found: set[str], result: TargetResult, baseline: Baseline,
@@ -133,6 +147,9 @@ def _gate_runs(v: TargetVerdict, found: set[str], result: TargetResult, baseline
         lat_sd, ratio_sd, df = noise.between, noise.vs_eager_between, noise.df
     else:
         lat_sd, ratio_sd, df = None, None, None
+    v.detectable = stats.runs_detectable_change(lat_sd or DEFAULT_DRIFT,
+                                                df if lat_sd else None, len(base_lat),
+                                                len(pr))
     lat = stats.compare_runs(base_lat, [p[0] for p in pr], sd=lat_sd or DEFAULT_DRIFT,
                              df=df if lat_sd else None, threshold=rules.latency_regression)
     _timing(v, found, "latency", lat)
@@ -143,26 +160,120 @@ def _gate_runs(v: TargetVerdict, found: set[str], result: TargetResult, baseline
     if not lat_sd:
         v.notes.append(f"the baseline has too few runs of its code to measure this runner's "
                        f"drift; assumed ±{DEFAULT_DRIFT:.0%} (publish more baselines, or "
-                       "use --paired)")
+                       "pair with the base commit)")
 
 
 def _timing(v: TargetVerdict, found: set[str], name: str, comp: stats.Comparison) -> None:
-    """Record one timing comparison: its verdict, reason or note, and its numbers."""
+    """Record one timing comparison: its verdict, reason or note, and its numbers.
+
+    A slowdown past the threshold but not decided (not significant, or the interval
+    reaches back inside it) is ``inconclusive`` (and ``run`` measures it again); an
+    undecided speed-up is a note. A disturbed run decides nothing: any change past the
+    threshold, or an interval that reaches past it, is ``inconclusive``."""
     if name == "latency":
         v.latency = comp.to_dict()
     elif name == "speedup vs eager":
         v.speedup = comp.to_dict()
-    if comp.verdict == "regressed":
+    limit = 1.0 + comp.threshold
+    if comp.verdict == "regressed" and not v.disturbed:
         found.add("regressed")
         v.reasons.append(f"{name} {comp.delta:+.1%} (significant, threshold "
                          f"{comp.threshold:.0%})")
-    elif comp.verdict == "improved":
+        return
+    if comp.verdict == "improved" and not v.disturbed:
         found.add("improved")
         v.notes.append(f"{name} {comp.delta:+.1%} (significant)")
-    elif comp.verdict == "borderline":
+        return
+    if comp.verdict == "borderline":
         v.borderline = True
-        v.notes.append(f"{name} {comp.delta:+.1%} is borderline: not a clear change beyond "
-                       "the threshold")
+    # a disturbed run vouches only for a change whose whole interval is within bounds
+    unsure = comp.ratio > limit or (v.disturbed is not None and (
+        comp.ci_hi > limit or comp.ratio < 1.0 - comp.threshold))
+    if unsure:
+        found.add("inconclusive")
+        detect = f", the smallest slowdown it can tell is {v.detectable:.0%}" \
+            if v.detectable else ""
+        why = "the run was disturbed" if v.disturbed else "this run cannot tell it from drift"
+        v.reasons.append(f"{name} {comp.delta:+.1%} (CI {comp.ci_lo - 1:+.1%}.."
+                         f"{comp.ci_hi - 1:+.1%}) is past the {comp.threshold:.0%} threshold "
+                         f"but {why}{detect}: " + _how_to_decide(v))
+    elif comp.verdict in ("borderline", "improved", "regressed"):
+        v.notes.append(f"{name} {comp.delta:+.1%} is not a clear change beyond the "
+                       "threshold" + (" (the run was disturbed)" if v.disturbed else ""))
+
+
+def _how_to_decide(v: TargetVerdict) -> str:
+    if v.disturbed:
+        return "measure again on a quiet runner (one measurement per runner at a time)"
+    if v.mode == "paired":
+        return "measure again, or raise measure.min_time for more rounds"
+    return ("pair with the base commit (--mode paired; the Action fetches it) or publish "
+            "more baseline runs")
+
+
+def _compile_time(v: TargetVerdict, found: set[str], result: TargetResult,
+                  base: TargetResult, rules: GateConfig) -> None:
+    pc, bc = result.compile, base.compile
+    if pc is None or bc is None:
+        return
+    if pc.state == bc.state and pc.state in ("warm", "cold"):
+        b, p, kind = bc.seconds, pc.seconds, pc.state
+    elif pc.state == "cold" and bc.state == "warm" and bc.cold_seconds:
+        b, p, kind = bc.cold_seconds, pc.seconds, "cold"  # the cold compile of base's bundle
+    else:
+        v.notes.append(f"compile time not compared: this run compiled {pc.state} "
+                       f"(FX graph hits {pc.fxgraph_cache_hit}, misses {pc.fxgraph_cache_miss}),"
+                       f" the baseline {bc.state}")
+        return
+    # a busier machine compiles slower: scale by each run's reference workload
+    ratio = (p / b) * _load(base) / _load(result)
+    if ratio > 1 + rules.compile_time_regression and p - b > COMPILE_FLOOR_S:
+        text = (f"{kind} compile time {b:.1f} s -> {p:.1f} s ({ratio - 1:+.0%} load-adjusted, "
+                f"threshold {rules.compile_time_regression:.0%})")
+        if v.disturbed:
+            found.add("inconclusive")
+            v.reasons.append(f"{text}, on a disturbed run: measure again on a quiet runner")
+        else:
+            found.add("regressed")
+            v.reasons.append(text)
+
+
+def _memory(v: TargetVerdict, found: set[str], result: TargetResult, base: TargetResult,
+            rules: GateConfig) -> None:
+    if not (result.memory and base.memory and result.memory.kind == base.memory.kind):
+        return
+    b_mem, p_mem = base.memory.compiled_peak_bytes, result.memory.compiled_peak_bytes
+    if b_mem is not None and p_mem is not None and \
+            p_mem > b_mem * (1 + rules.memory_regression) and \
+            p_mem - b_mem > MEMORY_FLOOR[result.memory.kind]:
+        found.add("regressed")
+        v.reasons.append(f"peak memory {b_mem / 2**20:.1f} MiB -> {p_mem / 2**20:.1f} MiB "
+                         f"(threshold {rules.memory_regression:.0%})")
+
+
+def _work(v: TargetVerdict, found: set[str], pr: Work | None, base: Work | None,
+          against: str, rules: GateConfig) -> None:
+    """FLOPs and bytes accessed: deterministic, so any growth past the threshold counts."""
+    if pr is None or base is None:
+        return
+    for field_name, label in WORK_COUNTERS.items():
+        b, p = getattr(base, field_name), getattr(pr, field_name)
+        if not b or p is None:
+            continue
+        change = p / b - 1
+        if change > rules.work_regression:
+            found.add("regressed")
+            v.reasons.append(f"{label} {_si(b)} -> {_si(p)} ({change:+.1%} vs the {against}, "
+                             f"threshold {rules.work_regression:.0%})")
+        elif change < -rules.work_regression:
+            v.notes.append(f"{label} {_si(b)} -> {_si(p)} ({change:+.1%})")
+
+
+def _si(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
 
 
 def _graph_breaks(v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs,
@@ -181,13 +292,14 @@ def _gate_paired(v: TargetVerdict, result: TargetResult, rules: GateConfig,
     """Paired mode: base and head measured round by round in one process."""
     pair = result.paired
     assert pair is not None and result.latency is not None
-    _timing(v, found, "latency", stats.compare(
-        pair.samples, result.latency.samples["compiled"], paired=True,
-        threshold=rules.latency_regression))
+    comp = stats.compare(pair.samples, result.latency.samples["compiled"], paired=True,
+                         threshold=rules.latency_regression)
+    _timing(v, found, "latency", comp)
     v.latency["paired"] = True  # type: ignore[index]
     v.notes.append(f"paired with {pair.base_ref} ({pair.base_commit[:12]}) in one process")
     if result.graphs:
         _graph_breaks(v, found, pair.graphs, result.graphs, rules)
+    _work(v, found, result.work, pair.work, "base commit", rules)
 
 
 def overall(verdicts: list[TargetVerdict], *, require_baseline: bool = False) -> str:
@@ -196,16 +308,19 @@ def overall(verdicts: list[TargetVerdict], *, require_baseline: bool = False) ->
     if not verdicts:
         return "pass"
     worst = min((t.verdict for t in verdicts), key=ORDER.index)
-    if require_baseline and worst in ("improved", "pass") and \
+    if require_baseline and worst in ("accepted", "improved", "pass") and \
             any(t.verdict == "no-baseline" for t in verdicts):
         return "no-baseline"
     return worst
 
 
-def exit_code(verdict: str, *, require_baseline: bool = False) -> int:
+def exit_code(verdict: str, *, require_baseline: bool = False,
+              fail_inconclusive: bool = False) -> int:
     if verdict == "error":
         return 2
     if verdict in ("parity-failed", "regressed"):
+        return 1
+    if verdict == "inconclusive" and fail_inconclusive:
         return 1
     if verdict == "no-baseline" and require_baseline:
         return 1
@@ -217,6 +332,7 @@ class GateRow:
     result: TargetResult
     baseline: Baseline | None
     verdict: TargetVerdict
+    history: list[TargetResult] = field(default_factory=list)  # the base branch's, oldest first
 
 
 @dataclass
@@ -230,15 +346,24 @@ class GateReport:
     removed: list[str] = field(default_factory=list)  # baseline targets not measured now
     remeasured: list[str] = field(default_factory=list)  # borderline targets measured again
     creator: dict = field(default_factory=dict)
+    mode_reason: str | None = None  # how the run chose paired or stored mode
 
 
 def build_report(results: list[TargetResult], baselines: dict[str, Baseline | None],
-                 rules_for, *, base_ref: str, removed: list[str] | None = None,
-                 require_baseline: bool = False, creator: dict | None = None) -> GateReport:
-    """Gate every result; ``rules_for(target_id)`` gives that target's GateConfig."""
-    rows = [GateRow(r, baselines.get(r.target), gate_target(r, baselines.get(r.target),
-                                                            rules_for(r.target)))
+                 rules_for: Callable[[str], GateConfig], *, base_ref: str,
+                 removed: list[str] | None = None, require_baseline: bool = False,
+                 creator: dict | None = None,
+                 accepted: Callable[[str], bool] = lambda target: False) -> GateReport:
+    """Gate every result; ``rules_for(target_id)`` gives that target's GateConfig and
+    ``accepted(target_id)`` whether the pull request accepts its regression."""
+    rows = [GateRow(r, baselines.get(r.target),
+                    gate_target(r, baselines.get(r.target), rules_for(r.target),
+                                accept=accepted(r.target)))
             for r in results]
     verdict = overall([row.verdict for row in rows], require_baseline=require_baseline)
-    return GateReport(verdict, exit_code(verdict, require_baseline=require_baseline),
+    fail_inconclusive = any(row.verdict.verdict == "inconclusive"
+                            and rules_for(row.result.target).inconclusive == "fail"
+                            for row in rows)
+    return GateReport(verdict, exit_code(verdict, require_baseline=require_baseline,
+                                         fail_inconclusive=fail_inconclusive),
                       base_ref, rows, sorted(removed or []), creator=creator or {})

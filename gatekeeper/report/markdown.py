@@ -34,10 +34,14 @@ EMOJI = {
     "improved": "🚀",
     "regressed": "❌",
     "parity-failed": "❌",
+    "inconclusive": "🟡",
+    "accepted": "☑️",
     "no-baseline": "⚪",
     "error": "⚠️",
 }
 FAILING = ("error", "parity-failed", "regressed")
+# listed under the table with their reasons: what failed, and what still needs a decision
+EXPLAINED = FAILING + ("inconclusive", "accepted")
 
 # caps that keep one pathological target from filling the whole report
 MAX_BREAKS_LISTED = 50  # graph breaks listed per target in its details
@@ -241,7 +245,7 @@ def _latency_cell(row: GateRow) -> str:
         if comp.get("verdict") == "regressed":
             delta = f"**{delta}**"
         sig = fmt_p(comp.get("p_value")) if comp.get("significant") else "n.s."
-        cell += f", {delta} ({sig})"
+        cell += f", {delta} ({sig}{', paired' if comp.get('paired') else ''})"
     return cell
 
 
@@ -258,13 +262,12 @@ def _speedup_cell(row: GateRow) -> str:
 def _compile_cell(row: GateRow) -> str:
     base, pr = _base(row), row.result
     bc, pc = (base.compile if base else None), pr.compile
-    kind = lambda c: "warm" if c.warm else "cold"  # noqa: E731
     if pc is None and bc is None:
         return DASH
-    if bc is not None and pc is not None and bc.warm == pc.warm:
-        return f"{bc.seconds:.1f} {ARROW} {pc.seconds:.1f} s ({kind(pc)})"
-    b = f"{bc.seconds:.1f} s ({kind(bc)})" if bc else DASH
-    p = f"{pc.seconds:.1f} s ({kind(pc)})" if pc else DASH
+    if bc is not None and pc is not None and bc.state == pc.state:
+        return f"{bc.seconds:.1f} {ARROW} {pc.seconds:.1f} s ({pc.state})"
+    b = f"{bc.seconds:.1f} s ({bc.state})" if bc else DASH
+    p = f"{pc.seconds:.1f} s ({pc.state})" if pc else DASH
     return f"{b} {ARROW} {p}"
 
 
@@ -380,7 +383,7 @@ def _compile_table(row: GateRow) -> str | None:
             continue
         c = r.compile
         graphs = str(r.graphs.count) if r.graphs else DASH
-        rows.append([side, f"{c.seconds:.2f} s", "warm" if c.warm else "cold", c.cache,
+        rows.append([side, f"{c.seconds:.2f} s", c.state, c.cache,
                      f"{c.fxgraph_cache_hit} / {c.fxgraph_cache_miss}",
                      f"{c.autograd_cache_hit} / {c.autograd_cache_miss}", graphs])
     if not rows:
@@ -395,11 +398,39 @@ def _memory_table(row: GateRow) -> str | None:
         if r is None or r.memory is None:
             continue
         m = r.memory
-        kind = "CUDA max allocated" if m.kind == "cuda" else "peak RSS growth"
+        kind = {"cuda": "CUDA max allocated", "cpu": "peak bytes allocated"}.get(
+            m.kind, "peak RSS growth")
         rows.append([side, kind, fmt_mib(m.eager_peak_bytes), fmt_mib(m.compiled_peak_bytes)])
     if not rows:
         return None
     return _table(rows, ["", "kind", "eager (MiB)", "compiled (MiB)"])
+
+
+def _work_table(row: GateRow) -> str | None:
+    sides = [("base commit" if row.result.paired else "base",
+              row.result.paired.work if row.result.paired else
+              (_base(row).work if _base(row) else None)), ("PR", row.result.work)]
+    rows = []
+    for side, w in sides:
+        if w is None:
+            continue
+        rows.append([side, _count(w.flops), _count(w.bytes_accessed), _count(w.kernels),
+                     _count(w.instructions)])
+    if not rows:
+        return None
+    return _table(rows, ["", "FLOPs / call", "bytes accessed / call", "kernels generated",
+                         "instructions / call"])
+
+
+def _count(n: int | str | None) -> str:
+    if n is None:
+        return DASH
+    if isinstance(n, str):
+        return n
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return str(n)
 
 
 def _parity_table(r: TargetResult) -> str | None:
@@ -473,6 +504,7 @@ def _details(row: GateRow) -> str:
     for title, table in (("Latency", _latency_table(row)),
                          ("Latency comparison", _comparison_table(row)),
                          ("Compile", _compile_table(row)),
+                         ("Work per call (deterministic)", _work_table(row)),
                          ("Peak memory", _memory_table(row)),
                          ("Parity", _parity_table(r))):
         if table:
@@ -484,6 +516,14 @@ def _details(row: GateRow) -> str:
                  else f" (baseline: {md_code(base.code_hash)})")
     env.append(code)
     env.append(f"- device: {md_code(r.device)}")
+    if v.mode:
+        env.append(f"- timing decided by: {v.mode} mode")
+    d = r.latency.disturbance if r.latency else None
+    if d is not None and d.others_cores is not None:
+        env.append(f"- machine while timing: other processes used {d.others_cores:.2f} of "
+                   f"{d.cores} cores; reference workload spread "
+                   f"{(d.reference_noise or 0):.1%}"
+                   + (" (**disturbed**)" if v.disturbed else ""))
     if row.baseline is not None:
         commit = row.baseline.commit
         env.append(f"- baseline: {md_code(row.baseline.ref)}"
@@ -519,6 +559,8 @@ def _headline(report: GateReport, title: str) -> str:
         extra.append(f"[workflow run]({run.replace(')', '%29')})")
     if extra:
         lines += ["", " · ".join(extra)]
+    if report.mode_reason:
+        lines += ["", f"Timing: {md_text(report.mode_reason)}."]
     return "\n".join(lines)
 
 
@@ -526,7 +568,7 @@ def _failures(rows: list[GateRow]) -> str | None:
     items = []
     for row in rows:
         v = row.verdict
-        if v.verdict not in FAILING:
+        if v.verdict not in EXPLAINED:
             continue
         if v.verdict == "error":
             why = [error_line(row.result.error)]
@@ -570,7 +612,8 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper",
         head.append("*No targets were measured.*")
     failures = _failures(rows)
     if failures:
-        head += ["**Why it failed**", failures]
+        failed = any(r.verdict.verdict in FAILING for r in rows)
+        head += ["**Why it failed**" if failed else "**What needs a look**", failures]
 
     tail = []
     added = [r.result.target for r in rows if r.baseline is None]

@@ -9,6 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ..config import ModelConfig
+from .counters import record_inductor_metrics
 from .model import build_model, make_inputs
 from .protocol import Request, Response
 from .timing import first_call
@@ -51,6 +52,7 @@ def compile_target(req: Request) -> Response:
         start = time.perf_counter()
         torch.compiler.load_cache_artifacts(Path(req.megacache_in).read_bytes())
         megacache_load = time.perf_counter() - start
+    record_inductor_metrics()  # so the bundle's FX entries replay bytes accessed on hits
     compiled = compile_model(model, req.model, req.mode, req.dynamic)
     calls = []
     with torch.no_grad():

@@ -23,6 +23,8 @@ def cache_env(cache_dir: Path) -> dict[str, str]:
     env.pop("TRITON_CACHE_DIR", None)
     # no current directory on sys.path: a gatekeeper/ folder there must not shadow us
     env["PYTHONSAFEPATH"] = "1"
+    # the profiler (CPU peak memory) must not print its start/stop lines into our logs
+    env.setdefault("KINETO_LOG_LEVEL", "6")
     return env
 
 

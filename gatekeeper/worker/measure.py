@@ -11,10 +11,12 @@ from torch._dynamo.utils import counters
 
 from ..config import ModelConfig
 from .compile import compile_model, snapshot_counters
+from .counters import (flops, inductor_metrics, instructions, record_inductor_metrics,
+                       reset_inductor_metrics)
 from .graphs import graph_breaks
 from .memory import peak_memory
 from .model import build_model, make_inputs, other_version
-from .parity import check_parity, flat_outputs, fp64_reference
+from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
 from .protocol import Request, Response
 from .timing import first_call, latency
 
@@ -42,6 +44,8 @@ def measure(req: Request) -> Response:
         base_graphs = graph_breaks(base_model, inputs, base_dir_paired)
     torch._dynamo.reset()
     counters.clear()
+    record_inductor_metrics()
+    reset_inductor_metrics()
 
     compiled = compile_model(model, cfg, req.mode, req.dynamic)
     with torch.no_grad():
@@ -49,31 +53,33 @@ def measure(req: Request) -> Response:
         for _ in range(2):
             compiled(*inputs)
         cache = snapshot_counters()
+        work = {**inductor_metrics(), "flops": flops(lambda: model(*inputs)),
+                "instructions": instructions(lambda: compiled(*inputs))}
         frames_after_compile = counters["frames"].get("ok", 0)
         base_fn, base_frames = None, 0
         if base_dir_paired is not None:
+            reset_inductor_metrics()
             base_compiled = compile_model(base_model, cfg, req.mode, req.dynamic)
             base_out, base_seconds = first_call(base_compiled, inputs, device)
+            base_compiled(*inputs)
             base_frames = counters["frames"].get("ok", 0) - frames_after_compile
             base_fn = lambda: base_compiled(*inputs)  # noqa: E731
-            paired = {"compile_seconds": base_seconds, "graphs": base_graphs}
+            paired = {"compile_seconds": base_seconds, "graphs": base_graphs,
+                      "work": {**inductor_metrics(), "flops": flops(lambda: base_model(*inputs)),
+                               "instructions": instructions(base_fn)}}
 
-        out_eager = model(*inputs)
-        cand, eager_flat = flat_outputs(out_compiled), flat_outputs(out_eager)
+        cand = Outputs.of(out_compiled)
         ref64 = fp64_reference(model, inputs)
-        parity = {"vs_eager": check_parity(cand, eager_flat, ref64, tol)}
+        ref64_leaves = ref64.leaves if ref64 is not None else None
+        parity = {"vs_eager": check_parity(cand, Outputs.of(model(*inputs)), ref64_leaves, tol)}
         if base_dir_paired is not None:
-            parity["vs_baseline"] = check_parity(cand, flat_outputs(base_out), None, tol)
+            parity["vs_baseline"] = check_parity(cand, Outputs.of(base_out), None, tol)
         elif req.baseline_reference:
-            base = torch.load(req.baseline_reference, weights_only=True)
-            parity["vs_baseline"] = check_parity(cand, base["compiled"], base.get("fp64"), tol)
-        torch.save({"compiled": [t.detach().cpu() if isinstance(t, torch.Tensor) else t
-                                 for t in cand],
-                    "fp64": [t.cpu() if isinstance(t, torch.Tensor) else t
-                             for t in ref64] if ref64 is not None else None},
-                   req.reference_out)
+            base_outputs, base64 = load_reference(req.baseline_reference)
+            parity["vs_baseline"] = check_parity(cand, base_outputs, base64, tol)
+        save_reference(req.reference_out, cand, ref64)
 
-        memory = {"kind": "cuda" if device.startswith("cuda") else "rss",
+        memory = {"kind": "cuda" if device.startswith("cuda") else "cpu",
                   "eager_peak_bytes": peak_memory(lambda: model(*inputs), device),
                   "compiled_peak_bytes": peak_memory(lambda: compiled(*inputs), device)}
         lat = latency(lambda: model(*inputs), lambda: compiled(*inputs), device,
@@ -83,5 +89,5 @@ def measure(req: Request) -> Response:
     if paired is not None:
         paired["samples"] = lat["samples"].pop("base")
     return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
-                    parity=parity, memory=memory, latency=lat, paired=paired, pid=os.getpid(),
-                    torch=torch.__version__)
+                    parity=parity, memory=memory, latency=lat, paired=paired, work=work,
+                    pid=os.getpid(), torch=torch.__version__)

@@ -1,25 +1,22 @@
-"""Peak memory of a call: the CUDA allocator's peak, or the resident set's on CPU."""
+"""Peak memory of a call: the CUDA allocator's peak, or on CPU the peak of live bytes
+allocated during the call, from the profiler's memory events.
+
+The CPU figure used to be the growth of the process's peak resident set; that
+high-water mark was already raised by importing torch and compiling, so a call never
+moved it and every target read 0 MiB. torch has no CPU allocator statistics, but the
+profiler records each allocation and free (``profile_memory=True``): walked in time
+order, their running sum peaks at the most bytes the call held at once.
+"""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 
-def _rss_bytes(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def peak_memory(fn: Callable[[], Any], device: str) -> int | None:
-    """Peak memory while running ``fn`` a few times: CUDA allocator peak, else growth of
-    the peak resident set (VmHWM, reset through /proc/self/clear_refs)."""
+    """Bytes allocated at the peak of one call of ``fn`` (beyond what was live before);
+    None when it cannot be measured here."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -29,12 +26,27 @@ def peak_memory(fn: Callable[[], Any], device: str) -> int | None:
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
+        return _cpu_peak(fn)
+    except Exception:  # a profiler that cannot run here: say unknown, never 0
         return None
-    before = _rss_bytes("VmRSS")
-    for _ in range(3):
+
+
+def _cpu_peak(fn: Callable[[], Any]) -> int | None:
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    peak = _rss_bytes("VmHWM")
-    return None if before is None or peak is None else max(0, peak - before)
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            events.append((e.start_time_ns, e.extra_fields.alloc_size))  # + alloc, - free
+        stack.extend(e.children)
+    if not events:
+        return None
+    live = peak = 0
+    for _, size in sorted(events):
+        live += size
+        peak = max(peak, live)
+    return peak

@@ -1,31 +1,90 @@
-"""Parity: does the compiled model compute what eager (or the baseline) computed?"""
+"""Parity: does the compiled model compute what eager (or the baseline) computed?
+
+First the structure: the output tree (container types, dict keys as a set, sequence
+lengths) and each leaf's dtype and shape must match, or the check fails naming the leaf.
+Then the numbers, leaf by leaf (dict keys matched by name, so their order is free): a
+tensor passes by allclose, else by the fp64-reference RMSE test (no further from the
+float64 eager output than RMSE_MULTIPLIER times the comparand is), else, for fp16/bf16
+leaves only, by cosine similarity. NaN/Inf always fails.
+"""
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 RMSE_MULTIPLIER = 3.0  # compiled may be this many times further from fp64 than eager is
+REFERENCE_FORMAT = 2  # reference files: {"format", "structure", "leaves", "fp64"}
 
 
-def flat_outputs(out: Any) -> list:
-    leaves, _ = tree_flatten(out)
-    return leaves
+@dataclass
+class Outputs:
+    """A model's outputs as ``structure`` (container path -> its kind, e.g. ``tuple[2]``,
+    ``dict{hidden,logits}``) and ``leaves`` (leaf path -> tensor or plain value).
+    ``structure`` is None for a reference saved before structures were recorded: then
+    leaves are compared in order."""
+
+    structure: dict[str, str] | None
+    leaves: dict[str, Any]
+
+    @classmethod
+    def of(cls, out: Any) -> "Outputs":
+        structure: dict[str, str] = {}
+        leaves: dict[str, Any] = {}
+        _walk(out, "output", structure, leaves)
+        return cls(structure, leaves)
+
+    def to_cpu(self) -> "Outputs":
+        return Outputs(self.structure, {k: v.detach().cpu() if isinstance(v, torch.Tensor)
+                                        else v for k, v in self.leaves.items()})
 
 
-def fp64_reference(model: torch.nn.Module, inputs: tuple) -> list | None:
+def _walk(obj: Any, path: str, structure: dict[str, str], leaves: dict[str, Any]) -> None:
+    if isinstance(obj, torch.Tensor):
+        leaves[path] = obj
+    elif isinstance(obj, Mapping):
+        structure[path] = f"{type(obj).__name__}{{{','.join(sorted(map(str, obj)))}}}"
+        for k, v in obj.items():
+            _walk(v, f"{path}[{k!r}]", structure, leaves)
+    elif isinstance(obj, (list, tuple)):
+        structure[path] = f"{type(obj).__name__}[{len(obj)}]"
+        for i, v in enumerate(obj):
+            _walk(v, f"{path}[{i}]", structure, leaves)
+    else:
+        leaves[path] = obj
+
+
+def save_reference(path: str, compiled: Outputs, fp64: Outputs | None) -> None:
+    torch.save({"format": REFERENCE_FORMAT, "structure": compiled.structure,
+                "leaves": compiled.to_cpu().leaves,
+                "fp64": fp64.to_cpu().leaves if fp64 is not None else None}, path)
+
+
+def load_reference(path: str) -> tuple[Outputs, dict[str, Any] | None]:
+    """A baseline's reference outputs (and their fp64 twin), of either format."""
+    doc = torch.load(path, weights_only=True)
+    if doc.get("format") == REFERENCE_FORMAT:
+        return Outputs(doc["structure"], doc["leaves"]), doc.get("fp64")
+    # format 1: flat lists in tree_flatten order, no structure
+    flat = {f"[{i}]": v for i, v in enumerate(doc["compiled"])}
+    fp64 = doc.get("fp64")
+    return Outputs(None, flat), ({f"[{i}]": v for i, v in enumerate(fp64)}
+                                 if fp64 is not None else None)
+
+
+def fp64_reference(model: torch.nn.Module, inputs: tuple) -> Outputs | None:
     """The eager model's outputs computed in float64, or None where it cannot run so."""
     try:
         m64 = copy.deepcopy(model).double()
         args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
                      else a for a in inputs)
         with torch.no_grad():
-            return [t.detach() if isinstance(t, torch.Tensor) else t
-                    for t in flat_outputs(m64(*args))]
+            return Outputs.of(m64(*args))
     except Exception:  # a model with fp32-only kernels: the RMSE test is skipped
         return None
 
@@ -34,32 +93,58 @@ def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return math.sqrt(torch.mean((a.double() - b.double()) ** 2).item()) if a.numel() else 0.0
 
 
-def check_parity(candidate: list, other: list, ref64: list | None, tol: dict) -> dict:
-    """Is ``candidate`` the same computation as ``other``? Per output tensor: allclose,
-    else the fp64-reference RMSE test (no further from fp64 than RMSE_MULTIPLIER times
-    ``other`` is), else — for fp16/bf16 outputs only — cosine similarity. NaN/Inf fails."""
-    if len(candidate) != len(other):
-        return {"passed": False, "method": "shape",
-                "detail": f"{len(candidate)} outputs, expected {len(other)}"}
+def _fail(method: str, detail: str, **extra: Any) -> dict:
+    return {"passed": False, "method": method, "detail": detail, **extra}
+
+
+def _pairs(candidate: Outputs, other: Outputs) -> list[tuple[str, Any, Any, str]] | dict:
+    """(path, candidate leaf, other leaf, the other's key) to compare, or a failure."""
+    if other.structure is None:  # an old reference: leaves in order
+        cand, oth = list(candidate.leaves.items()), list(other.leaves.items())
+        if len(cand) != len(oth):
+            return _fail("structure", f"{len(cand)} output leaves, expected {len(oth)}")
+        return [(p, c, o, k) for (p, c), (k, o) in zip(cand, oth)]
+    if candidate.structure != other.structure:
+        for path in sorted(set(candidate.structure) | set(other.structure)):
+            got, want = candidate.structure.get(path), other.structure.get(path)
+            if got != want:
+                return _fail("structure", f"{path}: {got or 'a leaf'}, expected "
+                                          f"{want or 'a leaf'}")
+    if candidate.leaves.keys() != other.leaves.keys():
+        path = sorted(candidate.leaves.keys() ^ other.leaves.keys())[0]
+        return _fail("structure", f"{path}: only in "
+                     f"{'the candidate' if path in candidate.leaves else 'the reference'}")
+    return [(p, c, other.leaves[p], p) for p, c in candidate.leaves.items()]
+
+
+def check_parity(candidate: Outputs, other: Outputs, ref64: dict[str, Any] | None,
+                 tol: dict) -> dict:
+    """Is ``candidate`` the same computation as ``other`` (see the module docstring)?"""
+    pairs = _pairs(candidate, other)
+    if isinstance(pairs, dict):
+        return pairs
     order = ["allclose", "fp64-rmse", "cosine"]
     method, max_abs, worst_rmse, min_cos = "allclose", 0.0, 0.0, 1.0
-    for i, (c, o) in enumerate(zip(candidate, other)):
+    for path, c, o, key in pairs:
+        if isinstance(c, torch.Tensor) != isinstance(o, torch.Tensor):
+            return _fail("structure", f"{path}: {'a tensor' if isinstance(c, torch.Tensor) else type(c).__name__}"
+                         f", expected {'a tensor' if isinstance(o, torch.Tensor) else type(o).__name__}")
         if not isinstance(c, torch.Tensor):
             if c != o:
-                return {"passed": False, "method": "failed", "detail": f"output {i} differs"}
+                return _fail("failed", f"{path}: {c!r}, expected {o!r}")
             continue
-        if not isinstance(o, torch.Tensor) or c.shape != o.shape:
-            return {"passed": False, "method": "shape",
-                    "detail": f"output {i}: shape {tuple(c.shape)}, expected "
-                              f"{tuple(o.shape) if isinstance(o, torch.Tensor) else o}"}
+        if c.dtype != o.dtype:
+            return _fail("dtype", f"{path}: dtype {str(c.dtype).removeprefix('torch.')}, "
+                                  f"expected {str(o.dtype).removeprefix('torch.')}")
+        if c.shape != o.shape:
+            return _fail("shape", f"{path}: shape {tuple(c.shape)}, expected {tuple(o.shape)}")
         c, o = c.detach().cpu(), o.detach().cpu()
         if not c.is_floating_point():
             if not torch.equal(c, o):
-                return {"passed": False, "method": "failed", "detail": f"output {i} differs"}
+                return _fail("failed", f"{path} differs")
             continue
         if not torch.isfinite(c).all():
-            return {"passed": False, "method": "nan-inf",
-                    "detail": f"output {i} has NaN or Inf"}
+            return _fail("nan-inf", f"{path} has NaN or Inf")
         diff = (c.double() - o.double()).abs()
         max_abs = max(max_abs, diff.max().item() if diff.numel() else 0.0)
         worst_rmse = max(worst_rmse, _rmse(c, o))
@@ -68,7 +153,7 @@ def check_parity(candidate: list, other: list, ref64: list | None, tol: dict) ->
         min_cos = min(min_cos, cos)
         if torch.allclose(c.float(), o.float(), atol=tol["atol"], rtol=tol["rtol"]):
             continue
-        ref = ref64[i] if ref64 is not None and i < len(ref64) else None
+        ref = (ref64 or {}).get(key)
         if isinstance(ref, torch.Tensor) and ref.shape == c.shape:
             ref = ref.cpu()
             if _rmse(c, ref) <= RMSE_MULTIPLIER * _rmse(o, ref) + 1e-12:
@@ -77,9 +162,8 @@ def check_parity(candidate: list, other: list, ref64: list | None, tol: dict) ->
         if c.dtype in LOW_PRECISION and cos >= tol["cosine"]:
             method = "cosine"
             continue
-        return {"passed": False, "method": "failed", "max_abs_err": max_abs,
-                "rmse": worst_rmse, "cosine": min_cos,
-                "detail": f"output {i}: max |diff| {diff.max().item():.3g} beyond "
-                          f"atol {tol['atol']:g} / rtol {tol['rtol']:g}"}
+        return _fail("failed", f"{path}: max |diff| {diff.max().item():.3g} beyond "
+                               f"atol {tol['atol']:g} / rtol {tol['rtol']:g}",
+                     max_abs_err=max_abs, rmse=worst_rmse, cosine=min_cos)
     return {"passed": True, "method": method, "max_abs_err": max_abs, "rmse": worst_rmse,
             "cosine": min_cos}

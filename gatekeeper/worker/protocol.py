@@ -75,6 +75,7 @@ class Response(_Msg):
     memory: dict[str, Any] | None = None
     latency: dict[str, Any] | None = None
     paired: dict[str, Any] | None = None
+    work: dict[str, Any] | None = None  # measure: deterministic work counters
     pid: int | None = None
 
     @classmethod

@@ -3,7 +3,10 @@ rounds with device synchronisation, plus a fixed drift-reference workload."""
 from __future__ import annotations
 
 import math
+import os
+import resource
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -41,6 +44,35 @@ class DriftReference:
         x = self.x
         for _ in range(4):
             x = torch.tanh(x @ self.w)
+
+
+class CpuWatch:
+    """How much CPU other processes took while we measured: the machine's busy time
+    (/proc/stat) minus this process's own (getrusage), per second of wall time, in
+    cores. On a quiet runner it stays near 0; another job on the cores shows at once."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float] | None:
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        except OSError:
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+        busy = (user + nice + system + irq + softirq + steal) / ticks
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return time.perf_counter(), busy, own.ru_utime + own.ru_stime
+
+    def others_cores(self) -> float | None:
+        end = self._read()
+        if self.start is None or end is None or end[0] <= self.start[0]:
+            return None
+        wall = end[0] - self.start[0]
+        others = (end[1] - self.start[1]) - (end[2] - self.start[2])
+        return max(0.0, others / wall)
 
 
 def _timed(fn: Callable[[], Any], loops: int, device: str) -> float:
@@ -91,6 +123,7 @@ def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
     loops = _loops(one)
     ref_loops = _loops(max(_timed(ref, 1, device), 1e-7))  # same sample length as the model's
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    watch = CpuWatch()
     start = time.perf_counter()
     while (time.perf_counter() - start < budget["min_time"] or len(samples["eager"]) < 5) \
             and len(samples["eager"]) < budget["max_samples"]:
@@ -103,7 +136,11 @@ def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
         return {"n": s.n, "mean": s.mean, "p50": s.median, "p95": s.p95, "p99": s.p99,
                 "min": s.min, "max": s.max, "stdev": s.stdev}
 
+    others = watch.others_cores()
     e, c = summary(samples["eager"]), summary(samples["compiled"])
     return {"eager": e, "compiled": c, "reference": summary(samples["reference"]),
             "speedup": e["p50"] / c["p50"], "throughput": 1.0 / c["p50"],
-            "inner_loops": loops, "samples": samples}
+            "inner_loops": loops, "samples": samples,
+            "disturbance": {"others_cores": others, "cores": os.cpu_count() or 1,
+                            "reference_noise": stats.noise(samples["reference"]),
+                            "seconds": time.perf_counter() - start}}

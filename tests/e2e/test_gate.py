@@ -139,3 +139,74 @@ def test_documents_validate_and_older_baseline_never_wins(project: Path):
     history = list(store.list(baselines.BaselineKey(TARGET, results.targets[0].env_key, "main").prefix
                               + "/history/"))
     assert len(history) == 4  # three pushes, and the older run kept in history only
+
+
+# -- work counters, structure, disturbance (issues 11 and 16) ----------------------------
+
+def _result(project: Path):
+    return Results.model_validate_json((project / "results.json").read_text()).targets[0]
+
+
+def test_counters_are_identical_cold_and_warm(project: Path):
+    """FLOPs, kernels and bytes accessed do not depend on the cache: a cold compile and a
+    warm one (FX graph hits replaying what the cold compile recorded) give the same."""
+    warm = gk("check", "--mode", "stored", "--out", "warm", cwd=project, env=QUIET)
+    assert warm.returncode == 0, warm.stderr
+    cold = gk("check", "--mode", "stored", "--cold", "--out", "cold", cwd=project, env=QUIET)
+    assert cold.returncode == 0, cold.stderr
+    w = Results.model_validate_json((project / "warm/results.json").read_text()).targets[0]
+    c = Results.model_validate_json((project / "cold/results.json").read_text()).targets[0]
+    assert w.compile.state == "warm" and c.compile.state == "cold"
+    assert w.work.flops == c.work.flops == 2 * 64 * 256 * 256 * 2
+    assert w.work.kernels == c.work.kernels > 0
+    assert w.work.bytes_accessed == c.work.bytes_accessed > 0
+    assert w.work.instructions == c.work.instructions or "unavailable" in (
+        w.work.instructions, c.work.instructions)
+    assert w.memory.kind == "cpu" and w.memory.compiled_peak_bytes > 0
+
+
+def test_ten_percent_more_flops_is_regressed_by_the_counters(project: Path):
+    (project / "tinymodel.py").write_text(pr_version('''
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            # 52 more output features of work: +10% FLOPs, the same outputs
+            extra = torch.nn.functional.linear(h, self.extra.weight[:52])
+            return self.fc2(h) + 0 * extra.sum()
+    '''))
+    code, doc, err = run_gate(project, "--mode", "stored")
+    assert code == 1, err
+    t = target_of(doc)
+    assert t["verdict"] == "regressed"
+    (reason,) = [r for r in t["reasons"] if "FLOPs" in r]
+    assert "16.8 M -> 18.5 M" in reason and "+10.2%" in reason
+
+
+def test_a_renamed_output_fails_parity_naming_the_leaf(project: Path):
+    (project / "tinymodel.py").write_text(pr_version('''
+        def forward(self, x):
+            return {"logits": self.fc2(torch.relu(self.fc1(x)))}
+    '''))
+    code, doc, err = run_gate(project)
+    assert code == 1, err
+    t = target_of(doc)
+    assert t["verdict"] == "parity-failed"
+    assert any("output: dict{logits}, expected a leaf" in r for r in t["reasons"]), t["reasons"]
+
+
+def test_a_busy_runner_is_never_a_regression_and_the_report_says_so(project: Path):
+    """Two processes spinning on the cores while the unchanged model is measured."""
+    import subprocess
+    import sys
+
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        code, doc, err = run_gate(project)
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    t = target_of(doc)
+    assert t["verdict"] not in ("regressed", "improved"), t["reasons"]
+    assert code == 0, err
+    assert t["disturbed"] and "other processes used" in t["disturbed"]
+    assert "other processes used" in (project / "report.md").read_text()

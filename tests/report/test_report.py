@@ -272,12 +272,13 @@ def test_size_cap_last_resort():
 # -------------------------------------------------------------------------------- JSON
 
 TOP_KEYS = {"schema", "verdict", "exit_code", "base_ref", "summary", "counts", "creator",
-            "targets", "removed", "remeasured"}
+            "targets", "removed", "remeasured", "mode_reason"}
 TARGET_KEYS = {"target", "model", "device", "verdict", "status", "error", "reasons", "notes",
                "borderline", "remeasured", "latency", "speedup_comparison", "p50_s",
                "latency_summary", "speedup", "compile", "compile_s", "graphs", "graph_breaks",
                "break_reasons", "new_breaks", "recompiles", "memory", "parity", "cache",
-               "env_key", "code_hash", "base_code_hash", "baseline"}
+               "env_key", "code_hash", "base_code_hash", "baseline", "compile_state", "work",
+               "base_commit_work", "mode", "disturbed", "detectable"}
 COMPARISON_KEYS = {"ratio", "delta", "ci_lo", "ci_hi", "p_value", "significant", "verdict",
                    "threshold", "n_base", "n_pr", "paired", "test", "unit"}
 
@@ -290,7 +291,7 @@ def test_json_schema_is_stable(rep):
     for t in doc["targets"]:
         assert set(t) == TARGET_KEYS, t["target"]
         for side in ("p50_s", "latency_summary", "speedup", "compile", "compile_s", "graphs",
-                     "graph_breaks", "recompiles", "memory"):
+                     "graph_breaks", "recompiles", "memory", "compile_state", "work"):
             assert set(t[side]) == {"base", "pr"}
     reg = next(t for t in doc["targets"] if t["verdict"] == "regressed")
     assert set(reg["latency"]) == COMPARISON_KEYS | {"normalised"}

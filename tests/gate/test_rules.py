@@ -1,0 +1,151 @@
+"""The gate's rules on hand-built results: work counters, disturbed runs, inconclusive
+slowdowns, accepted regressions and compile time compared like with like."""
+from __future__ import annotations
+
+from gatekeeper.config import GateConfig
+from gatekeeper.gate import drift
+from gatekeeper.gate import rules as gate
+from gatekeeper.results import Paired, Work
+
+from factories import RULES, make_baseline, make_result
+
+TARGET = "m/b1/default"
+WORK = Work(flops=1_000_000, bytes_accessed=200_000, kernels=3, instructions="unavailable")
+
+
+def steady(result, runs=(1.0, 1.003, 0.997, 1.002, 0.998, 1.0, 1.001, 0.999, 1.0)):
+    """``result`` as a baseline whose history agrees to 0.3% between runs."""
+    history = []
+    for i, f in enumerate(runs):
+        r = make_result(TARGET, seed=100 + i, noise=0.005, n=200, compiled_s=1e-3 * f,
+                        eager_s=2e-3 * f, reference_s=2e-4, code_hash=result.code_hash)
+        r.measured_at = f"2024-12-{i + 1:02d}T00:00:00Z"
+        history.append(r)
+    base = make_baseline(result)
+    base.noise = drift.measure_noise(result, history)
+    return base
+
+
+# -- work counters: deterministic, so one stored baseline run is enough ------------------
+
+def test_ten_percent_more_flops_is_regressed_with_a_single_baseline_run():
+    base = make_baseline(make_result(TARGET, seed=1, work=WORK))  # no history at all
+    pr = make_result(TARGET, seed=2, work=WORK.model_copy(update={"flops": 1_100_000}))
+    v = gate.gate_target(pr, base, RULES)
+    assert v.verdict == "regressed"
+    (reason,) = [r for r in v.reasons if "FLOPs" in r]
+    assert "1 M -> 1.1 M" in reason and "+10.0%" in reason and "threshold 5%" in reason
+
+
+def test_bytes_accessed_growth_is_regressed_and_named():
+    base = make_baseline(make_result(TARGET, seed=1, work=WORK))
+    pr = make_result(TARGET, seed=2, work=WORK.model_copy(update={"bytes_accessed": 260_000}))
+    v = gate.gate_target(pr, base, RULES)
+    assert v.verdict == "regressed" and any("bytes accessed" in r for r in v.reasons)
+
+
+def test_identical_counters_are_never_flagged():
+    base = make_baseline(make_result(TARGET, seed=1, work=WORK))
+    for seed in range(20):
+        v = gate.gate_target(make_result(TARGET, seed=seed, work=WORK), base, RULES)
+        assert not any("FLOPs" in r or "bytes" in r for r in v.reasons)
+
+
+def test_unknown_counters_gate_nothing():
+    base = make_baseline(make_result(TARGET, seed=1, work=Work()))
+    pr = make_result(TARGET, seed=2, work=WORK)
+    assert not any("FLOPs" in r for r in gate.gate_target(pr, base, RULES).reasons)
+
+
+def test_paired_work_is_compared_with_the_base_commit():
+    pr = make_result(TARGET, seed=2, work=WORK.model_copy(update={"flops": 1_200_000}))
+    pr.paired = Paired(base_ref="main", base_commit="a" * 40, code_hash="b0",
+                       compile_seconds=3.0, graphs=pr.graphs,
+                       samples=pr.latency.samples["compiled"], work=WORK)
+    v = gate.gate_target(pr, None, RULES)
+    assert v.verdict == "regressed" and any("vs the base commit" in r for r in v.reasons)
+
+
+# -- disturbed runs: inconclusive or pass, never regressed or improved ------------------
+
+def test_a_disturbed_run_is_never_regressed_nor_improved():
+    base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
+    slow = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3,
+                       eager_s=3e-3, others_cores=1.8)
+    v = gate.gate_target(slow, base, RULES)
+    assert v.verdict == "inconclusive"
+    assert "other processes used 1.8 of 2 cores" in v.disturbed
+    assert any("disturbed" in r for r in v.reasons)
+    fast = make_result(TARGET, seed=3, noise=0.005, n=200, compiled_s=0.6e-3,
+                       eager_s=1.2e-3, others_cores=1.8)
+    assert gate.gate_target(fast, base, RULES).verdict not in ("improved", "regressed")
+    # the same slowdown measured quietly is a regression
+    quiet = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3, eager_s=3e-3)
+    assert gate.gate_target(quiet, base, RULES).verdict == "regressed"
+
+
+def test_a_reference_workload_that_moved_marks_the_run_disturbed():
+    base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
+    moved = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=2e-3, eager_s=4e-3,
+                        reference_s=1e-3)  # 5x the baseline's reference
+    v = gate.gate_target(moved, base, RULES)
+    assert v.verdict == "inconclusive" and "reference workload ran 5x" in v.disturbed
+
+
+def test_a_disturbed_unchanged_run_with_a_tight_interval_still_passes():
+    base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
+    same = make_result(TARGET, seed=1, noise=0.005, n=200, others_cores=0.6)
+    # the interval is as wide as the runner's drift: within the threshold, nothing to say
+    v = gate.gate_target(same, base, RULES)
+    assert v.verdict in ("pass", "inconclusive")
+    assert v.verdict != "regressed"
+
+
+# -- inconclusive: past the threshold, not decided ---------------------------------------
+
+def test_inconclusive_passes_by_default_and_fails_when_configured():
+    lone = make_baseline(make_result(TARGET, seed=1, noise=0.005, n=200))  # assumed drift
+    pr = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.1e-3, eager_s=2.2e-3)
+    rep = gate.build_report([pr], {TARGET: lone}, lambda t: RULES, base_ref="main")
+    assert rep.verdict == "inconclusive" and rep.exit_code == 0
+    strict = GateConfig(inconclusive="fail")
+    rep = gate.build_report([pr], {TARGET: lone}, lambda t: strict, base_ref="main")
+    assert rep.verdict == "inconclusive" and rep.exit_code == 1
+    (reason,) = [r for r in rep.rows[0].verdict.reasons if "latency" in r]
+    assert "past the 5% threshold" in reason and "smallest slowdown it can tell" in reason
+
+
+# -- accepted: a regression the pull request makes on purpose -----------------------------
+
+def test_an_accepted_regression_exits_0_but_parity_never_is_accepted():
+    base = make_baseline(make_result(TARGET, seed=1, work=WORK))
+    slower = make_result(TARGET, seed=2, work=WORK.model_copy(update={"flops": 2_000_000}))
+    rep = gate.build_report([slower], {TARGET: base}, lambda t: RULES, base_ref="main",
+                            accepted=lambda t: True)
+    assert rep.verdict == "accepted" and rep.exit_code == 0
+    assert rep.rows[0].verdict.reasons  # the reasons are still shown
+    wrong = make_result(TARGET, seed=2, parity_ok=False)
+    rep = gate.build_report([wrong], {TARGET: base}, lambda t: RULES, base_ref="main",
+                            accepted=lambda t: True)
+    assert rep.verdict == "parity-failed" and rep.exit_code == 1
+
+
+# -- compile time: like with like --------------------------------------------------------
+
+def test_a_cold_pr_compile_is_not_compared_with_a_warm_baseline():
+    base = make_baseline(make_result(TARGET, seed=1, compile_s=1.3, warm=True, cache="hit"))
+    pr = make_result(TARGET, seed=1, compile_s=2.6, warm=True, cache="partial")
+    pr.compile.fxgraph_cache_hit, pr.compile.fxgraph_cache_miss = 0, 3  # every graph missed
+    v = gate.gate_target(pr, base, RULES.model_copy(update={"compile_time_regression": 0.15}))
+    assert v.verdict == "pass"
+    assert any("compile time not compared" in n for n in v.notes)
+
+
+def test_a_cold_pr_compile_is_compared_with_the_baselines_cold_figure():
+    base = make_baseline(make_result(TARGET, seed=1, compile_s=1.3, warm=True, cache="hit",
+                                     cold_s=10.0))
+    ok = make_result(TARGET, seed=1, compile_s=10.5, warm=False, cache="partial")
+    assert gate.gate_target(ok, base, RULES).verdict == "pass"
+    slow = make_result(TARGET, seed=1, compile_s=20.0, warm=False, cache="partial")
+    v = gate.gate_target(slow, base, RULES)
+    assert v.verdict == "regressed" and any("cold compile time 10.0 s" in r for r in v.reasons)
