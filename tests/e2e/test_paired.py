@@ -36,14 +36,18 @@ def repo(tmp_path_factory) -> Path:
     return root
 
 
-def test_paired_run_flags_the_slower_head(repo: Path):
-    proc = gk("run", "--json", "--paired", "main", "--base-ref", "main", cwd=repo, env=QUIET)
+def test_the_default_run_pairs_and_flags_the_slower_head(repo: Path):
+    """No mode flag: in a checkout that has the base branch, `run` pairs with it."""
+    proc = gk("run", "--json", "--base-ref", "main", cwd=repo, env=QUIET)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 1, proc.stderr
     (t,) = json.loads(proc.stdout)["targets"]
     assert t["verdict"] == "regressed"
     assert t["latency"]["paired"] is True and t["latency"]["delta"] > 0.3
+    assert "paired with main at" in proc.stderr
     results = json.loads((repo / "results.json").read_text())
+    assert results["mode"] == "paired" and results["targets"][0]["mode"] == "paired"
+    assert "Timing: paired with main at" in (repo / "report.md").read_text()
     pair = results["targets"][0]["paired"]
     assert pair["base_ref"] == "main" and len(pair["base_commit"]) == 40
     assert len(pair["samples"]) == len(results["targets"][0]["latency"]["samples"]["compiled"])
