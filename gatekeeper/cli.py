@@ -8,13 +8,14 @@ import sys
 import traceback
 
 from . import __version__
-from .commands import baseline, check, comment, common, gate, key, merge, run, store, warm
+from .commands import (baseline, check, comment, common, dashboard, gate, key, merge, run,
+                       store, warm)
 from .commands import compile as compile_
 from .errors import EXIT_ERROR, GatekeeperError
 
 COMMANDS = {"compile": compile_, "warm": warm, "key": key, "check": check,
             "baseline": baseline, "gate": gate, "run": run, "comment": comment,
-            "merge": merge, "store": store}
+            "merge": merge, "store": store, "dashboard": dashboard}
 
 
 class _Parser(argparse.ArgumentParser):

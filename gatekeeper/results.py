@@ -235,6 +235,7 @@ class Baseline(_Doc):
     result: TargetResult
     reference_key: str | None = None  # store key of the reference outputs
     noise: Noise | None = None
+    verdict: str | None = None  # the gate's verdict on this run, when publishing knew it
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
