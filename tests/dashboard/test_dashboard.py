@@ -6,14 +6,13 @@ import html
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from gatekeeper.cli import main
 from gatekeeper.dashboard import build
 from gatekeeper.dashboard.data import charts, commit_url, metrics
-from gatekeeper.results import Baseline
+from gatekeeper.results import Baseline, Work
 from gatekeeper.store import open_store
 from gatekeeper.store.baselines import BaselineKey
 
@@ -101,10 +100,7 @@ def test_chart_data_follows_the_runs(tmp_path, store, dash):
 def test_work_counters_are_charted_when_results_carry_them():
     r = make_result(TARGET)
     assert all(metrics(r)[k] is None for k in ("flops", "kernels"))
-    # TargetResult.work is read with getattr: a result with it, however it is modelled
-    with_work = SimpleNamespace(**{k: getattr(r, k) for k in type(r).model_fields},
-                                work=SimpleNamespace(flops=2_000_000, bytes_accessed=None,
-                                                     kernels=7))
+    with_work = make_result(TARGET, work=Work(flops=2_000_000, kernels=7))
     m = metrics(with_work)
     assert (m["flops"], m["bytes_accessed"], m["kernels"], m["instructions"]) == \
         (2e6, None, 7.0, None)
