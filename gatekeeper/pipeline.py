@@ -67,4 +67,6 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
 
 def publish(outcome: RunOutcome, store: Store, ref: str) -> list[dict]:
     """``run --publish``: the results become ``ref``'s baseline."""
-    return publish_results(outcome.results, outcome.results_path.parent, store, ref)
+    return publish_results(outcome.results, outcome.results_path.parent, store, ref,
+                           {row.result.target: row.verdict.verdict
+                            for row in outcome.report.rows})

@@ -12,6 +12,7 @@ from ..store import Store, baselines
 from .rules import GateReport, build_report
 
 log = logging.getLogger("gatekeeper.gate")
+TREND_RUNS = 10  # the base branch's last baselines shown as a trend per target
 
 
 def judge(results: Results, config: Config, store: Store, *, base_ref: str,
@@ -45,4 +46,11 @@ def judge(results: Results, config: Config, store: Store, *, base_ref: str,
                           accepted=lambda t: any(fnmatch.fnmatchcase(t, g)
                                                  for g in accept or []))
     report.mode_reason = results.mode_reason
+    for row in report.rows:  # the base branch's trend, for the report's sparkline
+        if row.baseline is not None:
+            try:
+                key = baselines.BaselineKey(row.result.target, row.result.env_key, base_ref)
+                row.history = [d.result for d in baselines.history(store, key, TREND_RUNS)]
+            except StoreError as e:
+                log.warning("%s: no trend: %s", row.result.target, e)
     return report

@@ -19,11 +19,14 @@ from __future__ import annotations
 import html
 import math
 import re
+import statistics
 from typing import Any, Iterable
 
 from tabulate import tabulate
 
 from ..gate import ORDER, GateReport, GateRow
+from ..gate.drift import normalised_latency
+from .trend import sparkline
 from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
 
 MAX_MARKDOWN_CHARS = 60_000
@@ -231,7 +234,7 @@ def _parity_failed(r: TargetResult) -> list[str]:
 
 # ------------------------------------------------------------------------ the main table
 
-HEADERS = ["target", "verdict", "p50 latency (Δ)", "speedup vs eager", "compile",
+HEADERS = ["target", "verdict", "p50 latency (Δ, trend)", "speedup vs eager", "compile",
            "graph breaks", "recompiles", "peak mem compiled (MiB)", "parity (max abs err)",
            "cache"]
 
@@ -246,7 +249,20 @@ def _latency_cell(row: GateRow) -> str:
             delta = f"**{delta}**"
         sig = fmt_p(comp.get("p_value")) if comp.get("significant") else "n.s."
         cell += f", {delta} ({sig}{', paired' if comp.get('paired') else ''})"
+    trend = _trend(row)
+    if trend:
+        cell += f" {md_code(trend, table=True)}"
     return cell
+
+
+def _trend(row: GateRow) -> str:
+    """The base branch's last baselines (normalised latency, oldest first) and, after the
+    arrow, this run's point on the same scale."""
+    def level(r: TargetResult) -> float | None:
+        xs = normalised_latency(r)
+        return statistics.median(xs) if xs else None
+    return sparkline([level(r) for r in row.history], level(row.result)) \
+        if len(row.history) >= 2 else ""
 
 
 def _speedup_cell(row: GateRow) -> str:
@@ -604,10 +620,19 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper",
     head = [_headline(report, title)]
     if rows:
         head.append(_table((_table_row(r) for r in rows), HEADERS))
+        notes = []
         if any(r.verdict.latency and r.verdict.latency.get("normalised") for r in rows):
-            head.append("<sub>Δ compares compiled latency divided by a co-measured reference "
-                        "workload (which cancels machine drift), so it can differ from the "
-                        "ratio of the raw p50s. n.s. = not significant.</sub>")
+            notes.append("Δ compares compiled latency divided by a co-measured reference "
+                         "workload (which cancels machine drift), so it can differ from the "
+                         "ratio of the raw p50s. n.s. = not significant.")
+        if any(r.verdict.latency and r.verdict.latency.get("paired") for r in rows):
+            notes.append("paired: Δ is the base commit against this change, timed round by "
+                         "round in one process.")
+        if any(_trend(r) for r in rows):
+            notes.append(f"Trend: {md_code(report.base_ref)}'s last baselines (latency ÷ "
+                         f"reference workload, oldest first), then {ARROW} this run.")
+        if notes:
+            head.append("<sub>" + " ".join(notes) + "</sub>")
     else:
         head.append("*No targets were measured.*")
     failures = _failures(rows)

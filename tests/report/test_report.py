@@ -345,3 +345,19 @@ def test_summary_line(rep):
     assert report.summary_line(empty) == "gatekeeper: pass — no targets (base: main)"
     assert "No targets were measured" in report.render_markdown(empty)
 
+
+
+def test_each_row_carries_the_base_branchs_trend_with_this_run_marked():
+    target = "trend/b1/default"
+    history = [make_result(target, seed=s, compiled_s=1e-3 * f)
+               for s, f in enumerate([1.0, 1.02, 0.99, 1.01])]
+    pr = make_result(target, seed=9, compiled_s=1.3e-3)
+    rep = build([pr], {target: make_baseline(history[-1])})
+    rep.rows[0].history = history
+    md = report.render_markdown(rep, details=False)
+    row = next(line for line in md.splitlines() if line.startswith("| trend/b1/default"))
+    assert re.search(r"`[▁▂▃▄▅▆▇█]{4}→█`", row), row  # the slower PR at the top of the scale
+    assert "Trend: `main`'s last baselines" in md
+    rep.rows[0].history = history[:1]  # one point is no trend
+    assert "→" not in next(line for line in report.render_markdown(rep, details=False)
+                           .splitlines() if line.startswith("| trend/b1/default"))
