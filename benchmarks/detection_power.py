@@ -1,22 +1,29 @@
 """How often does the gate flag a slowdown, and how often does it cry wolf?
 
-A model with a knob that adds x% of extra work (one more tanh(Linear) layer of 20 per 5%)
-is measured as main's baseline (by default three pushes, so the baseline knows the
-runner's drift between processes); then each gate trial runs `gatekeeper run` in new
-processes, as CI does, at 0%, 5%, 10% and 20% slowdown, in two modes:
+A model with a knob that makes it x% slower is measured as main's baseline; then each
+trial runs `gatekeeper run` in new processes, as CI does, on a pull request branch at
+0%, 5%, 10% and 20%, in a git repository whose main is the base:
 
-    stored  the PR is measured alone and gated against the stored baseline of main
-    paired  `--paired main`: main's code is checked out in a git worktree and measured
-            round by round with the PR's in the same process
+    default  `gatekeeper run` with no mode flag, as the Action runs it: it pairs with
+             main's commit (measured round by round with the PR in one process)
+    stored   `--mode stored`: the PR measured alone against main's stored baseline
 
-Prints, per mode and level: the share of trials flagged `regressed`, the median Δ% the
-gate measured, and the time per trial. Usage, from the repo root:
+Two knobs make the model slower:
 
-    python benchmarks/detection_power.py [--trials 20] [--levels 0,5,10,20]
-                                         [--modes stored,paired] [--min-time 10]
+    compute  more elementwise work fused into one kernel: no more FLOPs and no more
+             bytes accessed, so only timing can see it (the test of timing detection)
+    layers   more Linear+tanh layers (one of 20 per 5%): more FLOPs, which the
+             deterministic work counters see without timing (stored mode, one run)
 
-``--levels 0:60,5:20,10:60,20:20`` runs 60 trials at 0% and 10% and 20 at 5% and 20%
-(a level without ``:N`` takes ``--trials``).
+Prints, per mode and level: trials, how many were flagged `regressed` (by any rule, by
+latency, by the work counters), how many were `inconclusive`, the median Δ the latency
+test measured, seconds of timed rounds per target, and seconds per trial. Usage:
+
+    python benchmarks/detection_power.py [--levels 0:100,10:60,5:20,20:20]
+        [--modes default,stored] [--knob compute|layers] [--baseline-runs 1]
+
+A level without ``:N`` takes ``--trials``. Measurement settings are the defaults unless
+``--min-time`` is given.
 """
 from __future__ import annotations
 
@@ -36,7 +43,8 @@ MODEL = textwrap.dedent('''
     import torch
     from torch import nn
 
-    SLOWDOWN = {slowdown}  # percent of extra work
+    SLOWDOWN = {slowdown}  # percent
+    KNOB = "{knob}"
 
     class Net(nn.Module):
         def __init__(self, width=256, layers=20):
@@ -48,8 +56,12 @@ MODEL = textwrap.dedent('''
             for layer in self.layers:
                 x = torch.tanh(layer(x))
             y = x
-            for _ in range(round(SLOWDOWN * len(self.layers) / 100)):
-                y = torch.tanh(self.extra(y))
+            if KNOB == "layers":  # one more layer per 5%: more FLOPs
+                for _ in range(round(SLOWDOWN * len(self.layers) / 100)):
+                    y = torch.tanh(self.extra(y))
+            else:  # elementwise work fused into one kernel: same FLOPs and bytes
+                for _ in range(round(SLOWDOWN * 1.6)):
+                    y = torch.sin(y) * 0.5 + y * 0.5
             return x + 1e-12 * y
 
     def make():
@@ -59,11 +71,7 @@ MODEL = textwrap.dedent('''
 CONFIG = textwrap.dedent('''
     [tool.gatekeeper]
     store = "store"
-
-    [tool.gatekeeper.measure]
-    min_time = {min_time}
-    max_samples = 100000
-
+    {measure}
     [[tool.gatekeeper.models]]
     name = "knob"
     factory = "knob_model:make"
@@ -84,8 +92,12 @@ def gk(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return sh(sys.executable, "-m", "gatekeeper", *args, cwd=cwd)
 
 
-def set_slowdown(repo: Path, pct: int) -> None:
-    (repo / "knob_model.py").write_text(MODEL.format(slowdown=pct))
+def git(repo: Path, *args: str) -> None:
+    sh("git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *args, cwd=repo)
+
+
+def set_slowdown(repo: Path, pct: int, knob: str) -> None:
+    (repo / "knob_model.py").write_text(MODEL.format(slowdown=pct, knob=knob))
 
 
 def main() -> None:
@@ -93,70 +105,91 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--levels", default="0,5,10,20",
                     help="slowdowns in percent, each optionally with its own trial count "
-                         "(0:60,10:60,5:20)")
-    ap.add_argument("--modes", default="stored,paired")
-    ap.add_argument("--min-time", type=float, default=10.0,
-                    help="seconds of timed rounds per measurement (measure.min_time)")
-    ap.add_argument("--baseline-runs", type=int, default=3,
+                         "(0:100,10:60,5:20)")
+    ap.add_argument("--modes", default="default,stored")
+    ap.add_argument("--knob", choices=("compute", "layers"), default="compute")
+    ap.add_argument("--min-time", type=float,
+                    help="seconds of timed rounds per measurement (default: the config's "
+                         "default, measure.min_time)")
+    ap.add_argument("--baseline-runs", type=int, default=1,
                     help="pushes to main measured before the trials (baseline history)")
     ap.add_argument("--json", metavar="PATH", help="also write every trial here")
     args = ap.parse_args()
     counts = {int(pct): int(n or args.trials)
               for pct, _, n in (x.partition(":") for x in args.levels.split(","))}
-    levels = list(counts)
     modes = args.modes.split(",")
 
     repo = Path(tempfile.mkdtemp(prefix="gk-detect-"))
-    (repo / "gatekeeper.toml").write_text(CONFIG.format(min_time=args.min_time))
-    set_slowdown(repo, 0)
-    for cmd in (["init", "-q", "-b", "main"], ["add", "."],
-                ["-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm",
-                 "base"]):
-        sh("git", *cmd, cwd=repo)
-    print(f"work dir {repo}; baseline of main", file=sys.stderr)
+    measure = (f"[tool.gatekeeper.measure]\nmin_time = {args.min_time}\n"
+               if args.min_time else "")
+    (repo / "gatekeeper.toml").write_text(CONFIG.format(measure=measure))
+    (repo / ".gitignore").write_text("store/\nbase/\ntrial/\n")
+    set_slowdown(repo, 0, args.knob)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "base")
+    print(f"work dir {repo}; baseline of main ({args.knob} knob)", file=sys.stderr)
     gk("compile", cwd=repo)
-    for _ in range(args.baseline_runs):  # main's history: the runner's drift between runs
-        gk("check", "--out", "base", cwd=repo)
+    for _ in range(args.baseline_runs):
+        gk("check", "--mode", "stored", "--out", "base", cwd=repo)
         gk("baseline", "--results", "base/results.json", "--ref", "main", cwd=repo)
+    git(repo, "checkout", "-qb", "pr")
 
     trials: list[dict] = []
-    for pct in levels:
-        set_slowdown(repo, pct)
+    for pct, n_trials in counts.items():
+        set_slowdown(repo, pct, args.knob)
+        git(repo, "commit", "-qam", f"pr {pct}%", "--allow-empty")
         gk("compile", cwd=repo)  # each trial then starts warm, as a PR's CI does
         for mode in modes:
-            for n in range(counts[pct]):
-                extra = ["--paired", "main"] if mode == "paired" else []
+            for n in range(n_trials):
+                extra = ["--mode", "stored"] if mode == "stored" else []
                 start = time.monotonic()
                 proc = gk("run", "--json", "--base-ref", "main", "--out", f"trial/{mode}",
                           *extra, cwd=repo)
                 took = time.monotonic() - start
-                doc = json.loads(proc.stdout)
-                (t,) = doc["targets"]
+                (t,) = json.loads(proc.stdout)["targets"]
+                results = json.loads((repo / f"trial/{mode}/results.json").read_text())
+                (r,) = results["targets"]
                 lat = t.get("latency") or {}
-                trial = {"mode": mode, "slowdown": pct, "trial": n, "verdict": t["verdict"],
-                         "delta": lat.get("delta"), "remeasured": t.get("remeasured"),
-                         "seconds": took}
+                disturbance = (r.get("latency") or {}).get("disturbance") or {}
+                runs = (r.get("latency") or {}).get("runs") or [1]
+                trial = {"mode": mode, "decided_by": t.get("mode"), "slowdown": pct,
+                         "trial": n, "verdict": t["verdict"], "delta": lat.get("delta"),
+                         "latency_verdict": lat.get("verdict"),
+                         "by_latency": any(x.startswith("latency") and "(significant" in x
+                                           for x in t["reasons"]),
+                         "by_counters": any("FLOPs" in x or "bytes accessed" in x
+                                            for x in t["reasons"]),
+                         "remeasured": t.get("remeasured"), "seconds": took,
+                         "timed_seconds": (disturbance.get("seconds") or 0) * len(runs),
+                         "disturbed": t.get("disturbed")}
                 trials.append(trial)
                 delta = "-" if trial["delta"] is None else f"{trial['delta']:+.1%}"
-                print(f"{mode} {pct}% #{n + 1}: {t['verdict']} Δ {delta} ({took:.0f} s)",
+                print(f"{mode} {pct}% #{n + 1}: {t['verdict']} Δ {delta} "
+                      f"({took:.0f} s{', disturbed' if trial['disturbed'] else ''})",
                       file=sys.stderr)
-    set_slowdown(repo, 0)
 
     rows = []
     for mode in modes:
-        for pct in levels:
+        for pct in counts:
             ts = [t for t in trials if t["mode"] == mode and t["slowdown"] == pct]
             flagged = sum(t["verdict"] == "regressed" for t in ts)
             deltas = [t["delta"] for t in ts if t["delta"] is not None]
-            rows.append([mode, f"{pct}%", len(ts), f"{flagged}/{len(ts)}",
-                         f"{flagged / len(ts):.0%}",
+            decided = sorted({t["decided_by"] for t in ts if t["decided_by"]})
+            rows.append([mode, "/".join(decided) or "-", f"{pct}%", len(ts),
+                         f"{flagged}/{len(ts)} ({flagged / len(ts):.0%})",
+                         sum(t["by_latency"] for t in ts), sum(t["by_counters"] for t in ts),
+                         sum(t["verdict"] == "inconclusive" for t in ts),
                          f"{statistics.median(deltas):+.1%}" if deltas else "-",
+                         f"{statistics.median(t['timed_seconds'] for t in ts):.0f} s",
                          f"{statistics.median(t['seconds'] for t in ts):.0f} s",
-                         sum(bool(t["remeasured"]) for t in ts)])
-    print(tabulate(rows, headers=["mode", "slowdown", "trials", "flagged", "share",
-                                  "median Δ", "time/trial", "re-measured"]))
-    print(f"\nmeasure.min_time = {args.min_time} s per measurement; 2 CPU cores; "
-          f"torch via {sys.executable}")
+                         sum(bool(t["remeasured"]) for t in ts),
+                         sum(bool(t["disturbed"]) for t in ts)])
+    print(tabulate(rows, headers=["mode", "decided by", "slowdown", "trials", "regressed",
+                                  "by latency", "by counters", "inconclusive", "median Δ",
+                                  "timed/target", "time/trial", "re-measured", "disturbed"]))
+    print(f"\nknob: {args.knob}; measure.min_time = {args.min_time or 'default'}; "
+          f"{args.baseline_runs} baseline run(s) of main; torch via {sys.executable}")
     if args.json:
         Path(args.json).write_text(json.dumps(trials, indent=2))
 
