@@ -33,6 +33,12 @@ def reference_path(out_dir: Path, target_id: str) -> Path:
     return out_dir / "references" / (target_id.replace("/", "__") + ".pt")
 
 
+def trace_path(out_dir: Path, target_id: str) -> Path:
+    """The Chrome trace of the target's compiled call, gzipped (Perfetto and
+    chrome://tracing open it); paired: ``.base.json.gz`` beside it."""
+    return out_dir / "traces" / (target_id.replace("/", "__") + ".json.gz")
+
+
 @dataclass(frozen=True)
 class PairedBase:
     """Where paired mode's base version was checked out."""
@@ -74,12 +80,14 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
             log.warning("%s: baseline outputs unavailable: %s", target.id, e)
         ref_out = reference_path(out_dir, target.id)
         ref_out.parent.mkdir(parents=True, exist_ok=True)
+        trace = trace_path(out_dir, target.id)
+        trace.parent.mkdir(parents=True, exist_ok=True)
         request = Request.for_target(
             "measure", target, config, key.device, budget=config.measure,
             parity=config.gate_for(target.model).parity,
             baseline_reference=str(base_reference) if base_reference else None,
             reference_out=str(ref_out),
-            paired_base_dir=str(paired.base_dir) if paired else None)
+            paired_base_dir=str(paired.base_dir) if paired else None, trace_out=str(trace))
         resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
                            verbose=verbose, label=target.id)
     if not resp.ok:
@@ -90,6 +98,9 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
     if paired and base_key and resp.paired:
         pair = {"base_ref": paired.ref, "base_commit": paired.commit,
                 "code_hash": base_key.code_hash, **resp.paired}
+        if pair.get("profile"):
+            base_trace = trace.with_name(trace.name.replace(".json.gz", ".base.json.gz"))
+            pair["profile"]["trace"] = os.path.relpath(base_trace, out_dir)
     if cache_status == "hit" and counters.get("fxgraph_cache_miss") and \
             not counters.get("fxgraph_cache_hit"):
         cache_status = "stale"  # the key said hit, inductor missed every graph
@@ -101,6 +112,8 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
                                              "autograd_cache_hit", "autograd_cache_miss")}},
         graphs=resp.graphs, latency=resp.latency, memory=resp.memory,
         parity=resp.parity, paired=pair, work=resp.work,
+        profile={**resp.profile, "trace": os.path.relpath(trace, out_dir)} if resp.profile
+        else None,
         reference=ReferenceOutputs(file=os.path.relpath(ref_out, out_dir),
                                    sha256=sha256_bytes(data), size=len(data)))
 

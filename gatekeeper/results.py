@@ -119,6 +119,21 @@ class Work(_Doc):
     instructions: int | Literal["unavailable"] | None = None  # one compiled call
 
 
+class ProfileOp(_Doc):
+    name: str
+    self_us: float  # self time per call, microseconds (device time on CUDA)
+    count: float  # times it ran per call
+
+
+class Profile(_Doc):
+    """Where the compiled call spends its time: the top operators by self time."""
+
+    calls: int
+    device_time: bool = False
+    ops: list[ProfileOp] = Field(default_factory=list)
+    trace: str | None = None  # Chrome trace, relative to the results file
+
+
 class ParityCheck(_Doc):
     passed: bool
     method: str  # allclose | fp64-rmse | cosine | nan-inf | structure | dtype | shape | failed
@@ -151,6 +166,7 @@ class Paired(_Doc):
     graphs: Graphs
     samples: list[float]  # base compiled latency; index i pairs with latency.samples["compiled"][i]
     work: Work | None = None  # the base version's counters, measured in the same process
+    profile: Profile | None = None  # the base version's, profiled in the same process
 
 
 class TargetResult(_Doc):
@@ -169,6 +185,7 @@ class TargetResult(_Doc):
     reference: ReferenceOutputs | None = None
     paired: Paired | None = None
     work: Work | None = None
+    profile: Profile | None = None
     mode: Literal["paired", "stored"] | None = None  # what decided this target's timing
     measured_at: str | None = None
 

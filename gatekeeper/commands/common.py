@@ -62,6 +62,10 @@ def add_gate_flags(p: argparse.ArgumentParser) -> None:
                         "results)")
     p.add_argument("--require-baseline", action="store_true",
                    help="a target without a baseline fails (exit 1)")
+    p.add_argument("--profile", action="store_true",
+                   help="show every target's profile diff in the report (by default only "
+                        "targets whose timing got worse); Chrome traces are always written "
+                        "to traces/ beside results.json")
     p.add_argument("--accept", metavar="GLOB", action="append", default=[],
                    help="targets whose regression this change makes on purpose: regressed "
                         "becomes accepted (exit 0); never a parity failure (repeatable; a "
@@ -143,6 +147,7 @@ class Context:
         from ..github.announce import announce
         from ..report import summary_line, write_report
 
+        report.profile_all = bool(getattr(self.args, "profile", False))
         markdown, doc = write_report(report, report_path)
         if self.args.json:
             self.emit(doc | {"report": str(report_path)})

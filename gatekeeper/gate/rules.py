@@ -347,6 +347,7 @@ class GateReport:
     remeasured: list[str] = field(default_factory=list)  # borderline targets measured again
     creator: dict = field(default_factory=dict)
     mode_reason: str | None = None  # how the run chose paired or stored mode
+    profile_all: bool = False  # show every target's profile diff, not only the slower ones
 
 
 def build_report(results: list[TargetResult], baselines: dict[str, Baseline | None],

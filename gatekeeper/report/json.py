@@ -7,8 +7,9 @@ from typing import Any
 
 from ..gate import GateReport, GateRow
 from ..results import TargetResult
-from .markdown import (_base, _breaks, _compile_s, _p50, _recompiles, _speedup, counts,
-                       summary_line)
+from .markdown import (_base, _breaks, _compile_s, _p50, _recompiles, _speedup,
+                       base_profile, counts, summary_line)
+from .profile import diff as profile_diff
 
 REPORT_SCHEMA = "gatekeeper.report/1"
 
@@ -73,6 +74,11 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "work": _side(dump(base.work) if base else None, dump(r.work)),
         "base_commit_work": dump(r.paired.work) if r.paired else None,
         "mode": v.mode,
+        "profile": _side(dump(base_profile(row)), dump(r.profile)),
+        "profile_diff": [{"name": c.name, "base_us": c.base_us, "pr_us": c.pr_us,
+                          "delta_us": c.delta_us, "ratio": c.ratio}
+                         for c in profile_diff(base_profile(row), r.profile)]
+        if base_profile(row) is not None and r.profile is not None else None,
         "disturbed": v.disturbed,
         "detectable": v.detectable,
         "env_key": r.env_key,

@@ -26,6 +26,7 @@ from tabulate import tabulate
 
 from ..gate import ORDER, GateReport, GateRow
 from ..gate.drift import normalised_latency
+from .profile import diff as profile_diff
 from .trend import sparkline
 from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
 
@@ -449,6 +450,41 @@ def _count(n: int | str | None) -> str:
     return str(n)
 
 
+def base_profile(row: GateRow):
+    r = row.result
+    return r.paired.profile if r.paired else (_base(row).profile if _base(row) else None)
+
+
+def shows_profile(row: GateRow, everything: bool = False) -> bool:
+    """A profile diff for a target whose timing got worse (or every one, ``--profile``)."""
+    if row.result.profile is None or base_profile(row) is None:
+        return False
+    timing = [c for c in (row.verdict.latency, row.verdict.speedup) if c]
+    slower = any(c.get("verdict") in ("regressed", "borderline") or
+                 c.get("delta", 0) > c.get("threshold", 1) for c in timing)
+    return everything or (row.verdict.verdict in ("regressed", "inconclusive", "accepted")
+                          and slower)
+
+
+def _profile_section(row: GateRow, everything: bool) -> list[str]:
+    if not shows_profile(row, everything):
+        return []
+    base, pr = base_profile(row), row.result.profile
+    rows = [[md_text(c.name, 80), fmt_time(c.base_us * 1e-6), fmt_time(c.pr_us * 1e-6),
+             fmt_time(c.delta_us * 1e-6) if c.delta_us >= 0 else "-" + fmt_time(-c.delta_us * 1e-6),
+             fmt_pct(c.ratio) if c.ratio is not None else "new"]
+            for c in profile_diff(base, pr)]
+    unit = "device" if pr.device_time else "CPU"
+    out = [f"**Where the time went** ({unit} self time per call, torch.profiler over "
+           f"{pr.calls} calls; {'the base commit' if row.result.paired else 'the baseline'} "
+           "→ this run)\n", _table(rows, ["operator", "base", "PR", "Δ", "Δ%"])]
+    traces = [t for t in (base.trace if row.result.paired else None, pr.trace) if t]
+    if traces:
+        out.append("\nChrome traces (open in Perfetto or chrome://tracing): "
+                   + ", ".join(md_code(t) for t in traces))
+    return out + [""]
+
+
 def _parity_table(r: TargetResult) -> str | None:
     if r.parity is None:
         return None
@@ -496,7 +532,7 @@ def _breaks_section(row: GateRow) -> list[str]:
     return out
 
 
-def _details(row: GateRow) -> str:
+def _details(row: GateRow, everything: bool = False) -> str:
     r, v = row.result, row.verdict
     base = _base(row)
     parts = [f"<details><summary>{html.escape(r.target)} — {_verdict_label(v.verdict)}"
@@ -517,6 +553,7 @@ def _details(row: GateRow) -> str:
         parts += [f"- {md_text(x, MAX_REASON_CHARS)}" for x in v.notes]
         parts.append("")
     parts += _breaks_section(row)
+    parts += _profile_section(row, everything)
     for title, table in (("Latency", _latency_table(row)),
                          ("Latency comparison", _comparison_table(row)),
                          ("Compile", _compile_table(row)),
@@ -653,7 +690,7 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper",
         if block:
             tail.append(block)
 
-    sections = [_details(r) for r in rows] if details else []
+    sections = [_details(r, report.profile_all) for r in rows] if details else []
 
     def assemble(kept: list[str], dropped: int) -> str:
         parts = list(head)

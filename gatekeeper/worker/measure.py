@@ -16,6 +16,7 @@ from .counters import (flops, inductor_metrics, instructions, record_inductor_me
 from .graphs import graph_breaks
 from .memory import peak_memory
 from .model import build_model, make_inputs, other_version
+from .profile import profile_calls
 from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
 from .protocol import Request, Response
 from .timing import first_call, latency
@@ -84,10 +85,16 @@ def measure(req: Request) -> Response:
                   "compiled_peak_bytes": peak_memory(lambda: compiled(*inputs), device)}
         lat = latency(lambda: model(*inputs), lambda: compiled(*inputs), device,
                       req.budget.model_dump(), base=base_fn)
+        prof = profile_calls(lambda: compiled(*inputs), device, trace=req.trace_out)
+        if base_fn is not None and paired is not None:
+            paired["profile"] = profile_calls(
+                base_fn, device, trace=req.trace_out.replace(".json.gz", ".base.json.gz")
+                if req.trace_out else None)
     # frames compiled after the head's first call, not counting the base model's own
     graphs["recompiles"] = counters["frames"].get("ok", 0) - frames_after_compile - base_frames
     if paired is not None:
         paired["samples"] = lat["samples"].pop("base")
     return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
                     parity=parity, memory=memory, latency=lat, paired=paired, work=work,
+                    profile=prof,
                     pid=os.getpid(), torch=torch.__version__)

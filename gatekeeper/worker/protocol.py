@@ -43,6 +43,7 @@ class Request(_Msg):
     baseline_reference: str | None = None  # measure: the baseline's reference outputs
     reference_out: str | None = None  # measure: write this run's reference outputs here
     paired_base_dir: str | None = None  # measure: the base version's config folder
+    trace_out: str | None = None  # measure: Chrome trace of the compiled call (".base" too)
 
     @classmethod
     def for_target(cls, action: str, target: Target, config: Config, device: str,
@@ -76,6 +77,7 @@ class Response(_Msg):
     latency: dict[str, Any] | None = None
     paired: dict[str, Any] | None = None
     work: dict[str, Any] | None = None  # measure: deterministic work counters
+    profile: dict[str, Any] | None = None  # measure: top operators by self time
     pid: int | None = None
 
     @classmethod

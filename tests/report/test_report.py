@@ -278,7 +278,8 @@ TARGET_KEYS = {"target", "model", "device", "verdict", "status", "error", "reaso
                "latency_summary", "speedup", "compile", "compile_s", "graphs", "graph_breaks",
                "break_reasons", "new_breaks", "recompiles", "memory", "parity", "cache",
                "env_key", "code_hash", "base_code_hash", "baseline", "compile_state", "work",
-               "base_commit_work", "mode", "disturbed", "detectable"}
+               "base_commit_work", "mode", "disturbed", "detectable", "profile",
+               "profile_diff"}
 COMPARISON_KEYS = {"ratio", "delta", "ci_lo", "ci_hi", "p_value", "significant", "verdict",
                    "threshold", "n_base", "n_pr", "paired", "test", "unit"}
 
@@ -291,7 +292,7 @@ def test_json_schema_is_stable(rep):
     for t in doc["targets"]:
         assert set(t) == TARGET_KEYS, t["target"]
         for side in ("p50_s", "latency_summary", "speedup", "compile", "compile_s", "graphs",
-                     "graph_breaks", "recompiles", "memory", "compile_state", "work"):
+                     "graph_breaks", "recompiles", "memory", "compile_state", "work", "profile"):
             assert set(t[side]) == {"base", "pr"}
     reg = next(t for t in doc["targets"] if t["verdict"] == "regressed")
     assert set(reg["latency"]) == COMPARISON_KEYS | {"normalised"}
