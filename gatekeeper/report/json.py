@@ -9,9 +9,14 @@ from ..gate import GateReport, GateRow
 from ..results import TargetResult
 from .markdown import (_base, _breaks, _compile_s, _p50, _recompiles, _speedup,
                        base_profile, counts, summary_line)
+from .advice import advise
 from .profile import diff as profile_diff
 
 REPORT_SCHEMA = "gatekeeper.report/1"
+
+
+def _calls(n: float | None) -> float | str | None:
+    return "never" if n is not None and math.isinf(n) else n
 
 
 
@@ -106,6 +111,14 @@ def report_json(report: GateReport) -> dict:
         "creator": dict(report.creator or {}),
         "targets": [_target_json(row, remeasured) for row in report.rows],
         "removed": list(report.removed),
+        "mode_advice": [{"model": a.model, "shapes": a.shapes, "serving": a.serving,
+                         "serving_rule": a.serving_rule, "short_job": a.short_job,
+                         "short_job_rule": a.short_job_rule,
+                         "modes": [{**f.__dict__, "speedup": f.speedup,
+                                    "break_even_cold": _calls(f.break_even(f.cold_s)),
+                                    "break_even_warm": _calls(f.break_even(f.warm_s))}
+                                   for f in a.modes]}
+                        for a in advise([row.result for row in report.rows])],
         "remeasured": list(report.remeasured),
     }
     return _json_safe(doc)

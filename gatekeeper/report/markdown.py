@@ -26,6 +26,7 @@ from tabulate import tabulate
 
 from ..gate import ORDER, GateReport, GateRow
 from ..gate.drift import normalised_latency
+from .advice import Advice, advise
 from .profile import diff as profile_diff
 from .trend import sparkline
 from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
@@ -632,6 +633,36 @@ def _failures(rows: list[GateRow]) -> str | None:
     return "\n".join(items) if items else None
 
 
+def _calls(n: float | None) -> str:
+    if n is None:
+        return DASH
+    return "never" if math.isinf(n) else f"{math.ceil(n):,}"
+
+
+def _advice_block(a: Advice) -> str:
+    rows = [[md_code(f.mode, table=True), fmt_time(f.cold_s), fmt_time(f.warm_s),
+             fmt_time(f.p50), f"{f.speedup:.2f}x", fmt_mib(f.peak),
+             f"{_calls(f.break_even(f.cold_s))} / {_calls(f.break_even(f.warm_s))}",
+             "" if f.ok else "❌ parity"] for f in a.modes]
+    table = _table(rows, ["mode", "compile cold", "compile warm", "p50", "speedup vs eager",
+                          "peak MiB", "break-even calls (cold / warm)", ""])
+    lines = [f"**{md_text(a.model)} / {md_text(a.shapes)}**", "", table, ""]
+    if a.serving:
+        lines.append(f"- serving: {md_code(a.serving)} — {md_text(a.serving_rule)}")
+    if a.short_job:
+        lines.append(f"- short jobs: {md_code(a.short_job)} — {md_text(a.short_job_rule)}")
+    return "\n".join(lines)
+
+
+def _mode_advice(report: GateReport) -> str | None:
+    blocks = [_advice_block(a) for a in advise([row.result for row in report.rows])]
+    if not blocks:
+        return None
+    return "\n\n".join(["### Which mode?", "<sub>Break-even: compile time ÷ time saved per "
+                          "call against eager. Cold: an empty cache; warm: after a warm start "
+                          "from the bundle.</sub>", *blocks])
+
+
 def _target_list(title: str, targets: list[str], note: str = "") -> str | None:
     if not targets:
         return None
@@ -677,6 +708,9 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper",
         failed = any(r.verdict.verdict in FAILING for r in rows)
         head += ["**Why it failed**" if failed else "**What needs a look**", failures]
 
+    advice = _mode_advice(report)
+    if advice:
+        head.append(advice)
     tail = []
     added = [r.result.target for r in rows if r.baseline is None]
     for block in (

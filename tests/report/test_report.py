@@ -272,7 +272,7 @@ def test_size_cap_last_resort():
 # -------------------------------------------------------------------------------- JSON
 
 TOP_KEYS = {"schema", "verdict", "exit_code", "base_ref", "summary", "counts", "creator",
-            "targets", "removed", "remeasured", "mode_reason"}
+            "targets", "removed", "remeasured", "mode_reason", "mode_advice"}
 TARGET_KEYS = {"target", "model", "device", "verdict", "status", "error", "reasons", "notes",
                "borderline", "remeasured", "latency", "speedup_comparison", "p50_s",
                "latency_summary", "speedup", "compile", "compile_s", "graphs", "graph_breaks",
