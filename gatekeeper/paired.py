@@ -69,12 +69,13 @@ def resolve_base(ref: str, config_dir: Path) -> tuple[str | None, str]:
     root = _try_git(config_dir, "rev-parse", "--show-toplevel")
     if root is None:
         return None, f"{config_dir} is not in a git checkout"
-    candidates = [c for c in (_event_base_sha(), ref, f"origin/{ref}",
-                              f"refs/remotes/origin/{ref}") if c]
-    for cand in candidates:
+    event_sha = _event_base_sha()
+    candidates = [(event_sha, f"{ref} (the pull request's base commit)")] if event_sha else []
+    candidates += [(c, c) for c in (ref, f"origin/{ref}", f"refs/remotes/origin/{ref}")]
+    for cand, how in candidates:
         commit = _try_git(Path(root), "rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}")
         if commit:
-            return commit, cand
+            return commit, how
     return None, (f"the base {ref!r} is not in this checkout (fetch it, e.g. "
                   f"`git fetch --depth=1 origin {ref}`)")
 
