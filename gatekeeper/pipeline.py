@@ -8,12 +8,14 @@ from pathlib import Path
 from .check import check_all
 from .compile import compile_all
 from .config import Config
+from .errors import StoreError
 from .gate import GateReport
 from .gate.baseline import publish_results
 from .gate.judge import judge
 from .gate.drift import merge_latency
 from .results import Results, write_results
 from .store import Store
+from .store.base import store_error
 from .targets import Target
 
 
@@ -30,8 +32,15 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
         require_baseline: bool = False) -> RunOutcome:
     """Compile every target (publishing bundles the store lacks), measure, gate; a target
     whose timing is borderline is measured once more in a new process (a second run) and
-    gated again on both runs."""
-    compile_all(targets, config, store, verbose=verbose)
+    gated again on both runs.
+
+    A store that fails during compile ends the run (StoreError, exit 2) before anything
+    is measured: a cold measurement gated without baselines would pass.
+    """
+    for compiled in compile_all(targets, config, store, verbose=verbose):
+        if compiled.error_kind == "store":
+            raise store_error(store.uri, StoreError(compiled.error or "failed"),
+                              f"{compiled.target}: compile")
     results = check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
                         cold=cold, verbose=verbose, paired_ref=paired_ref, shard=shard)
     path = write_results(results, out_dir)

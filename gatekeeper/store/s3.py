@@ -110,19 +110,23 @@ class S3Backend(Backend):
 
         endpoint_url = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                         or os.environ.get("AWS_ENDPOINT_URL") or None)
-        session = boto3.session.Session()
-        config = Config(
-            region_name=region or session.region_name or DEFAULT_REGION,
-            retries={"mode": "standard", "total_max_attempts": self._max_attempts},
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_pool_connections=max(10, self._concurrency),
-            # S3-compatible servers often reject the CRC trailers newer botocore adds
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            s3={"addressing_style": "path"} if endpoint_url else None,
-        )
-        self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
+        try:
+            session = boto3.session.Session()
+            config = Config(
+                region_name=region or session.region_name or DEFAULT_REGION,
+                retries={"mode": "standard", "total_max_attempts": self._max_attempts},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                max_pool_connections=max(10, self._concurrency),
+                # S3-compatible servers often reject the CRC trailers newer botocore adds
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                s3={"addressing_style": "path"} if endpoint_url else None,
+            )
+            self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
+        except (BotoCoreError, ValueError) as e:
+            # an unknown AWS_PROFILE (ProfileNotFound), a malformed endpoint URL (ValueError)
+            raise StoreError(f"cannot open S3 store {self.uri}: {e}") from e
         self.endpoint_url: str = self._client.meta.endpoint_url
 
     # -- keys and errors ---------------------------------------------------------------
