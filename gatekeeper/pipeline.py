@@ -2,6 +2,7 @@
 compile, check, gate, re-measure what was borderline, and publish when asked."""
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
     gated again on both runs.
 
     A store that fails during compile ends the run (StoreError, exit 2) before anything
-    is measured: a cold measurement gated without baselines would pass.
+    is measured: a cold measurement gated without baselines would pass. A re-measure
+    keeps the first run's reference outputs, so the results' sha256 still names the
+    file in ``out_dir`` (which ``run --publish`` stores as the baseline's).
     """
     for compiled in compile_all(targets, config, store, verbose=verbose):
         if compiled.error_kind == "store":
@@ -50,9 +53,11 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
     if borderline:
         by_id = {t.id: t for t in targets}
         for row in borderline:
-            (again,) = check_all([by_id[row.result.target]], config, store, out_dir=out_dir,
-                                 base_ref=base_ref, cold=cold, verbose=verbose,
-                                 paired_ref=paired_ref).targets
+            # the second run's outputs go to a scratch folder: only its timings are kept
+            with tempfile.TemporaryDirectory(prefix="gk-remeasure-") as scratch:
+                (again,) = check_all([by_id[row.result.target]], config, store,
+                                     out_dir=Path(scratch), base_ref=base_ref, cold=cold,
+                                     verbose=verbose, paired_ref=paired_ref).targets
             if again.status == "ok" and row.result.latency and again.latency:
                 row.result.latency = merge_latency(row.result.latency, again.latency)
                 if row.result.paired and again.paired:
