@@ -241,8 +241,12 @@ def install_cache(staging: Path, cache_dir: Path) -> int:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest.parent)
         os.close(fd)
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o755 if dest.suffix == ".so" else 0o644)
-        os.replace(tmp, dest)
+        try:
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, 0o755 if dest.suffix == ".so" else 0o644)
+            os.replace(tmp, dest)
+        except BaseException:  # a full disk: leave no partial file behind
+            os.unlink(tmp)
+            raise
         written += 1
     return written

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 
@@ -45,7 +46,56 @@ def _setup_logging(verbose: bool) -> None:
     root.propagate = False
 
 
+class _Stdout:
+    """``sys.stdout`` while a command runs. When the reader goes away (``| head``: EPIPE),
+    the rest of the output goes to /dev/null and the command carries on: it still writes
+    its files and exits with its own code. Exit codes here carry the verdict (1 is
+    "regressed"), so neither Python's usual 1 nor a shell's 141 for SIGPIPE would do:
+    ``gatekeeper gate | head`` must still fail on a regression and pass on a pass."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.reader_gone = False
+
+    def _gone(self) -> None:
+        self.reader_gone = True
+        try:  # what is still buffered, and Python's flush at exit, go nowhere
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # not a real file (tests' capture)
+            pass
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    stdout = sys.stdout
+    sys.stdout = guard = _Stdout(stdout)  # type: ignore[assignment]
+    try:
+        return _main(argv)
+    finally:  # also after --help or a usage error (SystemExit)
+        guard.flush()
+        sys.stdout = stdout
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(getattr(args, "verbose", False))
     ctx = common.Context(args)

@@ -2,19 +2,23 @@
 compile, check, gate, re-measure what was borderline, and publish when asked."""
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .check import check_all
 from .compile import compile_all
 from .config import Config
+from .errors import StoreError
 from .gate import GateReport
 from .gate.baseline import publish_results
+from .gate.drift import merge_latency
 from .gate.judge import judge
 from .paired import Mode, choose_mode
-from .gate.drift import merge_latency
-from .results import Results, write_results
+from .results import Results, TargetResult, write_results
 from .store import Store
+from .store.base import store_error
 from .targets import Target
 
 
@@ -31,8 +35,17 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
         accept: list[str] | None = None) -> RunOutcome:
     """Compile every target (publishing bundles the store lacks), measure, gate. A target
     whose timing is borderline is measured once more in a new process and gated again on
-    both runs; a stored-mode one is re-measured paired when the base commit is there."""
-    compile_all(targets, config, store, verbose=verbose)
+    both runs; a stored-mode one is re-measured paired when the base commit is there.
+
+    A store that fails during compile ends the run (StoreError, exit 2) before anything
+    is measured: a cold measurement gated without baselines would pass. A re-measure
+    keeps the first run's reference outputs, so the results' sha256 still names the
+    file in ``out_dir`` (which ``run --publish`` stores as the baseline's).
+    """
+    for compiled in compile_all(targets, config, store, verbose=verbose):
+        if compiled.error_kind == "store":
+            raise store_error(store.uri, StoreError(compiled.error or "failed"),
+                              f"{compiled.target}: compile")
     results = check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
                         mode=mode, cold=cold, verbose=verbose, shard=shard)
     path = write_results(results, out_dir)
@@ -46,23 +59,40 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
             pairable = choose_mode("auto", base_ref, config.base_dir)
             again_mode = pairable if pairable.name == "paired" else mode
         for row in borderline:
-            (again,) = check_all([by_id[row.result.target]], config, store, out_dir=out_dir,
-                                 base_ref=base_ref, mode=again_mode, cold=cold,
-                                 verbose=verbose).targets
-            if again.status != "ok" or not row.result.latency or not again.latency:
-                continue
-            if again.paired and not row.result.paired:  # paired decides from now on
-                index = results.targets.index(row.result)
-                results.targets[index] = row.result = again
-            else:
-                row.result.latency = merge_latency(row.result.latency, again.latency)
-                if row.result.paired and again.paired:
-                    row.result.paired.samples += again.paired.samples
+            # the second run's outputs go to a scratch folder: only its timings are kept,
+            # unless it was paired where the first was not (pairing decides from then on)
+            with tempfile.TemporaryDirectory(prefix="gk-remeasure-") as scratch:
+                (again,) = check_all([by_id[row.result.target]], config, store,
+                                     out_dir=Path(scratch), base_ref=base_ref,
+                                     mode=again_mode, cold=cold, verbose=verbose).targets
+                if again.status != "ok" or not row.result.latency or not again.latency:
+                    continue
+                if again.paired and not row.result.paired:
+                    _keep_files(again, Path(scratch), out_dir)
+                    results.targets[results.targets.index(row.result)] = row.result = again
+                    continue
+            row.result.latency = merge_latency(row.result.latency, again.latency)
+            if row.result.paired and again.paired:
+                row.result.paired.samples += again.paired.samples
         write_results(results, out_dir)
         report = judge(results, config, store, base_ref=base_ref,
                        require_baseline=require_baseline, accept=accept)
         report.remeasured = [row.result.target for row in borderline]
     return RunOutcome(results, path, report)
+
+
+def _keep_files(result: TargetResult, scratch: Path, out_dir: Path) -> None:
+    """Move a result's reference outputs and traces from ``scratch`` into ``out_dir``
+    (the same relative paths, so its sha256 and trace names stay right)."""
+    names = [result.reference.file] if result.reference else []
+    for profile in (result.profile, result.paired.profile if result.paired else None):
+        if profile is not None and profile.trace:
+            names.append(profile.trace)
+    for name in names:
+        src, dest = scratch / name, out_dir / name
+        if src.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(src, dest)
 
 
 def publish(outcome: RunOutcome, store: Store, ref: str) -> list[dict]:

@@ -95,14 +95,38 @@ def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *
     return result
 
 
+def cold(targets: list[Target], e: BaseException) -> list[WarmResult]:
+    """Best effort's last word: every target a miss, said once."""
+    reason = _reason(e)
+    log.warning("warm start failed: %s; every target will compile cold", reason)
+    return [WarmResult(t.id, "miss", reason=reason) for t in targets]
+
+
+def _reason(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if isinstance(e, (StoreError, BundleError)) else f"{type(e).__name__}: {text}"
+
+
 def warm_targets(targets: list[Target], config: Config, store: Store,
                  cache_dir: Path | None = None) -> list[WarmResult]:
-    if cache_dir is not None:
-        # inductor reads this on every lookup: the Mega-Cache load lands there too
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
-    cache = default_cache_dir()
-    key = signing_key()
-    return [warm_target(t, config, store, cache, signing_key=key) for t in targets]
+    """Warm every target; best effort: any failure (the store, the network, a full or
+    unwritable cache disk, a bug) is a warning and a ``miss``, never an exception."""
+    try:
+        if cache_dir is not None:
+            # inductor reads this on every lookup: the Mega-Cache load lands there too
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
+        cache = default_cache_dir()
+        key = signing_key()
+    except Exception as e:  # noqa: BLE001 - best effort
+        return cold(targets, e)
+    results = []
+    for t in targets:
+        try:
+            results.append(warm_target(t, config, store, cache, signing_key=key))
+        except Exception as e:  # noqa: BLE001 - best effort: the deploy compiles cold
+            log.warning("%s; %s will compile cold", _reason(e), t.id)
+            results.append(WarmResult(t.id, "miss", reason=_reason(e)))
+    return results
 
 
 def probe(target: Target, config: Config, cache_dir: Path, *, verbose: bool = False):
@@ -129,8 +153,11 @@ def warm_start(config: Config | str | os.PathLike | None = None, *,
 
     ``config`` is a path (default: ``gatekeeper.toml`` or ``pyproject.toml`` here) or a
     loaded Config; ``store`` overrides the configured store (a URI or a Store);
-    ``targets`` are globs over target ids (default: all). Never raises for a missing or
-    unreachable store or a bad bundle: those targets come back as ``miss``.
+    ``targets`` are globs over target ids (default: all). Once the config is read and
+    the targets chosen (a missing config or a bad glob raises ConfigError/UsageError),
+    it never raises: a store that cannot be opened or read (an unknown AWS profile, a
+    malformed endpoint URL, a missing bucket), a bad bundle, a full cache disk — each is
+    a warning and a ``miss``, and no temporary file is left behind.
     """
     cfg = config if isinstance(config, Config) else load_config(config)
     selected = select(expand(cfg), targets)
@@ -138,9 +165,8 @@ def warm_start(config: Config | str | os.PathLike | None = None, *,
         try:
             store = open_store(store or cfg.store, read_only=True,
                                endpoint_url=cfg.endpoint_url, base_dir=cfg.base_dir)
-        except StoreError as e:
-            log.warning("%s; every target will compile cold", e)
-            return [WarmResult(t.id, "miss", reason=str(e)) for t in selected]
+        except Exception as e:  # noqa: BLE001 - best effort
+            return cold(selected, e)
     return warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)
 
 

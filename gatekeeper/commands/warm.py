@@ -6,7 +6,7 @@ from pathlib import Path
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
-from ..warm import default_cache_dir, probe, warm_targets
+from ..warm import cold, default_cache_dir, probe, warm_targets
 from .common import Context, human_bytes
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
@@ -26,7 +26,14 @@ def register(sub, parents) -> None:
 
 def run(ctx: Context) -> int:
     cache_dir = Path(ctx.args.cache_dir).absolute() if ctx.args.cache_dir else None
-    results = warm_targets(ctx.targets, ctx.config, ctx.store, cache_dir)
+    targets = ctx.targets  # a config error is an error; the store is best effort
+    try:
+        store_uri = ctx.store.uri
+    except Exception as e:  # noqa: BLE001 - an unopenable store is a miss, never a crash
+        store_uri = ctx.args.store or ctx.config.store
+        results = cold(targets, e)
+    else:
+        results = warm_targets(targets, ctx.config, ctx.store, cache_dir)
     cache = cache_dir or default_cache_dir()
     docs = [r.as_dict() for r in results]
     if ctx.args.probe:
@@ -47,7 +54,7 @@ def run(ctx: Context) -> int:
                     step.done(f"error: {resp.error}")
     hits = sum(r.status == "hit" for r in results)
     announce_warm([r.status for r in results])
-    ctx.emit({"command": "warm", "store": ctx.store.uri, "cache_dir": str(cache),
+    ctx.emit({"command": "warm", "store": store_uri, "cache_dir": str(cache),
               "targets": docs},
              [{**d, "size": human_bytes(d.get("bundle_bytes"))} for d in docs],
              {"target": "target", "status": "status",

@@ -9,6 +9,7 @@ from ..config import Config
 from ..errors import StoreError
 from ..results import Baseline, Results
 from ..store import Store, baselines
+from ..store.base import store_error
 from .rules import GateReport, build_report
 
 log = logging.getLogger("gatekeeper.gate")
@@ -17,23 +18,24 @@ TREND_RUNS = 10  # the base branch's last baselines shown as a trend per target
 
 def judge(results: Results, config: Config, store: Store, *, base_ref: str,
           require_baseline: bool = False, accept: list[str] | None = None) -> GateReport:
-    """Gate ``results`` against ``base_ref``'s baselines. ``accept``: globs of target ids
-    whose regression the pull request accepts on purpose (``accepted``, exit 0)."""
+    """Gate every result against its baseline of ``base_ref``. ``accept``: globs of
+    target ids whose regression the pull request accepts on purpose (``accepted``).
+
+    "no-baseline" means the store answered that there is none. A store that cannot be
+    read (a missing bucket, bad credentials, an unreachable endpoint, a document that is
+    not a baseline) raises StoreError instead: gating as if there were no baseline would
+    pass every pull request.
+    """
     found: dict[str, Baseline | None] = {}
-    for r in results.targets:
-        try:
+    try:
+        for r in results.targets:
             found[r.target] = baselines.fetch(
                 store, baselines.BaselineKey(r.target, r.env_key, base_ref))
-        except StoreError as e:
-            log.warning("%s: no baseline: %s", r.target, e)
-            found[r.target] = None
-    measured = {r.target for r in results.targets}
-    try:
         with_baseline = baselines.targets_with_baseline(
             store, {r.env_key for r in results.targets}, base_ref)
     except StoreError as e:
-        log.warning("cannot list baselines: %s", e)
-        with_baseline = set()
+        raise store_error(store.uri, e, f"cannot read the baselines of {base_ref}") from e
+    measured = {r.target for r in results.targets}
     models = {m.name: m for m in config.models}
 
     def rules_for(target_id: str):
@@ -51,6 +53,6 @@ def judge(results: Results, config: Config, store: Store, *, base_ref: str,
             try:
                 key = baselines.BaselineKey(row.result.target, row.result.env_key, base_ref)
                 row.history = [d.result for d in baselines.history(store, key, TREND_RUNS)]
-            except StoreError as e:
+            except StoreError as e:  # the verdict stands; only the picture is missing
                 log.warning("%s: no trend: %s", row.result.target, e)
     return report

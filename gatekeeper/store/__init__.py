@@ -11,10 +11,14 @@ nothing of torch, and it does not trust what it reads (verification is bundle.py
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from ..errors import StoreError
 from .base import Backend, ObjectInfo
 from .layout import BundleLocation, FoundBundle, Store, StoredBundle
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
 __all__ = ["Backend", "BundleLocation", "FoundBundle", "ObjectInfo", "Store", "StoredBundle",
            "open_store"]
@@ -25,7 +29,12 @@ def open_store(uri: str, *, read_only: bool = False, endpoint_url: str | None = 
     """``s3://bucket/prefix`` opens S3; anything else is a local directory.
 
     A relative local path is taken relative to ``base_dir`` (the config file's folder).
+    Any other ``scheme:`` (``s3:/b``, ``S3://b``, ``gs://b``) is an error, not a folder
+    of that name: a typo must not read as an empty store.
     """
+    if _SCHEME.match(uri) and not uri.startswith("s3://"):
+        raise StoreError(f"store URI {uri!r} is neither s3://bucket/prefix nor a directory "
+                         "(write ./" + uri + " for a directory of that name)")
     if uri.startswith("s3://"):
         from .s3 import S3Backend  # boto3 is imported only when S3 is used
 

@@ -12,6 +12,8 @@ Conditional writes are what make publishing atomic:
 
 Backends raise :class:`~gatekeeper.errors.StoreError` (or ``StoreUnavailable``) with a
 one-line message for every failure they expect; absent objects are ``None``, not errors.
+So a caller can tell "the store answered: there is none" (``None``) from "the store
+could not be read" (an exception), and must not turn the second into the first.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import abc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from ..errors import StoreError
 
 
 @dataclass(frozen=True)
@@ -63,5 +67,22 @@ class Backend(abc.ABC):
     def delete(self, key: str) -> None:
         """Remove one object; absent is fine."""
 
+    def temporaries(self) -> Iterator[ObjectInfo]:
+        """What interrupted writes left behind: never an object, invisible to ``list``
+        and ``get``; ``delete`` removes one. S3 has none (an upload is invisible until
+        complete; incomplete multipart uploads are a lifecycle rule's job)."""
+        return iter(())
+
     def close(self) -> None:  # pragma: no cover - optional
         pass
+
+
+def store_error(uri: str, e: Exception, doing: str = "") -> StoreError:
+    """``e`` as one line that names the store (unless it does already) and what failed."""
+    text = str(e)
+    if uri not in text:
+        text = f"store {uri}: {text}"
+    if doing:
+        text = f"{doing}: {text}"
+    cls = type(e) if isinstance(e, StoreError) else StoreError
+    return cls(text)

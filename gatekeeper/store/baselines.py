@@ -148,12 +148,15 @@ def history(store: Store, key: BaselineKey, newest: int) -> list[Baseline]:
 
 
 def fetch(store: Store, key: BaselineKey) -> Baseline | None:
+    """The latest baseline, or None when the store says there is none; a store that
+    cannot be read, or a document that is not a baseline, raises StoreError."""
     got = store.read(key.latest)
     if got is None:
         return None
     doc = parse_doc(got[0])
     if doc is None:
-        raise StoreError(f"{key.latest}: not a valid gatekeeper baseline")
+        raise StoreError(f"{key.latest} in store {store.uri}: not a valid gatekeeper "
+                         "baseline (publish a new one with `gatekeeper baseline`)")
     return doc
 
 
@@ -177,12 +180,14 @@ def targets_with_baseline(store: Store, env_keys: set[str], ref: str) -> set[str
 
 
 def documents(store: Store) -> Iterator[tuple[str, Baseline | None]]:
-    """Every latest and history document in the store (None: unreadable)."""
+    """Every latest and history document in the store (None: unreadable); one deleted
+    since it was listed is skipped."""
     for info in store.list(ROOT):
         p = parse_key(info.key)
         if p is not None and p.kind in ("latest", "history"):
             got = store.read(info.key)
-            yield info.key, parse_doc(got[0]) if got is not None else None
+            if got is not None:
+                yield info.key, parse_doc(got[0])
 
 
 def outputs(store: Store) -> Iterator:

@@ -1,12 +1,19 @@
 """The embedded default backend: a directory on the local disk.
 
-Atomicity comes from the file system: every write goes to a temporary file in the same
-directory and is published by ``os.link`` (create-only, fails if the name exists) or
-``os.replace`` (compare-and-swap, under an exclusive ``flock`` on a lock file beside it).
-ETags are the sha256 of the content, so they are stable across processes.
+Atomicity comes from the file system: every write goes to a temporary file (``.tmp-*``)
+in the same directory and is published by ``os.link`` (create-only, fails if the name
+exists) or ``os.replace`` (compare-and-swap, under an exclusive ``flock`` on a lock file
+beside it). ETags are the sha256 of the content, so they are stable across processes.
+
+A write that fails (a full disk, a file too large, an interrupt) removes its temporary
+file and raises a one-line :class:`~gatekeeper.errors.StoreError` naming the object's
+path; only a killed process leaves one behind, which readers never see and
+``store prune`` removes (:meth:`LocalBackend.temporaries`). Listing tolerates files
+deleted while it runs (a concurrent ``store prune``).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -36,14 +43,23 @@ class LocalBackend(Backend):
             raise StoreError(f"invalid store key {key!r}")
         return self.root.joinpath(*parts)
 
-    def _tmp_beside(self, path: Path) -> Path:
+    @contextmanager
+    def _writing(self, path: Path) -> Iterator[Path]:
+        """A temporary file beside ``path`` for the body of a write: removed whatever
+        happens, and any OS error (ENOSPC, EFBIG, EACCES...) becomes one line naming
+        ``path``."""
+        tmp: Path | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+            fd, name = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+            os.close(fd)
+            tmp = Path(name)
+            yield tmp
         except OSError as e:
-            raise StoreError(f"cannot write to store {self.root}: {e.strerror or e}") from e
-        os.close(fd)
-        return Path(tmp)
+            raise StoreError(f"cannot write {path}: {e.strerror or e}") from e
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
 
     @contextmanager
     def _locked(self, key: str):
@@ -59,22 +75,19 @@ class LocalBackend(Backend):
     def _publish(self, tmp: Path, path: Path, key: str, if_none_match: bool,
                  if_match: str | None) -> str:
         etag = sha256_file(tmp)
-        try:
-            if if_none_match:
-                try:
-                    os.link(tmp, path)  # atomic create-only
-                except FileExistsError:
-                    raise PreconditionFailed(f"{key} exists") from None
-            elif if_match is not None:
-                with self._locked(key):
-                    current = sha256_file(path) if path.exists() else None
-                    if current != if_match:
-                        raise PreconditionFailed(f"{key} changed (ETag {current} != {if_match})")
-                    os.replace(tmp, path)
-            else:
+        if if_none_match:
+            try:
+                os.link(tmp, path)  # atomic create-only
+            except FileExistsError:
+                raise PreconditionFailed(f"{key} exists") from None
+        elif if_match is not None:
+            with self._locked(key):
+                current = sha256_file(path) if path.exists() else None
+                if current != if_match:
+                    raise PreconditionFailed(f"{key} changed (ETag {current} != {if_match})")
                 os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        else:
+            os.replace(tmp, path)
         return etag
 
     # -- Backend -----------------------------------------------------------------------
@@ -91,57 +104,86 @@ class LocalBackend(Backend):
     def download(self, key: str, dest: Path) -> bool:
         path = self._path(key)
         dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(dest.name + ".part")
         try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, tmp)
-        except FileNotFoundError:
-            tmp.unlink(missing_ok=True)
+            os.replace(tmp, dest)
+        except FileNotFoundError as e:
+            if str(e.filename) != str(path):  # the destination's folder went away
+                raise StoreError(f"cannot copy {path} to {dest}: {e.strerror}") from e
             return False
         except OSError as e:
+            raise StoreError(f"cannot copy {path} to {dest}: {e.strerror or e}") from e
+        finally:
             tmp.unlink(missing_ok=True)
-            raise StoreError(f"cannot read {path}: {e.strerror or e}") from e
-        os.replace(tmp, dest)
         return True
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False,
             if_match: str | None = None) -> str:
         path = self._path(key)
-        tmp = self._tmp_beside(path)
-        tmp.write_bytes(data)
-        return self._publish(tmp, path, key, if_none_match, if_match)
+        with self._writing(path) as tmp:
+            tmp.write_bytes(data)
+            return self._publish(tmp, path, key, if_none_match, if_match)
 
     def upload(self, key: str, src: Path, *, if_none_match: bool = False) -> str:
         path = self._path(key)
-        tmp = self._tmp_beside(path)
-        shutil.copyfile(src, tmp)
-        return self._publish(tmp, path, key, if_none_match, None)
+        try:
+            src_file = open(src, "rb")
+        except OSError as e:
+            raise StoreError(f"cannot read {src}: {e.strerror or e}") from e
+        with src_file, self._writing(path) as tmp:
+            with open(tmp, "wb") as out:
+                shutil.copyfileobj(src_file, out, 1 << 20)
+            return self._publish(tmp, path, key, if_none_match, None)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
         try:
             st = path.stat()
+            etag = sha256_file(path)
         except FileNotFoundError:
             return None
-        return ObjectInfo(key, st.st_size, st.st_mtime, sha256_file(path))
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror or e}") from e
+        return ObjectInfo(key, st.st_size, st.st_mtime, etag)
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def _walk(self, temporary: bool) -> Iterator[ObjectInfo]:
+        """Every object (or, with ``temporary``, every leftover temporary file) with its
+        size and time; a file or folder deleted meanwhile is skipped, not an error."""
+        def failed(e: OSError) -> None:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR):  # gone meanwhile: fine
+                raise StoreError(f"cannot list {e.filename}: {e.strerror or e}") from e
+
         if not self.root.is_dir():
             return
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in os.walk(self.root, onerror=failed):
             dirnames[:] = [d for d in dirnames if d != _LOCKS]
             for name in filenames:
-                if name.startswith(".tmp-") or name.endswith(".part"):
+                if _is_temporary(name) != temporary:
                     continue
                 full = Path(dirpath) / name
-                key = full.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
+                try:
                     st = full.stat()
-                    yield ObjectInfo(key, st.st_size, st.st_mtime, None)
+                except FileNotFoundError:
+                    continue  # deleted since the folder was read
+                except OSError as e:
+                    raise StoreError(f"cannot list {full}: {e.strerror or e}") from e
+                yield ObjectInfo(full.relative_to(self.root).as_posix(), st.st_size,
+                                 st.st_mtime, None)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return (info for info in self._walk(False) if info.key.startswith(prefix))
+
+    def temporaries(self) -> Iterator[ObjectInfo]:
+        return self._walk(True)
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot delete {path}: {e.strerror or e}") from e
         # tidy empty folders up to the root
         parent = path.parent
         while parent != self.root:
@@ -150,3 +192,8 @@ class LocalBackend(Backend):
             except OSError:
                 break
             parent = parent.parent
+
+
+def _is_temporary(name: str) -> bool:
+    """A write in progress, or one a killed process left: never an object."""
+    return name.startswith(".tmp-") or name.endswith(".part")

@@ -1,10 +1,16 @@
 """Looking after a store: ``verify`` re-hashes what is stored, ``prune`` drops what is
 not needed.
 
-Prune never deletes a bundle or reference outputs that a baseline points to.
+Prune never deletes a bundle or reference outputs that a baseline points to. Both see
+the orphans a failed or killed publish leaves, once they are older than
+``ORPHAN_GRACE_S`` (until then they may be a publish in progress): temporary files
+(``.tmp-*``, ``*.part``; local stores), archives that no manifest names, and reference
+outputs that no baseline names. ``verify`` reports them, ``prune`` deletes them. Both
+tolerate a store that changes while they run: what vanished meanwhile is skipped.
 """
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -15,9 +21,10 @@ from ..errors import BundleError, StoreError
 from ..hashing import sha256_bytes
 from ..results import Baseline
 from . import baselines
-from .layout import BundleLocation, Store, StoredBundle
+from .base import ObjectInfo
+from .layout import MANIFEST, BundleLocation, Store, StoredBundle
 
-ORPHAN_GRACE_S = 24 * 3600  # an archive without a manifest may still be mid-publish
+ORPHAN_GRACE_S = 24 * 3600  # an orphan this young may still be a publish in progress
 
 
 @dataclass
@@ -30,39 +37,83 @@ class Finding:
         return dict(self.__dict__)
 
 
-def _verify_bundle(store: Store, b: StoredBundle, tmp: Path,
-                   signing_key: bytes | None) -> Finding:
+def _named_archive(manifest: bytes) -> str | None:
+    try:
+        return str(json.loads(manifest)["archive"]["name"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _orphan_archives(store: Store, b: StoredBundle, named: str | None,
+                     now: float) -> list[ObjectInfo]:
+    """Objects beside a complete bundle's manifest that it does not name (a publish race's
+    loser that could not clean up, a bundle re-published in place), past the grace."""
+    if named is None or len(b.keys) <= 2:
+        return []
+    keep = {b.location.key(MANIFEST), b.location.key(named)}
+    return [i for i in store.list(b.location.prefix + "/")
+            if i.key not in keep and i.key.count("/") == b.location.prefix.count("/") + 1
+            and now - i.modified > ORPHAN_GRACE_S]
+
+
+def _orphan_detail(named: str) -> str:
+    return f"orphan: no manifest names it (the manifest names {named})"
+
+
+def _temporaries(store: Store, now: float) -> list[ObjectInfo]:
+    return [i for i in store.backend.temporaries() if now - i.modified > ORPHAN_GRACE_S]
+
+
+_TEMPORARY = "temporary file of an interrupted write"
+
+
+def _verify_bundle(store: Store, b: StoredBundle, tmp: Path, signing_key: bytes | None,
+                   now: float) -> list[Finding]:
     loc = b.location
-    got = store.read(loc.key("manifest.json"))
+    got = store.read(loc.key(MANIFEST))
     if got is None:
-        return Finding(loc.prefix, False, "no manifest (unpublished leftover)")
+        if b.complete:
+            return []  # deleted since it was listed (a prune running meanwhile)
+        return [Finding(loc.prefix, False, "no manifest (unpublished leftover)")]
     try:
         manifest = bundle.verify_manifest(got[0], target=loc.target_id, signing_key=signing_key)
         if (manifest.env_key, manifest.code_hash) != (loc.env_key, loc.code_hash):
             raise BundleError(f"{loc.target_id}: manifest is for {manifest.env_key}/"
                               f"{manifest.code_hash}, stored under {loc.env_key}/{loc.code_hash}")
         archive = tmp / manifest.archive.name
-        store.download(loc.key(manifest.archive.name), archive)
+        try:
+            store.download(loc.key(manifest.archive.name), archive)
+        except StoreError:
+            if store.read(loc.key(MANIFEST)) is None:
+                return []  # pruned while we looked
+            raise
         staging = tmp / "staging"
         bundle.extract(archive, manifest, staging)  # re-hashes the archive and every member
     except (BundleError, StoreError) as e:
-        return Finding(loc.prefix, False, str(e))
+        return [Finding(loc.prefix, False, str(e))]
     finally:
         for p in sorted(tmp.rglob("*"), reverse=True):
             p.unlink() if p.is_file() else p.rmdir()
-    return Finding(loc.prefix, True, f"{len(manifest.files)} files")
+    name = manifest.archive.name
+    return [Finding(loc.prefix, True, f"{len(manifest.files)} files")] + [
+        Finding(i.key, False, _orphan_detail(name))
+        for i in _orphan_archives(store, b, name, now)]
 
 
 def _baselines(store: Store) -> list[tuple[str, Baseline | None]]:
     return list(baselines.documents(store))
 
 
-def verify(store: Store, signing_key: bytes | None) -> list[Finding]:
+def verify(store: Store, signing_key: bytes | None, *, now: float | None = None) -> list[Finding]:
+    """Every bundle, baseline and reference outputs re-hashed; orphans past their grace
+    reported. ``now`` (epoch seconds) is the time ages are measured from."""
+    now = time.time() if now is None else now
     findings = []
     with tempfile.TemporaryDirectory(prefix="gk-verify-") as tmp:
         for b in store.bundles():
-            findings.append(_verify_bundle(store, b, Path(tmp), signing_key))
-    for key, doc in _baselines(store):
+            findings += _verify_bundle(store, b, Path(tmp), signing_key, now)
+    docs = _baselines(store)
+    for key, doc in docs:
         if doc is None:
             findings.append(Finding(key, False, "not a valid baseline document"))
             continue
@@ -76,6 +127,11 @@ def verify(store: Store, signing_key: bytes | None) -> list[Finding]:
             elif key.endswith("latest.json"):
                 findings.append(Finding(doc.reference_key, True, "reference outputs"))
         findings.append(Finding(key, True, "baseline"))
+    named = {doc.reference_key for _, doc in docs if doc is not None and doc.reference_key}
+    findings += [Finding(i.key, False, "orphan: reference outputs no baseline names")
+                 for i in baselines.outputs(store)
+                 if i.key not in named and now - i.modified > ORPHAN_GRACE_S]
+    findings += [Finding(i.key, False, _TEMPORARY) for i in _temporaries(store, now)]
     return findings
 
 
@@ -95,9 +151,10 @@ def protected(store: Store) -> tuple[set[str], set[str]]:
 def prune(store: Store, *, keep: int | None, older_than_days: float | None,
           dry_run: bool = False, now: float | None = None) -> list[str]:
     """Delete bundles beyond the newest ``keep`` per target and env, and/or older than
-    ``older_than_days``; also unpublished leftovers and unreferenced reference outputs
-    past their grace period. Returns the keys deleted (or that would be). ``now`` (epoch
-    seconds) is the time ages are measured from (default: the clock)."""
+    ``older_than_days``; and, whatever the options, the orphans past their grace
+    (temporary files, archives without a manifest or that no manifest names, reference
+    outputs no baseline names). Returns the keys deleted (or that would be). ``now``
+    (epoch seconds) is the time ages are measured from (default: the clock)."""
     now = time.time() if now is None else now
     keep_bundles, keep_keys = protected(store)
     doomed: list[str] = []
@@ -116,14 +173,18 @@ def prune(store: Store, *, keep: int | None, older_than_days: float | None,
                 now - b.modified > older_than_days * 86400
             if (too_many or too_old) and b.location.prefix not in keep_bundles:
                 # the manifest goes first, so a reader never finds a manifest without data
-                doomed += sorted(b.keys, key=lambda k: not k.endswith("manifest.json"))
-    if older_than_days is not None:
-        # outputs are stored before the baseline that names them: unnamed ones may be
-        # mid-publish, so they get the same grace as an archive without a manifest
-        min_age = max(older_than_days * 86400, ORPHAN_GRACE_S)
-        for info in baselines.outputs(store):
-            if info.key not in keep_keys and now - info.modified > min_age:
-                doomed.append(info.key)
+                doomed += sorted(b.keys, key=lambda k: not k.endswith(MANIFEST))
+            elif len(b.keys) > 2:
+                got = store.read(b.location.key(MANIFEST))
+                named = _named_archive(got[0]) if got else None
+                doomed += [i.key for i in _orphan_archives(store, b, named, now)]
+    # outputs are stored before the baseline that names them: unnamed ones may be
+    # mid-publish, so they get the same grace as an archive without a manifest
+    min_age = max((older_than_days or 0) * 86400, ORPHAN_GRACE_S)
+    for info in baselines.outputs(store):
+        if info.key not in keep_keys and now - info.modified > min_age:
+            doomed.append(info.key)
+    doomed += [i.key for i in _temporaries(store, now)]
     if dry_run:
         return doomed
     # what a read-only (or denied) store skipped was not deleted: Store counts it instead

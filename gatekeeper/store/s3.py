@@ -9,17 +9,21 @@ ETags are returned exactly as the server gives them (with their quotes).
 botocore's "standard" retry mode retries throttling, 5xx, timeouts and dropped
 connections with exponential backoff and full jitter; this module adds a retry of a body
 that breaks off mid-download, and resolves the one ambiguity retries create for
-conditional writes (see :meth:`S3Backend.put`). Checksums are neither sent nor checked:
-content is verified a layer above (sha256), which also keeps S3-compatible servers working.
+conditional writes (see :meth:`S3Backend.put`). Content is verified a layer above
+(sha256). botocore's automatic checksums are off (S3-compatible servers often reject its
+CRC trailers); the one checksum sent is each multipart part's CRC32, as a header, with a
+fallback for servers that refuse it (see :meth:`S3Backend.upload`).
 
 Every botocore failure becomes a one-line :class:`~gatekeeper.errors.StoreError`.
 """
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import random
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,6 +57,8 @@ _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAc
            "AccountProblem", "InvalidToken", "ExpiredToken"}
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
               "ServiceUnavailable", "InternalError", "RequestTimeout"}
+# what a server that does not take checksums answers CreateMultipartUpload's algorithm with
+_NO_CHECKSUMS = {"InvalidArgument", "InvalidRequest", "NotImplemented", "InvalidChecksum"}
 _Parts = list[dict[str, Any]]  # CompleteMultipartUpload's Parts (``list`` is shadowed below)
 
 
@@ -89,16 +95,18 @@ class S3Backend(Backend):
     AWS itself; with an endpoint set, requests use path-style addressing. Credentials and
     region come from the standard chain (region ``us-east-1`` if none is configured).
     ``max_attempts`` counts every attempt of a request, the first included. Files above
-    ``multipart_threshold`` bytes go up in ``multipart_chunksize`` parts (raised to S3's
-    5 MiB minimum, and so that there are at most 10,000), ``max_concurrency`` at a time.
-    ``list_page_size`` is the number of keys per ListObjectsV2 page.
+    ``multipart_threshold`` bytes go up in parts of at least ``multipart_chunksize``
+    (raised to S3's 5 MiB minimum), the remainder spread over them and at most 10,000,
+    ``max_concurrency`` at a time.
+    ``list_page_size`` is the number of keys per ListObjectsV2 page. ``part_checksums``
+    sends each multipart part with its CRC32 (see :meth:`upload`).
     """
 
     def __init__(self, uri: str, *, endpoint_url: str | None = None, region: str | None = None,
                  max_attempts: int = 8, connect_timeout: float = 5, read_timeout: float = 60,
                  multipart_threshold: int = 16 * 1024 * 1024,
                  multipart_chunksize: int = 8 * 1024 * 1024, max_concurrency: int = 8,
-                 list_page_size: int = 1000) -> None:
+                 list_page_size: int = 1000, part_checksums: bool = True) -> None:
         self.bucket, self.prefix = parse_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self._max_attempts = max(1, max_attempts)
@@ -108,21 +116,26 @@ class S3Backend(Backend):
         self._page_size = list_page_size
         self._bucket_seen = False  # set once the bucket is known to exist (see head)
 
+        self._part_checksums = part_checksums
         endpoint_url = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                         or os.environ.get("AWS_ENDPOINT_URL") or None)
-        session = boto3.session.Session()
-        config = Config(
-            region_name=region or session.region_name or DEFAULT_REGION,
-            retries={"mode": "standard", "total_max_attempts": self._max_attempts},
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_pool_connections=max(10, self._concurrency),
-            # S3-compatible servers often reject the CRC trailers newer botocore adds
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            s3={"addressing_style": "path"} if endpoint_url else None,
-        )
-        self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
+        try:
+            session = boto3.session.Session()
+            config = Config(
+                region_name=region or session.region_name or DEFAULT_REGION,
+                retries={"mode": "standard", "total_max_attempts": self._max_attempts},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                max_pool_connections=max(10, self._concurrency),
+                # S3-compatible servers often reject the CRC trailers newer botocore adds
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                s3={"addressing_style": "path"} if endpoint_url else None,
+            )
+            self._client: Any = session.client("s3", endpoint_url=endpoint_url, config=config)
+        except (BotoCoreError, ValueError) as e:
+            # an unknown AWS_PROFILE (ProfileNotFound), a malformed endpoint URL (ValueError)
+            raise StoreError(f"cannot open S3 store {self.uri}: {e}") from e
         self.endpoint_url: str = self._client.meta.endpoint_url
 
     # -- keys and errors ---------------------------------------------------------------
@@ -300,7 +313,12 @@ class S3Backend(Backend):
 
         A multipart upload sends its parts in parallel and carries the condition on
         CompleteMultipartUpload, the moment the object appears; on any failure it is
-        aborted so no parts linger.
+        aborted so no parts linger. Each part goes with its CRC32 (``ChecksumCRC32``, a
+        header, never a trailer): the server checks each part as it arrives, and at
+        completion combines the parts' CRC32s instead of reading the whole object again
+        for a full-object checksum of its own (what S3, and moto, do for an upload that
+        declared none: a fifth of a 64 MiB upload's time on moto). A server that rejects
+        checksums gets the upload without them (once; it is remembered).
         """
         src = Path(src)
         try:
@@ -316,9 +334,9 @@ class S3Backend(Backend):
         if if_none_match and self.head(key) is not None:
             raise PreconditionFailed(f"{self._where(key)} exists")
         with self._translated("upload", key):
-            upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=k)["UploadId"]
+            upload_id, checksums = self._create_multipart_upload(k)
             try:
-                parts = self._upload_parts(k, upload_id, src, size)
+                parts = self._upload_parts(k, upload_id, src, size, checksums)
                 resp = self._client.complete_multipart_upload(
                     Bucket=self.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": parts},
                     **({"IfNoneMatch": "*"} if if_none_match else {}))
@@ -327,8 +345,28 @@ class S3Backend(Backend):
                 raise
         return str(resp["ETag"])
 
-    def _upload_parts(self, k: str, upload_id: str, src: Path, size: int) -> _Parts:
-        part_size = max(self._chunksize, -(-size // MAX_PARTS))
+    def _create_multipart_upload(self, k: str) -> tuple[str, bool]:
+        """A new multipart upload: its id, and whether its parts carry CRC32s."""
+        if self._part_checksums:
+            try:
+                resp = self._client.create_multipart_upload(Bucket=self.bucket, Key=k,
+                                                            ChecksumAlgorithm="CRC32")
+                return str(resp["UploadId"]), True
+            except ClientError as e:
+                if _code(e) not in _NO_CHECKSUMS and _status(e) != 501:
+                    raise
+                log.info("%s does not take checksums (%s): uploading without them",
+                         self.endpoint_url, _code(e) or _status(e))
+                self._part_checksums = False
+        resp = self._client.create_multipart_upload(Bucket=self.bucket, Key=k)
+        return str(resp["UploadId"]), False
+
+    def _upload_parts(self, k: str, upload_id: str, src: Path, size: int,
+                      checksums: bool) -> _Parts:
+        # parts of about the chunk size, the remainder spread over them: no small last
+        # part that would wait for a second round of the thread pool on its own
+        count = min(max(1, size // self._chunksize), MAX_PARTS)
+        part_size = -(-size // count)
         count = -(-size // part_size)
         try:
             fd = os.open(src, os.O_RDONLY)
@@ -337,9 +375,13 @@ class S3Backend(Backend):
 
         def send(number: int) -> dict[str, Any]:
             body = os.pread(fd, part_size, (number - 1) * part_size)
+            part: dict[str, Any] = {"PartNumber": number}
+            if checksums:
+                crc = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
+                part["ChecksumCRC32"] = crc  # CompleteMultipartUpload must repeat it
             resp = self._client.upload_part(Bucket=self.bucket, Key=k, UploadId=upload_id,
-                                            PartNumber=number, Body=body)
-            return {"PartNumber": number, "ETag": resp["ETag"]}
+                                            Body=body, **part)
+            return part | {"ETag": resp["ETag"]}
 
         try:
             with ThreadPoolExecutor(max_workers=min(self._concurrency, count),

@@ -5,13 +5,16 @@ store has: multipart uploads, retries through a faulty network, and its failure 
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from botocore.awsrequest import AWSResponse
 from botocore.exceptions import EndpointConnectionError
 from botocore.stub import Stubber
 
@@ -127,10 +130,10 @@ def test_compare_and_swap(backend: Backend) -> None:
 
 
 def test_large_upload_download(backend: Backend, tmp_path: Path) -> None:
-    src = write_file(tmp_path / "big", 11 * MiB)  # 3 parts of at most 5 MiB on S3
+    src = write_file(tmp_path / "big", 16 * MiB)  # on S3: 3 parts of 5 MiB and a third
     etag = backend.upload("bundles/t/big.tar.zst", src, if_none_match=True)
     info = backend.head("bundles/t/big.tar.zst")
-    assert info is not None and (info.size, info.etag) == (11 * MiB, etag)
+    assert info is not None and (info.size, info.etag) == (16 * MiB, etag)
     if isinstance(backend, S3Backend):
         assert etag.strip('"').endswith("-3")  # really a multipart upload
 
@@ -227,8 +230,60 @@ def test_s3_failed_multipart_upload_is_aborted(
 
     monkeypatch.setattr(store._client, "upload_part", third_part_fails)
     with pytest.raises(StoreUnavailable):
-        store.upload("blob", write_file(tmp_path / "big", 11 * MiB))
+        store.upload("blob", write_file(tmp_path / "big", 16 * MiB))  # 3 parts
     assert store.head("blob") is None
+    assert pending_uploads(s3_server, s3_bucket_uri) == []
+
+
+def test_s3_multipart_parts_carry_their_crc32(s3_bucket_uri: S3BucketURI, s3_server: S3Server,
+                                              tmp_path: Path) -> None:
+    """Each part goes up with its CRC32 and completion repeats them, so S3 keeps the
+    composite CRC32 of the parts' CRC32s (and need not compute a full-object CRC64)."""
+    store = make_s3(s3_bucket_uri)
+    data = write_file(tmp_path / "big", 16 * MiB).read_bytes()
+    store.upload("blob", tmp_path / "big", if_none_match=True)
+    head = s3_server.client().head_object(Bucket=s3_bucket_uri.bucket, Key="gk/blob",
+                                          ChecksumMode="ENABLED")
+    part = -(-len(data) // 3)  # 3 parts: 5 MiB each and the remainder spread over them
+    crcs = b"".join(zlib.crc32(data[i:i + part]).to_bytes(4, "big")
+                    for i in range(0, len(data), part))
+    assert head.get("ChecksumCRC32") == base64.b64encode(
+        zlib.crc32(crcs).to_bytes(4, "big")).decode()
+
+
+@pytest.mark.parametrize(("size", "parts"), [(16 * MiB, 3), (15 * MiB + 1, 3),
+                                              (15 * MiB - 1, 2), (5 * MiB + 7, 1)])
+def test_s3_parts_spread_the_remainder(s3_bucket_uri: S3BucketURI, tmp_path: Path,
+                                       size: int, parts: int) -> None:
+    """Parts of about the chunk size (never below it), the remainder spread over them:
+    no small last part waiting on its own for a free thread."""
+    store = make_s3(s3_bucket_uri, multipart_threshold=1)
+    etag = store.upload("blob", write_file(tmp_path / "f", size))
+    assert etag.strip('"').endswith(f"-{parts}")
+    assert store.get("blob")[0] == (tmp_path / "f").read_bytes()  # type: ignore[index]
+
+
+def test_s3_server_that_refuses_checksums(s3_bucket_uri: S3BucketURI, s3_server: S3Server,
+                                          tmp_path: Path) -> None:
+    """An S3-compatible server that answers a checksum algorithm with 400 InvalidArgument
+    gets the upload without checksums, and is not asked again."""
+    store = make_s3(s3_bucket_uri)
+    refused: list[str] = []
+
+    def no_checksums(model: Any, params: dict, **kwargs: Any) -> Any:
+        if "x-amz-checksum-algorithm" not in {h.lower() for h in params["headers"]}:
+            return None  # on to the server
+        refused.append(params["url_path"])
+        body = {"Error": {"Code": "InvalidArgument", "Message": "x-amz-checksum-algorithm"},
+                "ResponseMetadata": {"HTTPStatusCode": 400, "RetryAttempts": 0}}
+        return AWSResponse("https://s3.invalid", 400, {}, None), body
+
+    store._client.meta.events.register("before-call.s3.CreateMultipartUpload", no_checksums)
+    for name in ("a", "b"):
+        src = write_file(tmp_path / name, 6 * MiB)
+        store.upload(name, src, if_none_match=True)
+        assert store.get(name) == (src.read_bytes(), store.head(name).etag)  # type: ignore
+    assert len(refused) == 1
     assert pending_uploads(s3_server, s3_bucket_uri) == []
 
 

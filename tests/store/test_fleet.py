@@ -15,12 +15,12 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from gatekeeper import bundle, cli
+from gatekeeper import cli
 from gatekeeper.gate.baseline import publish_result
 from gatekeeper.store import baselines
 from gatekeeper.store import maintenance as housekeeping
@@ -32,9 +32,8 @@ from gatekeeper.store.base import Backend
 from gatekeeper.store.local import LocalBackend
 from gatekeeper.store.s3 import S3Backend
 from helpers import run_threads
+from stores import ENV, TARGET, StoreFactory, flip_byte, keys, make_bundle, overwrite, publish
 
-TARGET = "tiny/b4/default"
-ENV = "torch2.13.0+cpu-py3.11-cpu-x86_64-avx512-t2-a1b1b8"
 OTHER_ENV = "torch2.13.0+cpu-py3.11-cpu-x86_64-avx2-t2-77e0c2"
 DAY = 86400.0
 GRACE = housekeeping.ORPHAN_GRACE_S
@@ -83,93 +82,6 @@ class DenyWrites:
         for op in self.S3_WRITES:
             backend._client.meta.events.register(f"before-call.s3.{op}", refuse)
         return backend
-
-
-class StoreFactory:
-    """Opens Stores on one backend root; every call is a new client, as a new runner's."""
-
-    def __init__(self, kind: str, root: Path | str) -> None:
-        self.kind = kind
-        self.root = root
-        self._opened: list[Backend] = []
-
-    def backend(self) -> Backend:
-        b: Backend = LocalBackend(self.root) if self.kind == "local" else S3Backend(str(self.root))
-        self._opened.append(b)
-        return b
-
-    def __call__(self, *, read_only: bool = False) -> Store:
-        return Store(self.backend(), read_only=read_only)
-
-    def denying(self, deny: DenyWrites) -> Store:
-        if self.kind == "local":
-            return Store(deny.local(Path(self.root)))
-        backend = S3Backend(str(self.root))
-        self._opened.append(backend)
-        return Store(deny.s3(backend))
-
-    def close(self) -> None:
-        for b in self._opened:
-            b.close()
-
-
-@pytest.fixture(params=["local", "s3"])
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
-    if request.param == "local":
-        factory = StoreFactory("local", tmp_path / "store")
-    else:
-        factory = StoreFactory("s3", request.getfixturevalue("s3_bucket_uri"))
-    yield factory
-    factory.close()
-
-
-@pytest.fixture
-def store(stores: StoreFactory) -> Store:
-    return stores()
-
-
-def keys(store: Store, prefix: str = "") -> set[str]:
-    return {i.key for i in store.list(prefix)}
-
-
-def overwrite(store: Store, key: str, change: Callable[[bytes], bytes]) -> None:
-    got = store.backend.get(key)
-    assert got is not None, key
-    store.backend.put(key, change(got[0]))
-
-
-def flip_byte(data: bytes) -> bytes:
-    out = bytearray(data)
-    out[len(out) // 2] ^= 0x01
-    return bytes(out)
-
-
-# -- bundles and results ---------------------------------------------------------------
-
-def make_bundle(tmp: Path, seed: int | str, *, target: str = TARGET, env_key: str = ENV,
-                code_hash: str = "c0de0000c0de0000") -> tuple[BundleLocation, Path, bytes]:
-    """A real bundle of a small synthetic inductor cache dir; distinct content per seed."""
-    work = tmp / f"bundle-{seed}-{code_hash}-{env_key[-6:]}"
-    cache = work / "cache"
-    (cache / "fxgraph" / "ab").mkdir(parents=True)
-    (cache / "locks").mkdir()
-    (cache / "locks" / "x.lock").write_text("ignored")
-    (cache / "fxgraph" / "ab" / "entry").write_bytes(f"graph {seed}".encode() * 64)
-    (cache / "kernel.cpp").write_text(f"// kernel for {seed}\n" * 32)
-    megacache = work / "megacache.bin"
-    megacache.write_bytes(os.urandom(512))
-    archive, manifest = bundle.pack(
-        cache, megacache, work, target=target,
-        key={"env_key": env_key, "code_hash": code_hash},
-        compile_info={"seconds": 1.5, "counters": {"fxgraph_cache_miss": 1}},
-        creator={"commit": f"{seed}", "ref": "main"}, version="test", signing_key=None)
-    return BundleLocation(target, env_key, code_hash), archive, manifest.to_bytes()
-
-
-def publish(store: Store, tmp: Path, seed: int | str, **kw: Any) -> BundleLocation:
-    loc, archive, manifest = make_bundle(tmp, seed, **kw)
-    assert store.publish_bundle(loc, archive, archive.name, manifest) == "published"
-    return loc
 
 
 def _summary(xs: list[float]) -> LatencySummary:
@@ -490,12 +402,16 @@ def test_prune_older_than_never_touches_what_a_baseline_names(fleet: Fleet):
 
 
 def test_prune_deletes_leftovers_only_after_the_grace_period(fleet: Fleet):
+    """Orphans (an archive without a manifest, outputs no baseline names) go with any
+    prune once past the grace, whatever --keep and --older-than say."""
     assert housekeeping.prune(fleet.store, keep=10, older_than_days=None,
                               now=time.time() + GRACE - 3600) == []
-    gone = housekeeping.prune(fleet.store, keep=10, older_than_days=None,
-                              now=time.time() + GRACE + 3600)
-    assert set(gone) == fleet.leftover_keys
-    assert not bad(housekeeping.verify(fleet.store, None))
+    later = time.time() + GRACE + 3600
+    orphans = {f.key for f in bad(housekeeping.verify(fleet.store, None, now=later))}
+    assert orphans == {fleet.leftover.prefix, fleet.unreferenced}
+    gone = housekeeping.prune(fleet.store, keep=10, older_than_days=None, now=later)
+    assert set(gone) == fleet.leftover_keys | {fleet.unreferenced}
+    assert not bad(housekeeping.verify(fleet.store, None, now=later))
 
 
 def test_prune_never_deletes_unreferenced_outputs_within_grace(fleet: Fleet):

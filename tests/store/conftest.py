@@ -1,0 +1,2 @@
+"""The ``stores`` and ``store`` fixtures (both backends) for every test of the store."""
+from stores import store, stores  # noqa: F401
