@@ -9,12 +9,14 @@ In a throwaway git repository holding a copy of the config's folder (main = the 
 3. `gatekeeper check --mode stored`, N times (fresh processes): p50, speedup, peak
    memory, and how far the p50 moves between processes (the drift a stored baseline
    must pay for); the first is published as main's baseline;
-4. a pull request branch that changes only a comment of each model file, `gatekeeper
-   run` with no mode flag (as the Action runs it): it pairs with main, and unchanged
-   code should pass.
+4. `--pr paired` (default): a pull request branch that changes only a comment of each
+   model file, `gatekeeper run` with no mode flag (as the Action runs it): it pairs with
+   main, and unchanged code should pass. `--pr stored`: `gatekeeper gate` of the last
+   check against the first one's baseline (no compile: cheaper on a lent GPU).
 
 Usage: python benchmarks/tour.py --config examples/gatekeeper.toml [--target GLOB]...
-           [--processes 3] [--min-time 5] [--json PATH]
+           [--processes 3] [--min-time 5] [--pr paired|stored|none] [--json PATH]
+The JSON file is rewritten after every stage, so a run cut short keeps what it measured.
 Runs on CPU and on CUDA (device = "auto" in the config picks the GPU).
 """
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main() -> None:
     ap.add_argument("--target", action="append", default=[])
     ap.add_argument("--processes", type=int, default=3)
     ap.add_argument("--min-time", type=float, default=5.0)
+    ap.add_argument("--pr", choices=("paired", "stored", "none"), default="paired")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
 
@@ -77,33 +80,49 @@ def main() -> None:
     log = lambda msg: print(f"[tour {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr,  # noqa: E731
                             flush=True)
 
+    state: dict = {"compiled": {}, "warm": {}, "runs": {}, "verdicts": {}}
+
+    def stage(name: str) -> None:
+        log(f"{name} done")
+        if args.json:
+            Path(args.json).write_text(json.dumps(state, indent=2, default=str))
+
     log(f"compile in {repo}")
-    compiled = {t["target"]: t for t in gk(repo, config, "compile", targets=args.target)
-                ["targets"]}
-    log("warm --probe")
-    warm = {t["target"]: t for t in gk(repo, config, "warm", "--probe", "--cache-dir",
-                                       str(repo / "warm-cache"), targets=args.target)
-            ["targets"]}
-    runs: dict[str, list[dict]] = {}
+    state["compiled"] = {t["target"]: t for t in gk(repo, config, "compile",
+                                                    targets=args.target)["targets"]}
+    stage("compile")
+    state["warm"] = {t["target"]: t for t in gk(repo, config, "warm", "--probe",
+                                                "--cache-dir", str(repo / "warm-cache"),
+                                                targets=args.target)["targets"]}
+    stage("warm --probe")
+    runs: dict[str, list[dict]] = state["runs"]
     for n in range(args.processes):
-        log(f"check #{n + 1}")
         gk(repo, config, "check", "--mode", "stored", "--out", f"out{n}",
            targets=args.target)
         results = json.loads((repo / f"out{n}/results.json").read_text())
         for r in results["targets"]:
+            r["latency"].pop("samples", None) if r.get("latency") else None
             runs.setdefault(r["target"], []).append(r)
         if n == 0:
             gk(repo, config, "baseline", "--results", "out0/results.json", "--ref", "main",
                targets=args.target)
+        stage(f"check #{n + 1}")
 
-    git(repo, "checkout", "-qb", "pr")
-    for py in sorted(repo.glob("*.py")):
-        py.write_text(py.read_text() + "\n# a pull request that changes nothing\n")
-    git(repo, "commit", "-qam", "pr")
-    log("run (the pull request, default mode)")
-    report = gk(repo, config, "run", "--base-ref", "main", "--out", "out-pr",
-                targets=args.target)
-    verdicts = {t["target"]: t for t in report["targets"]}
+    if args.pr == "paired":
+        git(repo, "checkout", "-qb", "pr")
+        for py in sorted(repo.glob("*.py")):
+            py.write_text(py.read_text() + "\n# a pull request that changes nothing\n")
+        git(repo, "commit", "-qam", "pr")
+        report = gk(repo, config, "run", "--base-ref", "main", "--out", "out-pr",
+                    targets=args.target)
+    elif args.pr == "stored":
+        report = gk(repo, config, "gate", "--results", f"out{args.processes - 1}/results.json",
+                    "--base-ref", "main", targets=args.target)
+    else:
+        report = {"targets": []}
+    state["verdicts"] = verdicts = {t["target"]: t for t in report["targets"]}
+    stage(f"pull request ({args.pr})")
+    compiled, warm = state["compiled"], state["warm"]
 
     rows, doc = [], []
     for target, rs in runs.items():
@@ -143,7 +162,8 @@ def main() -> None:
                                   "unchanged PR"]))
     print(f"\n{repo}; measure.min_time = {args.min_time} s; {sys.executable}")
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+        Path(args.json).write_text(json.dumps({**state, "summary": doc}, indent=2,
+                                              default=str))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class Disturbance(_Doc):
     """How disturbed the machine was while this run was timed."""
 
     others_cores: float | None = None  # CPU other processes used, in cores (average)
+    own_cores: float | None = None  # CPU this measurement used (its threads, children)
     cores: int = 1
     reference_noise: float | None = None  # within-run spread of the reference workload
     seconds: float | None = None  # how long the timed rounds took

@@ -39,6 +39,7 @@ def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
                 peak: int = 40 << 20, parity_ok: bool = True, baseline_parity: bool = True,
                 code_hash: str = "c0de1234", error: str | None = None,
                 work: Work | None = None, others_cores: float | None = 0.0,
+                own_cores: float = 1.0, cores: int = 2,
                 cold_s: float | None = None, mode: str | None = None) -> TargetResult:
     """A realistic measured target: interleaved eager/compiled/reference samples with
     log-normal noise, summaries computed from them, counters, memory and parity."""
@@ -68,7 +69,8 @@ def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
                         throughput=float(1 / np.median(compiled)), inner_loops=4,
                         samples={"eager": eager.tolist(), "compiled": compiled.tolist(),
                                  "reference": ref.tolist()},
-                        disturbance=Disturbance(others_cores=others_cores, cores=2,
+                        disturbance=Disturbance(others_cores=others_cores, own_cores=own_cores,
+                                                cores=cores,
                                                 reference_noise=summarize(ref).noise)),
         work=work, mode=mode,
         memory=Memory(kind="rss", eager_peak_bytes=30 << 20, compiled_peak_bytes=peak),

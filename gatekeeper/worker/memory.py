@@ -14,8 +14,18 @@ from typing import Any, Callable
 import torch
 
 
-def peak_memory(fn: Callable[[], Any], device: str) -> int | None:
-    """Bytes allocated at the peak of one call of ``fn`` (beyond what was live before);
+def allocated(device: str) -> int:
+    """Bytes the CUDA allocator holds for tensors now (0 on CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated()
+    return 0
+
+
+def peak_memory(fn: Callable[[], Any], device: str, held: int = 0) -> int | None:
+    """Bytes allocated at the peak of one call of ``fn`` (beyond what was live before),
+    or ``held`` if more: what a compiled model keeps allocated between calls (a CUDA
+    graph's memory pool is filled when it records, so its replays allocate nothing);
     None when it cannot be measured here."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -24,7 +34,7 @@ def peak_memory(fn: Callable[[], Any], device: str) -> int | None:
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
+        return max(torch.cuda.max_memory_allocated() - before, held)
     try:
         return _cpu_peak(fn)
     except Exception:  # a profiler that cannot run here: say unknown, never 0

@@ -47,15 +47,38 @@ class DriftReference:
 
 
 class CpuWatch:
-    """How much CPU other processes took while we measured: the machine's busy time
-    (/proc/stat) minus this process's own (getrusage), per second of wall time, in
-    cores. On a quiet runner it stays near 0; another job on the cores shows at once."""
+    """How much CPU other processes took while we measured, and how much we took: the
+    machine's busy time (/proc/stat) minus this process's and its children's, per second
+    of wall time, in cores. On a quiet runner ``others`` stays near 0; another job on the
+    cores shows at once. Whether it disturbed us depends on the cores left over
+    (gate.drift: others + ours near the core count means threads waited for a core)."""
 
     def __init__(self) -> None:
         self.start = self._read()
+        self.others: float | None = None
+        self.own: float | None = None
 
     @staticmethod
-    def _read() -> tuple[float, float, float] | None:
+    def _tree_cpu(ticks: int) -> float:
+        """CPU seconds of this process's children (compile workers, ...), by /proc."""
+        parents: dict[int, list[tuple[int, int]]] = {}
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit():
+                continue
+            try:
+                f = (p / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it ended meanwhile
+                continue
+            parents.setdefault(int(f[1]), []).append((int(p.name), int(f[11]) + int(f[12])))
+        total, stack = 0, [os.getpid()]
+        while stack:
+            for child, cpu in parents.get(stack.pop(), []):
+                total += cpu
+                stack.append(child)
+        return total / ticks
+
+    @classmethod
+    def _read(cls) -> tuple[float, float, float] | None:
         try:
             fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         except OSError:
@@ -64,15 +87,16 @@ class CpuWatch:
         user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
         busy = (user + nice + system + irq + softirq + steal) / ticks
         own = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), busy, own.ru_utime + own.ru_stime
+        return time.perf_counter(), busy, own.ru_utime + own.ru_stime + cls._tree_cpu(ticks)
 
-    def others_cores(self) -> float | None:
+    def stop(self) -> None:
         end = self._read()
         if self.start is None or end is None or end[0] <= self.start[0]:
-            return None
+            return
         wall = end[0] - self.start[0]
-        others = (end[1] - self.start[1]) - (end[2] - self.start[2])
-        return max(0.0, others / wall)
+        own = end[2] - self.start[2]
+        self.own = own / wall
+        self.others = max(0.0, (end[1] - self.start[1] - own) / wall)
 
 
 def _timed(fn: Callable[[], Any], loops: int, device: str) -> float:
@@ -136,11 +160,12 @@ def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
         return {"n": s.n, "mean": s.mean, "p50": s.median, "p95": s.p95, "p99": s.p99,
                 "min": s.min, "max": s.max, "stdev": s.stdev}
 
-    others = watch.others_cores()
+    watch.stop()
     e, c = summary(samples["eager"]), summary(samples["compiled"])
     return {"eager": e, "compiled": c, "reference": summary(samples["reference"]),
             "speedup": e["p50"] / c["p50"], "throughput": 1.0 / c["p50"],
             "inner_loops": loops, "samples": samples,
-            "disturbance": {"others_cores": others, "cores": os.cpu_count() or 1,
+            "disturbance": {"others_cores": watch.others, "own_cores": watch.own,
+                            "cores": os.cpu_count() or 1,
                             "reference_noise": stats.noise(samples["reference"]),
                             "seconds": time.perf_counter() - start}}

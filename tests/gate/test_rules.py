@@ -84,6 +84,15 @@ def test_a_disturbed_run_is_never_regressed_nor_improved():
     assert gate.gate_target(quiet, base, RULES).verdict == "regressed"
 
 
+def test_other_load_on_a_machine_with_cores_to_spare_is_no_disturbance():
+    base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
+    # a 16-core runner: another process on one core leaves our 1.2 cores alone
+    roomy = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3, eager_s=3e-3,
+                        others_cores=1.0, own_cores=1.2, cores=16)
+    v = gate.gate_target(roomy, base, RULES)
+    assert v.disturbed is None and v.verdict == "regressed"
+
+
 def test_a_reference_workload_that_moved_marks_the_run_disturbed():
     base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
     moved = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=2e-3, eager_s=4e-3,
