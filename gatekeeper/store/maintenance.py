@@ -107,6 +107,8 @@ def prune(store: Store, *, keep: int | None, older_than_days: float | None,
             if now - b.modified > ORPHAN_GRACE_S:
                 doomed += b.keys
             continue
+        # an archive its manifest no longer names (replaced by `compile --force`)
+        doomed += [o.key for o in store.unnamed_archives(b) if now - o.modified > ORPHAN_GRACE_S]
         groups.setdefault((b.location.target_id, b.location.env_key), []).append(b)
     for group in groups.values():
         group.sort(key=lambda b: b.modified, reverse=True)
@@ -116,7 +118,8 @@ def prune(store: Store, *, keep: int | None, older_than_days: float | None,
                 now - b.modified > older_than_days * 86400
             if (too_many or too_old) and b.location.prefix not in keep_bundles:
                 # the manifest goes first, so a reader never finds a manifest without data
-                doomed += sorted(b.keys, key=lambda k: not k.endswith("manifest.json"))
+                doomed += sorted((k for k in b.keys if k not in doomed),
+                                 key=lambda k: not k.endswith("manifest.json"))
     if older_than_days is not None:
         # outputs are stored before the baseline that names them: unnamed ones may be
         # mid-publish, so they get the same grace as an archive without a manifest

@@ -9,36 +9,27 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
-from ..config import ModelConfig
 from .compile import compile_model, snapshot_counters
 from .graphs import graph_breaks
 from .memory import peak_memory
-from .model import build_model, make_inputs, other_version
+from .model import build_base, build_recorded
 from .parity import check_parity, flat_outputs, fp64_reference
 from .protocol import Request, Response
 from .timing import first_call, latency
-
-
-def load_base(cfg: ModelConfig, base_dir: Path, device: str) -> torch.nn.Module:
-    """Paired mode: the base version's model, built from its own checkout."""
-    refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
-    with other_version(base_dir, [r.split(":")[0] for r in refs]):
-        return build_model(cfg, base_dir, device)
 
 
 def measure(req: Request) -> Response:
     cfg, base_dir, device = req.model, req.base_path, req.device
     assert req.budget is not None and req.parity is not None and req.reference_out
     tol = req.parity.model_dump()
-    model = build_model(cfg, base_dir, device)
-    inputs = make_inputs(cfg, req.shapes, base_dir, device)
+    model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
     paired: dict | None = None
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
     graphs = graph_breaks(model, inputs, base_dir)
     if base_dir_paired is not None:
-        base_model = load_base(cfg, base_dir_paired, device)
+        base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
         base_graphs = graph_breaks(base_model, inputs, base_dir_paired)
     torch._dynamo.reset()
     counters.clear()
@@ -56,7 +47,8 @@ def measure(req: Request) -> Response:
             base_out, base_seconds = first_call(base_compiled, inputs, device)
             base_frames = counters["frames"].get("ok", 0) - frames_after_compile
             base_fn = lambda: base_compiled(*inputs)  # noqa: E731
-            paired = {"compile_seconds": base_seconds, "graphs": base_graphs}
+            paired = {"compile_seconds": base_seconds, "graphs": base_graphs,
+                      "deps": base_deps}
 
         out_eager = model(*inputs)
         cand, eager_flat = flat_outputs(out_compiled), flat_outputs(out_eager)
@@ -84,4 +76,4 @@ def measure(req: Request) -> Response:
         paired["samples"] = lat["samples"].pop("base")
     return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
                     parity=parity, memory=memory, latency=lat, paired=paired, pid=os.getpid(),
-                    torch=torch.__version__)
+                    torch=torch.__version__, deps=deps)
