@@ -41,6 +41,7 @@ import logging
 import os
 import platform
 import re
+import stat
 import sys
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -233,19 +234,18 @@ def target_key(target: Target, base_dir: Path) -> CacheKey:
 
 
 # -- re-checking recorded dependencies here (no import) ------------------------------------
-@lru_cache(maxsize=4096)
-def _hash_file(path: str, mtime_ns: int, size: int) -> str:
-    return sha256_file(Path(path))
-
-
-def _current_sha(path: str | None) -> str | None:
+def _current_sha(path: str | None, memo: dict[str, str | None]) -> str | None:
+    """A file's sha256 now (None when it is gone). ``memo`` spans one lookup only: a
+    file rewritten within the file system's timestamp granularity keeps its mtime."""
     if not path:
         return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return _hash_file(path, st.st_mtime_ns, st.st_size)
+    if path not in memo:
+        try:  # regular files only: a manifest naming /dev/zero must not hang a deploy
+            memo[path] = sha256_file(Path(path)) if stat.S_ISREG(os.stat(path).st_mode) \
+                else None
+        except OSError:
+            memo[path] = None
+    return memo[path]
 
 
 def _installed_version(name: str, search: list[str]) -> str | None:
@@ -254,22 +254,35 @@ def _installed_version(name: str, search: list[str]) -> str | None:
     return None
 
 
-def resolve_deps(recorded: dict, base_dir: Path) -> dict:
+def resolve_deps(recorded: dict, base_dir: Path, memo: dict | None = None) -> dict:
     """The recorded dependencies as they are here and now: each module located (never
     imported) from ``base_dir`` first, each file re-hashed, each distribution's installed
     version, the absent imports still absent. None where something is gone."""
+    memo = {} if memo is None else memo
     importlib.invalidate_caches()
     search = search_path(base_dir)
-    modules = {name: _current_sha(locate(name, search)[1])
+    modules = {name: _current_sha(locate(name, search)[1], memo)
                for name in recorded.get("modules", {})}
     files = {}
     for name in recorded.get("files", {}):
         path = Path(name) if Path(name).is_absolute() else base_dir / name
-        files[name] = _current_sha(str(path))
+        files[name] = _current_sha(str(path), memo)
     dists = {name: _installed_version(name, search) for name in recorded.get("distributions", {})}
     absent = [n for n in recorded.get("absent", []) if not locate(n, search)[0]]
     return {"format": recorded.get("format"), "modules": modules, "files": files,
             "distributions": dists, "absent": absent}
+
+
+def valid_deps(deps: object) -> bool:
+    """Whether ``deps`` has the shape a worker records (a manifest is data, not trusted
+    to be well formed just because it parsed)."""
+    if not isinstance(deps, dict):
+        return False
+    maps = [deps.get(k, {}) for k in ("modules", "files", "distributions")]
+    absent = deps.get("absent", [])
+    return all(isinstance(m, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in m.items()) for m in maps) \
+        and isinstance(absent, list) and all(isinstance(n, str) for n in absent)
 
 
 def first_difference(recorded: dict, current: dict) -> str | None:
@@ -315,6 +328,7 @@ def find_bundle(store: Store, key: CacheKey, *, signing_key: bytes | None
     """
     partial: Match | None = None
     reason: str | None = None
+    memo: dict[str, str | None] = {}  # candidates share most files: hash each once
     for loc in store.manifests(key.target_id, key.env_key):
         data = store.read_manifest(loc)
         if data is None:  # pruned in between
@@ -328,8 +342,10 @@ def find_bundle(store: Store, key: CacheKey, *, signing_key: bytes | None
             continue
         recorded = manifest.key.get("deps")
         why = "its manifest recorded no dependencies (an older gatekeeper wrote it)"
-        if isinstance(recorded, dict):
-            current = resolve_deps(recorded, key.base_dir)
+        if recorded is not None and not valid_deps(recorded):
+            why, recorded = "its recorded dependencies are malformed", None
+        if recorded is not None:
+            current = resolve_deps(recorded, key.base_dir, memo)
             found = key.with_deps(current)
             if found.code_hash == manifest.code_hash:
                 return Match("hit", loc, manifest, found), None

@@ -304,3 +304,21 @@ def test_results_and_action_output_know_stale(tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_OUTPUT", str(out))
     announce_warm(["hit", "stale"])
     assert "cache-hit" in out.read_text() and "true" not in out.read_text()
+
+
+@pytest.mark.parametrize("bad", [[], {"modules": []}, {"modules": {"m": 1}},
+                                 {"absent": "x"}, {"files": {"f": None}}])
+def test_malformed_recorded_dependencies_are_partial_not_a_crash(project, tmp_path, bad):
+    root, _ = project
+    store = Store(LocalBackend(tmp_path / "store"))
+    k = make_key(root)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "entry").write_text("x")
+    kd = {**k.as_dict(), "code_hash": "badbadbadbadbad0", "deps": bad}
+    archive, manifest = bundle.pack(cache, None, tmp_path, target=TARGET, key=kd,
+                                    compile_info={}, creator={}, version="0", signing_key=None)
+    store.publish_bundle(BundleLocation(TARGET, k.env_key, "badbadbadbadbad0"), archive,
+                         archive.name, manifest.to_bytes())
+    match, _ = find_bundle(store, k, signing_key=None)
+    assert match.status == "partial" and "malformed" in match.why
