@@ -24,7 +24,7 @@ from tabulate import tabulate
 from gatekeeper import bundle
 from gatekeeper.compile import compile_all
 from gatekeeper.config import load_config
-from gatekeeper.key import compute_key
+from gatekeeper.key import find_bundle, target_key
 from gatekeeper.worker.launch import run_worker
 from gatekeeper.worker.protocol import Request
 from gatekeeper.store import open_store
@@ -57,9 +57,10 @@ def main() -> None:
 
     rows = []
     for target in targets:
-        key = compute_key(target, config.base_dir)
-        found = store.find_bundle(target.id, key.env_key, key.code_hash)
-        manifest = bundle.verify_manifest(found.manifest, target=target.id, signing_key=None)
+        key = target_key(target, config.base_dir)
+        found, _ = find_bundle(store, key, signing_key=None)
+        assert found is not None and found.status == "hit", target.id
+        manifest = found.manifest
         unpacked = work / "unpacked" / target.id
         archive = work / manifest.archive.name
         store.download(found.location.key(manifest.archive.name), archive)

@@ -15,14 +15,14 @@ from .bundle import now_iso, signing_key
 from .config import Config
 from .errors import StoreError
 from .hashing import sha256_bytes
-from .key import compute_key
+from .key import target_key
 from .paired import Mode, checkout
 from .progress import Progress
 from .provenance import creator
 from .results import ReferenceOutputs, Results, TargetResult
 from .store import Store, baselines
 from .targets import Target
-from .warm import warm_target
+from .warm import settle, warm_target
 from .worker.launch import run_or_fail
 from .worker.protocol import Request
 
@@ -55,18 +55,16 @@ class PairedBase:
 def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
                  base_ref: str, cold: bool = False, verbose: bool = False,
                  paired: PairedBase | None = None) -> TargetResult:
-    key = compute_key(target, config.base_dir)
-    ident = {"target": target.id, "model": target.model.name, "env_key": key.env_key,
-             "code_hash": key.code_hash, "device": key.device}
+    key = target_key(target, config.base_dir)
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
         cache_dir = Path(tmp, "cache")
-        cache_status = "cold"
-        base_key = compute_key(target, paired.base_dir) if paired else None
-        cold_seconds = None
+        cache_status, warmed = "cold", None
+        # the base version's dependencies are checked against the base checkout's files
+        base_key = target_key(target, paired.base_dir) if paired else None
         if not cold:
             warmed = warm_target(target, config, store, cache_dir, megacache=False,
                                  signing_key=signing_key(), cache_key=key)
-            cache_status, cold_seconds = warmed.status, warmed.cold_compile_seconds
+            cache_status = warmed.status
             if base_key is not None:  # the base version's artifacts, into the same cache
                 warm_target(target, config, store, cache_dir, megacache=False,
                             signing_key=signing_key(), cache_key=base_key)
@@ -90,24 +88,32 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
             paired_base_dir=str(paired.base_dir) if paired else None, trace_out=str(trace))
         resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
                            verbose=verbose, label=target.id)
+    # the code hash of what the worker built (its recorded dependencies)
+    code = key.with_deps(resp.deps).code_hash if resp.deps is not None else \
+        (warmed.code_hash if warmed and warmed.code_hash else "unknown")
+    ident = {"target": target.id, "model": target.model.name, "env_key": key.env_key,
+             "code_hash": code, "device": key.device}
     if not resp.ok:
         return TargetResult(**ident, status="error", error=resp.error)
     counters = resp.counters or {}
+    cache_status = settle(cache_status, counters)
     data = ref_out.read_bytes()
     pair = None
     if paired and base_key and resp.paired:
+        base_deps = resp.paired.pop("deps", None)
+        base_code = base_key.with_deps(base_deps).code_hash if base_deps is not None \
+            else "unknown"
         pair = {"base_ref": paired.ref, "base_commit": paired.commit,
-                "code_hash": base_key.code_hash, **resp.paired}
+                "code_hash": base_code, **resp.paired}
         if pair.get("profile"):
             base_trace = trace.with_name(trace.name.replace(".json.gz", ".base.json.gz"))
             pair["profile"]["trace"] = os.path.relpath(base_trace, out_dir)
-    if cache_status == "hit" and counters.get("fxgraph_cache_miss") and \
-            not counters.get("fxgraph_cache_hit"):
-        cache_status = "stale"  # the key said hit, inductor missed every graph
     return TargetResult(
         **ident, status="ok", measured_at=now_iso(), mode="paired" if pair else "stored",
-        compile={"seconds": resp.compile_seconds, "warm": cache_status in ("hit", "partial"),
-                 "cache": cache_status, "cold_seconds": cold_seconds,
+        compile={"seconds": resp.compile_seconds,
+                 "warm": cache_status in ("hit", "partial", "stale"),
+                 "cache": cache_status,
+                 "cold_seconds": warmed.cold_compile_seconds if warmed else None,
                  **{k: counters[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss",
                                              "autograd_cache_hit", "autograd_cache_miss")}},
         graphs=resp.graphs, latency=resp.latency, memory=resp.memory,

@@ -1,5 +1,11 @@
 """``compile``: compile each target in a worker (a fresh process, an empty isolated cache
-dir), pack the cache dir into a bundle, publish it to the store."""
+dir), pack the cache dir into a bundle, publish it to the store.
+
+A target whose stored bundle still matches every dependency its worker recorded is
+``exists`` (see :mod:`gatekeeper.key`); otherwise the worker compiles, and the code hash
+is computed from what it recorded while building the model. ``--force`` replaces the
+bundle at that key atomically (new archive first, then the manifest in one conditional
+write; the old archive is left for ``store prune``)."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +17,7 @@ from . import __version__, bundle
 from .bundle import signing_key
 from .config import Config
 from .errors import BundleError, StoreError
-from .key import compute_key
+from .key import check_location, find_bundle, target_key
 from .progress import Progress
 from .provenance import creator
 from .store import BundleLocation, Store
@@ -23,18 +29,18 @@ from .worker.protocol import Request
 log = logging.getLogger("gatekeeper.compile")
 
 
-def _trusted(store: Store, loc: BundleLocation) -> bool:
-    """With a signing key, a stored bundle that does not verify is no reason to skip
-    publishing: an unsigned or forged bundle must not block the trusted one forever."""
-    key = signing_key()
-    got = store.read(loc.key("manifest.json")) if key else None
-    if got is None:
+def _usable(store: Store, loc: BundleLocation) -> bool:
+    """Whether the manifest already at ``loc`` may stand. One that does not verify (with a
+    signing key: unsigned or forged) or names another key must not block the trusted
+    bundle forever: it is replaced."""
+    data = store.read_manifest(loc)
+    if data is None:
         return True
     try:
-        bundle.verify_manifest(got[0], target=loc.target_id, signing_key=key)
+        manifest = bundle.verify_manifest(data, target=loc.target_id, signing_key=signing_key())
+        check_location(manifest, loc)
     except BundleError as e:
-        log.warning("%s; publishing a signed one in its place", e)
-        store.delete(loc.key("manifest.json"))
+        log.warning("%s; publishing a valid one in its place", e)
         return False
     return True
 
@@ -42,7 +48,7 @@ def _trusted(store: Store, loc: BundleLocation) -> bool:
 @dataclass
 class CompileResult:
     target: str
-    status: str  # published | exists | skipped | error
+    status: str  # published | replaced | exists | skipped | error
     env_key: str | None = None
     code_hash: str | None = None
     compile_seconds: float | None = None
@@ -57,13 +63,14 @@ class CompileResult:
 
 def compile_target(target: Target, config: Config, store: Store, *, force: bool = False,
                    verbose: bool = False) -> CompileResult:
-    key = compute_key(target, config.base_dir)
-    result = CompileResult(target.id, "error", key.env_key, key.code_hash)
-    loc = BundleLocation(target.id, key.env_key, key.code_hash)
+    key = target_key(target, config.base_dir)
+    result = CompileResult(target.id, "error", key.env_key)
     try:
-        if not force and store.has_bundle(loc) and _trusted(store, loc):
-            result.status = "exists"
-            return result
+        if not force:
+            match, _ = find_bundle(store, key, signing_key=signing_key())
+            if match is not None and match.status == "hit":
+                result.status, result.code_hash = "exists", match.key.code_hash
+                return result
     except StoreError as e:
         result.error, result.error_kind = str(e), "store"
         return result
@@ -76,6 +83,9 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         if not resp.ok:
             result.error, result.error_kind = resp.error, resp.kind
             return result
+        key = key.with_deps(resp.deps or {})  # the code hash of what was compiled
+        result.code_hash = key.code_hash
+        loc = BundleLocation(target.id, key.env_key, key.code_hash)
         result.compile_seconds = resp.compile_seconds
         result.counters = resp.counters or {}
         archive, manifest = bundle.pack(
@@ -87,7 +97,10 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         result.bundle_bytes = manifest.archive.size
         try:
             result.status = store.publish_bundle(loc, archive, archive.name,
-                                                 manifest.to_bytes())
+                                                 manifest.to_bytes(), replace=force)
+            if result.status == "exists" and not _usable(store, loc):
+                result.status = store.publish_bundle(loc, archive, archive.name,
+                                                     manifest.to_bytes(), replace=True)
         except StoreError as e:
             result.status, result.error, result.error_kind = "error", str(e), "store"
     return result

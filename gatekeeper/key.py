@@ -5,35 +5,81 @@
   the architecture, the thread count and the CPU's instruction-set flags: inductor
   builds its C++ kernels with ``-march=native``, so a ``.so`` from an AVX-512 runner
   must never reach an AVX2 machine, and its own cache key does not tell them apart.
+  Plus the environment variables that configure compilation (``TORCHINDUCTOR_*``,
+  ``TORCHDYNAMO_*``, ``TORCH_COMPILE_*``, ``TRITON_*``, ``CXX``, ... less cache
+  locations and logging), *only when one is set*: the env keys of stores written before
+  they counted (where none was set) stay what they were.
   Readable prefix plus a short hash of every fact: ``torch2.13.0+cpu-py3.11-cpu-avx512-t2-3f9c1a``.
-* **code hash** — which code was compiled: the sha256 of the model's source files (the
-  factory's whole top-level package, or its single module) and of the compile spec
-  (backend, mode, dynamic, fullgraph, options, input shapes, dtypes, strides, bounds, seed).
+* **code hash** — which code was compiled: the factory references, the compile spec
+  (backend, mode, dynamic, fullgraph, options, input shapes, dtypes, strides, bounds,
+  seed) and everything the model is really built from, as the worker recorded it while
+  building the model and its inputs (:mod:`gatekeeper.worker.deps`): the user's modules
+  by content, data files read, installed distributions by name and version, imports
+  that failed.
+
+Why the code hash is found the way it is ("direct mode", as ccache calls it): what a
+model is built from is only known by building it, and the parent must not build it
+(torch compiles only in the worker; ``warm_start()`` in a service must stay light). So
+the worker records the dependencies whenever it builds the model (``compile``,
+``check``'s measure, ``key``), the manifest stores them, and the code hash of a compile
+is computed from what its worker recorded. To find a bundle, the parent reads the
+manifests of the target and env and, newest first, re-checks each one's recorded
+dependencies here — locates its modules without importing them, re-hashes files,
+compares installed versions — and recomputes the code hash from those: equal to the
+manifest's, every recorded dependency still matches, and that is a ``hit``. A bundle
+whose manifest recorded no dependencies (written before this) is only ever ``partial``.
+``gatekeeper key`` runs a worker build to show the code hash before any compile.
 
 torch is imported here only to read versions and the device, never to compile.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
-import importlib.util
 import json
+import logging
 import os
 import platform
 import re
+import stat
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from .hashing import sha256_bytes
+from . import bundle
 from .config import ModelConfig
-from .errors import ConfigError
+from .errors import BundleError, ConfigError
+from .hashing import sha256_bytes, sha256_file
+from .store.layout import BundleLocation, Store
 from .targets import Target
+from .worker.deps import locate, search_path
+
+log = logging.getLogger("gatekeeper.key")
 
 # instruction-set extensions in /proc/cpuinfo "flags" that change what -march=native emits
 _ISA_FLAG = re.compile(r"^(sse\w*|ssse3|avx\w*|amx\w*|fma\w*|f16c|bmi\w*|adx|aes|vaes|"
                        r"vpclmulqdq|gfni|sha_ni|movbe|popcnt|lzcnt|abm|xsave\w*|"
                        r"fp\w*|asimd\w*|sve\w*|sme\w*|i8mm|bf16|dotprod)$")
+
+
+# environment variables torch reads to configure compilation; cache locations and
+# switches, logging and tracing, and the compile worker pool change no compiled code
+_COMPILE_ENV = re.compile(r"^(TORCHINDUCTOR_|TORCHDYNAMO_|TORCH_COMPILE_|TORCH_INDUCTOR_|TRITON_|"
+                          r"CUTEDSL_|INDUCTOR_)|^(CXX|CC|CFLAGS|CXXFLAGS|LDFLAGS|"
+                          r"TORCH_CUDA_ARCH_LIST|TORCH_BLAS_PREFER_HIPBLASLT)$")
+_NOT_COMPILE_ENV = re.compile(r"CACHE_DIR$|_HOME$|_DUMP_DIR$|LOG|TRACE|VERBOSE|DEBUG_DIR|"
+                              r"^TORCHINDUCTOR_(FX_GRAPH|AUTOGRAD|BUNDLED_AUTOTUNE)_CACHE$|"
+                              r"REMOTE_CACHE|^TORCHINDUCTOR_FORCE_DISABLE_CACHES$|"
+                              r"^TORCH_COMPILE_DEBUG$|^TORCHINDUCTOR_COMPILE_THREADS$|"
+                              r"^TORCHINDUCTOR_WORKER_START$|^TRITON_PRINT_AUTOTUNING$")
+
+
+def compile_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The set environment variables that change what torch.compile produces."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items())
+            if _COMPILE_ENV.search(k) and not _NOT_COMPILE_ENV.search(k)}
 
 
 def _canonical(obj: object) -> bytes:
@@ -101,6 +147,8 @@ def env_facts(device: str) -> dict:
             "threads": torch.get_num_threads(),
             "isa_flags": _cpu_isa_flags(),
         })
+    if env := compile_env():  # only when set: unset, the env key is what it always was
+        facts["compile_env"] = env
     return facts
 
 
@@ -116,56 +164,6 @@ def env_key(facts: dict) -> str:
     else:
         where = f"cpu-{facts['arch']}-{facts['cpu_capability']}-t{facts['threads']}"
     return f"torch{facts['torch']}-py{facts['python']}-{where}-{sha256_bytes(_canonical(facts))[:6]}"
-
-
-def module_of(ref: str) -> str:
-    return ref.split(":", 1)[0]
-
-
-def code_files(ref: str, base_dir: Path) -> list[Path]:
-    """The source files a ``module:attr`` reference lives in, found without running it.
-
-    A module inside a package counts its whole top-level package; a lone module, itself.
-    """
-    mod = module_of(ref)
-    with search_path(base_dir):
-        try:
-            spec = importlib.util.find_spec(mod.split(".")[0])
-            leaf = importlib.util.find_spec(mod) if spec else None
-        except (ImportError, ValueError) as e:
-            raise ConfigError(f"factory {ref!r}: cannot import module {mod!r}: {e}") from None
-    if spec is None or leaf is None:
-        raise ConfigError(f"factory {ref!r}: module {mod!r} not found "
-                          f"(searched {base_dir} and the Python path)")
-    if spec.submodule_search_locations:
-        files: list[Path] = []
-        for loc in spec.submodule_search_locations:
-            files += Path(loc).rglob("*.py")
-        return sorted(set(files))
-    if spec.origin and os.path.isfile(spec.origin):
-        return [Path(spec.origin)]
-    return []  # a built-in or frozen module: nothing of the user's to hash
-
-
-class search_path:
-    """While user modules are located: the config's folder first on ``sys.path`` and the
-    current directory last, as the worker has them."""
-
-    def __init__(self, base_dir: Path) -> None:
-        self.front = str(base_dir) if str(base_dir) not in sys.path else None
-        cwd = os.getcwd()
-        self.back = cwd if cwd not in sys.path and cwd != str(base_dir) else None
-
-    def __enter__(self) -> None:
-        if self.front:
-            sys.path.insert(0, self.front)
-        if self.back:
-            sys.path.append(self.back)
-
-    def __exit__(self, *exc: object) -> None:
-        for entry in (self.front, self.back):
-            if entry and entry in sys.path:
-                sys.path.remove(entry)
 
 
 def compile_spec(target: Target) -> dict:
@@ -190,34 +188,173 @@ def compile_spec(target: Target) -> dict:
     }
 
 
+
+
+def refs_of(model: ModelConfig) -> list[str]:
+    return [model.factory] + ([model.inputs_factory] if model.inputs_factory else [])
+
+
+def code_hash(refs: list[str], spec: dict, deps: dict) -> str:
+    """The code hash: the factories, the compile spec and the recorded dependencies."""
+    body = {"refs": refs, "spec": spec,
+            "deps": {k: deps.get(k) for k in ("modules", "files", "distributions", "absent")}}
+    return sha256_bytes(_canonical(body))[:16]
+
+
 @dataclass(frozen=True)
 class CacheKey:
+    """A target's key. ``code_hash`` is None until dependencies are known: recorded by a
+    worker (:meth:`with_deps`) or matched in a stored manifest."""
+
     target_id: str
     env_key: str
-    code_hash: str
     device: str
     env: dict
     spec: dict
-    files: dict[str, str] = field(default_factory=dict)  # path -> sha256
+    refs: list[str]
+    base_dir: Path  # the config's folder the user's modules and data are resolved from
+    code_hash: str | None = None
+    deps: dict | None = None
+
+    def with_deps(self, deps: dict) -> "CacheKey":
+        return replace(self, deps=deps, code_hash=code_hash(self.refs, self.spec, deps))
 
     def as_dict(self) -> dict:
         return {"target": self.target_id, "env_key": self.env_key, "code_hash": self.code_hash,
-                "device": self.device, "env": self.env, "spec": self.spec, "files": self.files}
+                "device": self.device, "env": self.env, "spec": self.spec, "refs": self.refs,
+                "deps": self.deps}
 
 
-def compute_key(target: Target, base_dir: Path) -> CacheKey:
+def target_key(target: Target, base_dir: Path) -> CacheKey:
+    """The env part of ``target``'s key and its compile spec; no code hash yet."""
     device = resolve_device(target.model.device)
     facts = env_facts(device)
-    refs = [target.model.factory] + ([target.model.inputs_factory]
-                                     if target.model.inputs_factory else [])
-    files: dict[str, str] = {}
-    for ref in refs:
-        for path in code_files(ref, base_dir):
-            try:
-                name = path.relative_to(base_dir).as_posix()
-            except ValueError:
-                name = path.as_posix()
-            files[name] = sha256_bytes(path.read_bytes())
-    spec = compile_spec(target)
-    code_hash = sha256_bytes(_canonical({"files": files, "spec": spec}))[:16]
-    return CacheKey(target.id, env_key(facts), code_hash, device, facts, spec, files)
+    return CacheKey(target.id, env_key(facts), device, facts, compile_spec(target),
+                    refs_of(target.model), Path(base_dir))
+
+
+# -- re-checking recorded dependencies here (no import) ------------------------------------
+def _current_sha(path: str | None, memo: dict[str, str | None]) -> str | None:
+    """A file's sha256 now (None when it is gone). ``memo`` spans one lookup only: a
+    file rewritten within the file system's timestamp granularity keeps its mtime."""
+    if not path:
+        return None
+    if path not in memo:
+        try:  # regular files only: a manifest naming /dev/zero must not hang a deploy
+            memo[path] = sha256_file(Path(path)) if stat.S_ISREG(os.stat(path).st_mode) \
+                else None
+        except OSError:
+            memo[path] = None
+    return memo[path]
+
+
+def _installed_version(name: str, search: list[str]) -> str | None:
+    for dist in importlib.metadata.distributions(name=name, path=search):
+        return dist.version
+    return None
+
+
+def resolve_deps(recorded: dict, base_dir: Path, memo: dict | None = None) -> dict:
+    """The recorded dependencies as they are here and now: each module located (never
+    imported) from ``base_dir`` first, each file re-hashed, each distribution's installed
+    version, the absent imports still absent. None where something is gone."""
+    memo = {} if memo is None else memo
+    importlib.invalidate_caches()
+    search = search_path(base_dir)
+    modules = {name: _current_sha(locate(name, search)[1], memo)
+               for name in recorded.get("modules", {})}
+    files = {}
+    for name in recorded.get("files", {}):
+        path = Path(name) if Path(name).is_absolute() else base_dir / name
+        files[name] = _current_sha(str(path), memo)
+    dists = {name: _installed_version(name, search) for name in recorded.get("distributions", {})}
+    absent = [n for n in recorded.get("absent", []) if not locate(n, search)[0]]
+    return {"format": recorded.get("format"), "modules": modules, "files": files,
+            "distributions": dists, "absent": absent}
+
+
+def valid_deps(deps: object) -> bool:
+    """Whether ``deps`` has the shape a worker records (a manifest is data, not trusted
+    to be well formed just because it parsed)."""
+    if not isinstance(deps, dict):
+        return False
+    maps = [deps.get(k, {}) for k in ("modules", "files", "distributions")]
+    absent = deps.get("absent", [])
+    return all(isinstance(m, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in m.items()) for m in maps) \
+        and isinstance(absent, list) and all(isinstance(n, str) for n in absent)
+
+
+def first_difference(recorded: dict, current: dict) -> str | None:
+    """What no longer matches, in words (None when everything does)."""
+    for kind, what in (("modules", "module"), ("files", "file"),
+                       ("distributions", "distribution")):
+        for name, value in recorded.get(kind, {}).items():
+            now = current.get(kind, {}).get(name)
+            if now != value:
+                return f"{what} {name} " + ("is gone" if now is None else "changed")
+    for name in recorded.get("absent", []):
+        if name not in current.get("absent", []):
+            return f"module {name} is importable now"
+    return None
+
+
+# -- finding this checkout's bundle ----------------------------------------------------------
+@dataclass(frozen=True)
+class Match:
+    status: str  # hit | partial
+    location: BundleLocation
+    manifest: bundle.Manifest  # verified, and found under the key it names
+    key: CacheKey  # with the code hash when a hit
+    why: str | None = None  # partial: what differs from this bundle's dependencies
+
+
+def check_location(manifest: bundle.Manifest, loc: BundleLocation) -> None:
+    """A manifest is only valid under the key it names (a copied one is refused)."""
+    named = (manifest.target, manifest.env_key, manifest.code_hash)
+    if named != (loc.target_id, loc.env_key, loc.code_hash):
+        raise BundleError(f"{loc.target_id}: bundle refused: its manifest names "
+                          f"{manifest.target}/{manifest.env_key}/{manifest.code_hash} but was "
+                          f"found under {loc.target_id}/{loc.env_key}/{loc.code_hash}")
+
+
+def find_bundle(store: Store, key: CacheKey, *, signing_key: bytes | None
+                ) -> tuple[Match | None, str | None]:
+    """This checkout's bundle (``hit``: every recorded dependency still matches), else the
+    newest valid one of the target and env (``partial``), else None and why.
+
+    Manifests that do not verify or were found under another key than they name are
+    skipped with one warning each. Raises StoreError when the store cannot be read.
+    """
+    partial: Match | None = None
+    reason: str | None = None
+    memo: dict[str, str | None] = {}  # candidates share most files: hash each once
+    for loc in store.manifests(key.target_id, key.env_key):
+        data = store.read_manifest(loc)
+        if data is None:  # pruned in between
+            continue
+        try:
+            manifest = bundle.verify_manifest(data, target=key.target_id, signing_key=signing_key)
+            check_location(manifest, loc)
+        except BundleError as e:
+            log.warning("%s", e)
+            reason = reason or str(e)
+            continue
+        recorded = manifest.key.get("deps")
+        why = "its manifest recorded no dependencies (an older gatekeeper wrote it)"
+        if recorded is not None and not valid_deps(recorded):
+            why, recorded = "its recorded dependencies are malformed", None
+        if recorded is not None:
+            current = resolve_deps(recorded, key.base_dir, memo)
+            found = key.with_deps(current)
+            if found.code_hash == manifest.code_hash:
+                return Match("hit", loc, manifest, found), None
+            why = first_difference(recorded, current) or (
+                "the factory or the compile spec changed" if manifest.key.get("refs") != key.refs
+                or manifest.key.get("spec") != key.spec else "the code hash differs")
+        if partial is None:
+            partial = Match("partial", loc, manifest, key, f"code changed since bundle "
+                            f"{loc.code_hash}: {why}")
+    if partial is not None:
+        return partial, None
+    return None, reason or "no bundle for this target and environment"

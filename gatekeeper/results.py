@@ -82,7 +82,7 @@ class Graphs(_Doc):
 class CompileStats(_Doc):
     seconds: float  # first compiled call, wall time
     warm: bool  # the cache dir was restored from a bundle before compiling
-    cache: Literal["hit", "partial", "miss", "cold", "stale"]
+    cache: Literal["hit", "partial", "miss", "cold", "stale"]  # stale: a key hit, every FX graph missed
     fxgraph_cache_hit: int = 0
     fxgraph_cache_miss: int = 0
     autograd_cache_hit: int = 0

@@ -4,6 +4,11 @@
 inside the service's own process. A store that cannot be reached or a bundle that does
 not verify is a warning and a ``miss`` — the service then compiles cold, it never
 crashes and never loads what did not verify.
+
+A ``hit`` is a bundle whose recorded dependencies all still match this checkout
+(:func:`gatekeeper.key.find_bundle`); a manifest found under another key than it names
+is refused. ``--probe`` (and ``check``) then see whether inductor agrees: a key hit
+whose FX graphs all miss is ``stale``, never a hit.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from . import bundle
 from .bundle import signing_key
 from .config import Config, load_config
 from .errors import BundleError, StoreError
-from .key import CacheKey, compute_key, resolve_device
+from .key import CacheKey, find_bundle, resolve_device, target_key
 from .store import Store, open_store
 from .targets import Target, expand, select
 
@@ -28,7 +33,7 @@ log = logging.getLogger("gatekeeper.warm")
 @dataclass
 class WarmResult:
     target: str
-    status: str  # hit | partial | miss
+    status: str  # hit | partial | miss (| stale, once a probe has seen every graph miss)
     env_key: str | None = None
     code_hash: str | None = None
     bundle_code_hash: str | None = None
@@ -55,29 +60,36 @@ def load_megacache(blob: bytes) -> None:
     torch.compiler.load_cache_artifacts(blob)
 
 
+def settle(status: str, counters: dict | None) -> str:
+    """A key ``hit`` whose FX graphs all missed in inductor is ``stale``."""
+    c = counters or {}
+    if status == "hit" and c.get("fxgraph_cache_hit", 0) == 0 \
+            and c.get("fxgraph_cache_miss", 0) > 0:
+        return "stale"
+    return status
+
+
 def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *,
                 signing_key: bytes | None, megacache: bool = True,
                 cache_key: CacheKey | None = None) -> WarmResult:
     """Restore one target's bundle into ``cache_dir``; ``megacache`` also loads the
-    Mega-Cache blob into this process (skip it when another process will compile)."""
+    Mega-Cache blob into this process (skip it when another process will compile).
+    ``cache_key`` (default: the target's from the config's folder) also says which
+    checkout's files the recorded dependencies are checked against."""
     start = time.monotonic()
-    ck = cache_key or compute_key(target, config.base_dir)
-    result = WarmResult(target.id, "miss", ck.env_key, ck.code_hash)
+    ck = cache_key or target_key(target, config.base_dir)
+    result = WarmResult(target.id, "miss", ck.env_key)
     try:
-        found = store.find_bundle(target.id, ck.env_key, ck.code_hash)
-        if found is None:
-            result.reason = "no bundle for this target and environment"
+        match, reason = find_bundle(store, ck, signing_key=signing_key)
+        if match is None:
+            result.reason = reason
             return result
-        manifest = bundle.verify_manifest(found.manifest, target=target.id,
-                                          signing_key=signing_key)
-        if manifest.env_key != ck.env_key:
-            raise BundleError(f"{target.id}: bundle refused: built for {manifest.env_key}, "
-                              f"this environment is {ck.env_key}")
+        manifest = match.manifest
         result.cold_compile_seconds = manifest.compile.get("seconds")
         result.bundle_bytes = manifest.archive.size
         with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
             archive = Path(tmp, manifest.archive.name)
-            store.download(found.location.key(manifest.archive.name), archive)
+            store.download(match.location.key(manifest.archive.name), archive)
             staging = Path(tmp, "staging")
             bundle.extract(archive, manifest, staging)
             result.files = bundle.install_cache(staging, cache_dir)
@@ -90,8 +102,9 @@ def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *
         return result
     finally:
         result.seconds = time.monotonic() - start
-    result.status = found.match
-    result.bundle_code_hash = found.location.code_hash
+    result.status, result.reason = match.status, match.why
+    result.code_hash = match.key.code_hash
+    result.bundle_code_hash = match.location.code_hash
     return result
 
 
@@ -170,4 +183,4 @@ def warm_start(config: Config | str | os.PathLike | None = None, *,
     return warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)
 
 
-__all__ = ["WarmResult", "warm_start", "warm_targets"]
+__all__ = ["WarmResult", "settle", "warm_start", "warm_targets"]

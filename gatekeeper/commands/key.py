@@ -1,8 +1,19 @@
-"""``gatekeeper key``: print each target's cache key and every fact it is made of."""
+"""``gatekeeper key``: print each target's cache key and every fact it is made of.
+
+The code hash covers what the model is really built from, which only building it tells
+(see :mod:`gatekeeper.key`), so this runs a worker that builds each model and its inputs
+once (a few seconds: torch is imported, nothing is compiled). That way the key is
+known before any compile, and two machines can compare theirs.
+"""
 from __future__ import annotations
 
-from ..errors import EXIT_OK
-from ..key import compute_key
+import tempfile
+from pathlib import Path
+
+from ..errors import EXIT_OK, ConfigError, WorkerError
+from ..key import CacheKey, target_key
+from ..worker.launch import run_or_fail
+from ..worker.protocol import Request
 from .common import Context
 
 HELP = "print each target's cache key and its components (why did a runner miss?)"
@@ -12,8 +23,30 @@ def register(sub, parents) -> None:
     sub.add_parser("key", help=HELP, description=HELP, parents=parents)
 
 
+def _keys(ctx: Context) -> list[CacheKey]:
+    """Every target's key, its dependencies recorded by one worker build per model and
+    shape set (mode and dynamic do not change what the model is built from)."""
+    keys = []
+    built: dict[tuple, dict] = {}
+    for t in ctx.targets:
+        key = target_key(t, ctx.config.base_dir)
+        which = (t.model.name, tuple(sorted(t.shape_set.items())))
+        if which not in built:
+            with tempfile.TemporaryDirectory(prefix="gk-key-") as tmp:
+                resp = run_or_fail(Request.for_target("deps", t, ctx.config, key.device),
+                                   cache_dir=Path(tmp, "cache"),
+                                   timeout=ctx.config.measure.timeout,
+                                   verbose=ctx.args.verbose, label=t.id)
+            if not resp.ok or resp.deps is None:
+                raise (ConfigError if resp.kind == "config" else WorkerError)(
+                    f"{t.id}: building the model failed: {resp.error}")
+            built[which] = resp.deps
+        keys.append(key.with_deps(built[which]))
+    return keys
+
+
 def run(ctx: Context) -> int:
-    keys = [compute_key(t, ctx.config.base_dir) for t in ctx.targets]
+    keys = _keys(ctx)
     if ctx.args.json:
         ctx.emit({"command": "key", "targets": [k.as_dict() for k in keys]})
         return EXIT_OK
@@ -26,6 +59,15 @@ def run(ctx: Context) -> int:
             print(f"  env.{name:<15} {value}")
         for name, value in k.spec.items():
             print(f"  spec.{name:<14} {value}")
-        for path, digest in k.files.items():
+        for ref in k.refs:
+            print(f"  factory {ref}")
+        deps = k.deps or {}
+        for name, digest in deps.get("modules", {}).items():
+            print(f"  module {name}  {digest[:16]}")
+        for path, digest in deps.get("files", {}).items():
             print(f"  file {path}  {digest[:16]}")
+        for name, version in deps.get("distributions", {}).items():
+            print(f"  distribution {name} {version}")
+        for name in deps.get("absent", []):
+            print(f"  absent {name} (not importable)")
     return EXIT_OK

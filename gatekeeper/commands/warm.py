@@ -6,7 +6,7 @@ from pathlib import Path
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
-from ..warm import cold, default_cache_dir, probe, warm_targets
+from ..warm import cold, default_cache_dir, probe, settle, warm_targets
 from .common import Context, human_bytes
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
@@ -21,7 +21,8 @@ def register(sub, parents) -> None:
                    help="exit 1 when any target is a miss")
     p.add_argument("--probe", action="store_true",
                    help="then run each target's first compiled call in a fresh process "
-                        "on the warmed cache and report its time and cache hits")
+                        "on the warmed cache and report its time and cache hits (a hit "
+                        "whose FX graphs all miss is reported as stale)")
 
 
 def run(ctx: Context) -> int:
@@ -48,12 +49,15 @@ def run(ctx: Context) -> int:
                         doc["speedup"] = doc["cold_compile_seconds"] / resp.compile_seconds
                     doc["fxgraph_cache_hit"] = c["fxgraph_cache_hit"]
                     doc["fxgraph_cache_miss"] = c["fxgraph_cache_miss"]
-                    step.done(f"{resp.compile_seconds:.2f} s")
+                    doc["status"] = settle(doc["status"], c)  # a hit whose graphs all miss
+                    step.done(f"{resp.compile_seconds:.2f} s" +
+                              (", stale: every FX graph missed" if doc["status"] == "stale"
+                               else ""))
                 else:
                     doc["probe_error"] = resp.error
                     step.done(f"error: {resp.error}")
-    hits = sum(r.status == "hit" for r in results)
-    announce_warm([r.status for r in results])
+    hits = sum(d["status"] == "hit" for d in docs)
+    announce_warm([d["status"] for d in docs])
     ctx.emit({"command": "warm", "store": store_uri, "cache_dir": str(cache),
               "targets": docs},
              [{**d, "size": human_bytes(d.get("bundle_bytes"))} for d in docs],

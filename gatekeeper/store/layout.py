@@ -9,7 +9,11 @@ Layout under the store's root (a local directory or ``s3://bucket/prefix``)::
 
 The archive's name carries its own content hash, so racing publishers never overwrite
 each other's archive: the create-only write of ``manifest.json`` picks the one winner,
-and a loser removes its own archive. The store knows nothing of torch; it does not trust
+and a loser removes its own archive. Replacing a bundle (``compile --force``) uploads
+the new archive first, then swaps the manifest in one compare-and-swap write (``If-Match``
+on the old manifest's ETag; locally ``os.replace`` under the store's lock) and leaves the
+old archive where it was: a reader that read the old manifest still finds its archive,
+and ``store prune`` deletes an archive no manifest names once its grace has passed. The store knows nothing of torch; it does not trust
 what it reads either — verification happens in :mod:`gatekeeper.bundle`.
 """
 from __future__ import annotations
@@ -58,6 +62,7 @@ class StoredBundle:
     modified: float
     complete: bool  # has a manifest (an archive without one is an unpublished leftover)
     keys: tuple[str, ...]
+    objects: tuple[ObjectInfo, ...] = ()
 
 
 @dataclass
@@ -124,18 +129,21 @@ class Store:
 
     # -- bundles -----------------------------------------------------------------------
     def publish_bundle(self, loc: BundleLocation, archive: Path, archive_name: str,
-                       manifest: bytes) -> str:
-        """Publish atomically; returns ``published``, ``exists`` or ``skipped``."""
+                       manifest: bytes, *, replace: bool = False) -> str:
+        """Publish atomically; returns ``published``, ``exists`` or ``skipped``, and with
+        ``replace`` ``replaced`` where a manifest was there (its archive stays)."""
         what = f"bundle {loc.target_id}"
         if not self._writing(what):
             return "skipped"
-        if self.has_bundle(loc):
+        if not replace and self.has_bundle(loc):
             return "exists"
         try:
             try:
                 self.backend.upload(loc.key(archive_name), archive, if_none_match=True)
             except PreconditionFailed:
                 pass  # the same content is there already: its name is its hash
+            if replace:
+                return self._swap_manifest(loc, manifest)
             try:
                 self.backend.put(loc.key(MANIFEST), manifest, if_none_match=True)
             except PreconditionFailed:
@@ -145,6 +153,21 @@ class Store:
             self._denied(what, e)
             return "skipped"
         return "published"
+
+    def _swap_manifest(self, loc: BundleLocation, manifest: bytes, attempts: int = 8) -> str:
+        """Put ``manifest`` in place of whatever is there, in one conditional write."""
+        for _ in range(attempts):
+            got = self.backend.get(loc.key(MANIFEST))
+            try:
+                if got is None:
+                    self.backend.put(loc.key(MANIFEST), manifest, if_none_match=True)
+                    return "published"
+                self.backend.put(loc.key(MANIFEST), manifest, if_match=got[1])
+                return "replaced"
+            except PreconditionFailed:
+                continue  # another publisher moved it in between: read it again
+        raise StoreError(f"{loc.prefix}/{MANIFEST} kept changing; gave up replacing it "
+                         f"after {attempts} attempts")
 
     def _drop_losing_archive(self, loc: BundleLocation, archive_name: str) -> None:
         got = self.backend.get(loc.key(MANIFEST))
@@ -158,8 +181,41 @@ class Store:
     def has_bundle(self, loc: BundleLocation) -> bool:
         return self.backend.head(loc.key(MANIFEST)) is not None
 
+    def manifests(self, target_id: str, env_key: str) -> list[BundleLocation]:
+        """Every published bundle of a target and env, newest manifest first."""
+        found: list[ObjectInfo] = []
+        for info in self.backend.list(f"bundles/{target_id}/{env_key}/"):
+            parts = info.key.split("/")
+            if parts[-1] == MANIFEST and len(parts) == _DEPTH:
+                found.append(info)
+        found.sort(key=lambda i: (i.modified, i.key), reverse=True)
+        return [BundleLocation(target_id, env_key, i.key.split("/")[-2]) for i in found]
+
+    def read_manifest(self, loc: BundleLocation) -> bytes | None:
+        """A manifest's bytes, unverified (hand them to bundle.verify_manifest)."""
+        got = self.backend.get(loc.key(MANIFEST))
+        return got[0] if got else None
+
+    def unnamed_archives(self, b: StoredBundle) -> list[ObjectInfo]:
+        """Archives in a published bundle's folder that its manifest does not name: left
+        by a replace (or a lost race), orphans once past the grace a publish needs."""
+        archives = [o for o in b.objects if o.key.rsplit("/", 1)[-1].startswith("bundle-")]
+        if not b.complete or len(archives) < 2:
+            return []
+        got = self.backend.get(b.location.key(MANIFEST))
+        try:
+            named = json.loads(got[0])["archive"]["name"] if got else None
+        except (ValueError, KeyError, TypeError):
+            return []  # unreadable: `store verify` reports it; prune guesses nothing
+        if named is None:
+            return []
+        return [o for o in archives if o.key.rsplit("/", 1)[-1] != named]
+
     def find_bundle(self, target_id: str, env_key: str, code_hash: str) -> FoundBundle | None:
-        """The bundle for exactly this code, else the newest one of the target and env."""
+        """The bundle at exactly this code hash, else the newest one of the target and env.
+
+        A plain location lookup: whether a bundle really is this checkout's code is
+        :func:`gatekeeper.key.find_bundle`'s question (recorded dependencies)."""
         exact = BundleLocation(target_id, env_key, code_hash)
         got = self.backend.get(exact.key(MANIFEST))
         if got is not None:
@@ -197,4 +253,5 @@ class Store:
                 modified=max(i.modified for i in infos),
                 complete=any(i.key.endswith("/" + MANIFEST) for i in infos),
                 keys=tuple(sorted(i.key for i in infos)),
+                objects=tuple(sorted(infos, key=lambda i: i.key)),
             )

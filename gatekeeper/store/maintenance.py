@@ -10,7 +10,6 @@ tolerate a store that changes while they run: what vanished meanwhile is skipped
 """
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,25 +34,6 @@ class Finding:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def _named_archive(manifest: bytes) -> str | None:
-    try:
-        return str(json.loads(manifest)["archive"]["name"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _orphan_archives(store: Store, b: StoredBundle, named: str | None,
-                     now: float) -> list[ObjectInfo]:
-    """Objects beside a complete bundle's manifest that it does not name (a publish race's
-    loser that could not clean up, a bundle re-published in place), past the grace."""
-    if named is None or len(b.keys) <= 2:
-        return []
-    keep = {b.location.key(MANIFEST), b.location.key(named)}
-    return [i for i in store.list(b.location.prefix + "/")
-            if i.key not in keep and i.key.count("/") == b.location.prefix.count("/") + 1
-            and now - i.modified > ORPHAN_GRACE_S]
 
 
 def _orphan_detail(named: str) -> str:
@@ -97,7 +77,7 @@ def _verify_bundle(store: Store, b: StoredBundle, tmp: Path, signing_key: bytes 
     name = manifest.archive.name
     return [Finding(loc.prefix, True, f"{len(manifest.files)} files")] + [
         Finding(i.key, False, _orphan_detail(name))
-        for i in _orphan_archives(store, b, name, now)]
+        for i in store.unnamed_archives(b) if now - i.modified > ORPHAN_GRACE_S]
 
 
 def _baselines(store: Store) -> list[tuple[str, Baseline | None]]:
@@ -164,6 +144,8 @@ def prune(store: Store, *, keep: int | None, older_than_days: float | None,
             if now - b.modified > ORPHAN_GRACE_S:
                 doomed += b.keys
             continue
+        # an archive its manifest no longer names (replaced by `compile --force`)
+        doomed += [o.key for o in store.unnamed_archives(b) if now - o.modified > ORPHAN_GRACE_S]
         groups.setdefault((b.location.target_id, b.location.env_key), []).append(b)
     for group in groups.values():
         group.sort(key=lambda b: b.modified, reverse=True)
@@ -173,11 +155,8 @@ def prune(store: Store, *, keep: int | None, older_than_days: float | None,
                 now - b.modified > older_than_days * 86400
             if (too_many or too_old) and b.location.prefix not in keep_bundles:
                 # the manifest goes first, so a reader never finds a manifest without data
-                doomed += sorted(b.keys, key=lambda k: not k.endswith(MANIFEST))
-            elif len(b.keys) > 2:
-                got = store.read(b.location.key(MANIFEST))
-                named = _named_archive(got[0]) if got else None
-                doomed += [i.key for i in _orphan_archives(store, b, named, now)]
+                doomed += sorted((k for k in b.keys if k not in doomed),
+                                 key=lambda k: not k.endswith(MANIFEST))
     # outputs are stored before the baseline that names them: unnamed ones may be
     # mid-publish, so they get the same grace as an archive without a manifest
     min_age = max((older_than_days or 0) * 86400, ORPHAN_GRACE_S)

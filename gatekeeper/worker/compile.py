@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 
 from ..config import ModelConfig
 from .counters import record_inductor_metrics
-from .model import build_model, make_inputs
+from .model import build_recorded
 from .protocol import Request, Response
 from .timing import first_call
 
@@ -44,9 +44,10 @@ def snapshot_counters() -> dict[str, int]:
 def compile_target(req: Request) -> Response:
     """``compile``: the first compiled calls, then the Mega-Cache blob. ``probe``: the
     same calls against the cache dir the parent restored, saving nothing: their time and
-    counters show whether a warm start really was warm."""
-    model = build_model(req.model, req.base_path, req.device)
-    inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
+    counters show whether a warm start really was warm. ``deps``: the build alone."""
+    model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
+    if req.action == "deps":
+        return Response(ok=True, deps=deps, torch=torch.__version__)
     megacache_load = None
     if req.megacache_in:  # PyTorch's documented recipe, for comparison
         start = time.perf_counter()
@@ -65,4 +66,5 @@ def compile_target(req: Request) -> Response:
             Path(req.megacache_out).write_bytes(megacache[0])
     return Response(ok=True, compile_seconds=calls[0], call_seconds=calls,
                     counters=snapshot_counters(), megacache=megacache is not None,
-                    megacache_load_seconds=megacache_load, torch=torch.__version__)
+                    megacache_load_seconds=megacache_load, torch=torch.__version__,
+                    deps=deps)

@@ -10,24 +10,16 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..config import ModelConfig
 from .compile import compile_model, snapshot_counters
 from .counters import (flops, inductor_metrics, instructions, record_inductor_metrics,
                        reset_inductor_metrics)
 from .graphs import graph_breaks
 from .memory import allocated, peak_memory
-from .model import build_model, make_inputs, other_version
-from .profile import profile_calls
+from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
+from .profile import profile_calls
 from .protocol import Request, Response
 from .timing import first_call, latency
-
-
-def load_base(cfg: ModelConfig, base_dir: Path, device: str) -> torch.nn.Module:
-    """Paired mode: the base version's model, built from its own checkout."""
-    refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
-    with other_version(base_dir, [r.split(":")[0] for r in refs]):
-        return build_model(cfg, base_dir, device)
 
 
 def _copied(out):
@@ -38,15 +30,14 @@ def measure(req: Request) -> Response:
     cfg, base_dir, device = req.model, req.base_path, req.device
     assert req.budget is not None and req.parity is not None and req.reference_out
     tol = req.parity.model_dump()
-    model = build_model(cfg, base_dir, device)
-    inputs = make_inputs(cfg, req.shapes, base_dir, device)
+    model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
     paired: dict | None = None
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
     graphs = graph_breaks(model, inputs, base_dir)
     if base_dir_paired is not None:
-        base_model = load_base(cfg, base_dir_paired, device)
+        base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
         base_graphs = graph_breaks(base_model, inputs, base_dir_paired)
     torch._dynamo.reset()
     counters.clear()
@@ -82,6 +73,7 @@ def measure(req: Request) -> Response:
             base_frames = counters["frames"].get("ok", 0) - frames_after_compile
             base_fn = lambda: base_compiled(*inputs)  # noqa: E731
             paired = {"compile_seconds": base_seconds, "graphs": base_graphs,
+                      "deps": base_deps,
                       "work": {**inductor_metrics(), "flops": flops(lambda: base_model(*inputs)),
                                "instructions": instructions(base_fn)}}
 
@@ -113,5 +105,4 @@ def measure(req: Request) -> Response:
         paired["samples"] = lat["samples"].pop("base")
     return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
                     parity=parity, memory=memory, latency=lat, paired=paired, work=work,
-                    profile=prof,
-                    pid=os.getpid(), torch=torch.__version__)
+                    profile=prof, pid=os.getpid(), torch=torch.__version__, deps=deps)

@@ -1,4 +1,5 @@
-"""Build a target's model and its seeded inputs (runs inside the worker subprocess)."""
+"""Build a target's model and its seeded inputs (runs inside the worker subprocess), and
+record what they are built from (:mod:`gatekeeper.worker.deps`)."""
 from __future__ import annotations
 
 import importlib
@@ -12,6 +13,11 @@ import torch
 
 from ..config import InputSpec, ModelConfig
 from ..errors import ConfigError
+from .deps import recording
+
+# the user's modules (hashed by content) that recorded builds in this process imported:
+# paired mode's base version must import its own copies of every one of them
+_user_modules: set[str] = set()
 
 
 def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:
@@ -34,26 +40,40 @@ def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:
     return obj
 
 
+def _file_under(module: Any, root: str) -> bool:
+    path = getattr(module, "__file__", None)
+    if not path:
+        return False
+    path = os.path.abspath(path)
+    return path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 @contextmanager
 def other_version(base_dir: Path, module_names: list[str]) -> Iterator[None]:
     """Import the user's modules from another checkout (paired mode's base version).
 
-    The user's top-level packages are taken out of ``sys.modules`` and that checkout is
-    put first on ``sys.path`` while the base model is built, then everything is put
-    back: the base model's classes keep their own module globals, the head's are
-    untouched. (An import done lazily inside ``forward`` would see the head's modules.)
+    Taken out of ``sys.modules`` while the base model is built: the factories' top-level
+    packages and every module of the user's that a recorded build imported (a sibling
+    module outside the factory's package, a dotted path's parents), wherever they were
+    loaded from; that checkout goes first on ``sys.path``. Afterwards whatever was
+    imported from that checkout goes and everything is put back: the base model's
+    classes keep their own module globals, the head's are untouched. (An import done
+    lazily inside ``forward`` would see the head's modules.)
     """
     tops = {name.split(".")[0] for name in module_names}
-    mine = lambda name: name.split(".")[0] in tops  # noqa: E731
+    mine = lambda name: name.split(".")[0] in tops or name in _user_modules  # noqa: E731
     saved = {k: v for k, v in sys.modules.items() if mine(k)}
     for k in saved:
         del sys.modules[k]
+    before = set(sys.modules)
+    root = os.path.abspath(str(base_dir))
     sys.path.insert(0, str(base_dir))
     try:
         yield
     finally:
         sys.path.remove(str(base_dir))
-        for k in [k for k in sys.modules if mine(k)]:
+        for k in [k for k in sys.modules if mine(k) or
+                  (k not in before and _file_under(sys.modules[k], root))]:
             del sys.modules[k]
         sys.modules.update(saved)
 
@@ -105,3 +125,26 @@ def make_inputs(cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, dev
         return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
     gen = torch.Generator().manual_seed(seed)
     return tuple(_tensor(spec, shape_set, gen, device) for spec in cfg.inputs or [])
+
+
+def build_recorded(cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path,
+                   device: str) -> tuple[torch.nn.Module, tuple[Any, ...], dict]:
+    """The model, its inputs, and what they were built from (the key's dependencies)."""
+    refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
+    with recording(base_dir) as rec:
+        model = build_model(cfg, base_dir, device)
+        inputs = make_inputs(cfg, shape_set, base_dir, device)
+    rec.note(model, *inputs, refs=refs)
+    deps = rec.finish()
+    _user_modules.update(deps["modules"])
+    return model, inputs, deps
+
+
+def build_base(cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path,
+               device: str) -> tuple[torch.nn.Module, dict]:
+    """Paired mode: the base version's model, built (with its inputs, as a compile of
+    that commit would) from its own checkout, and what it was built from."""
+    refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
+    with other_version(base_dir, [r.split(":")[0] for r in refs]):
+        model, _, deps = build_recorded(cfg, shape_set, base_dir, device)
+    return model, deps

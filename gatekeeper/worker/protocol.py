@@ -27,9 +27,13 @@ class Request(_Msg):
     * ``probe``: the same first compiled call against whatever cache dir the parent
       restored, saving nothing: does a warm start really start warm?
     * ``measure``: everything ``check`` reports for one target (see worker.measure).
+    * ``deps``: only build the model and its inputs, and say what they were built from.
+
+    Every action that builds the model answers with ``deps``, what it was built from
+    (see :mod:`gatekeeper.worker.deps`); the parent computes the code hash from it.
     """
 
-    action: Literal["compile", "probe", "measure"]
+    action: Literal["compile", "probe", "measure", "deps"]
     model: ModelConfig
     base_dir: str  # the config's folder: factories are imported from there
     device: str  # resolved: "cpu", "cuda", "cuda:1"
@@ -75,9 +79,10 @@ class Response(_Msg):
     parity: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
     latency: dict[str, Any] | None = None
-    paired: dict[str, Any] | None = None
+    paired: dict[str, Any] | None = None  # measure, paired: the base's, with its "deps"
     work: dict[str, Any] | None = None  # measure: deterministic work counters
     profile: dict[str, Any] | None = None  # measure: top operators by self time
+    deps: dict[str, Any] | None = None  # what the model and inputs were built from
     pid: int | None = None
 
     @classmethod

@@ -14,6 +14,7 @@ import pytest
 from gatekeeper.store import BundleLocation, Store, open_store
 from gatekeeper.store.layout import MANIFEST
 from gatekeeper.store.local import LocalBackend
+from helpers import run_threads
 
 TARGET = "mlp/b8/default"
 ENV = "torch2.6.0+cpu-py3.11-cpu-x86_64-avx2-t2-3f9c1a"
@@ -269,3 +270,57 @@ def test_location_keys():
     loc = BundleLocation(TARGET, ENV, "c0de")
     assert loc.prefix == f"bundles/{TARGET}/{ENV}/c0de"
     assert loc.key(MANIFEST) == f"bundles/{TARGET}/{ENV}/c0de/manifest.json"
+
+
+# -- replacing (compile --force) ------------------------------------------------------------
+def test_replace_swaps_the_manifest_and_leaves_the_old_archive(store, tmp_path):
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    assert publish(store, tmp_path, loc, b"first") == "published"
+    first = json.loads(store.read(loc.key(MANIFEST))[0])["archive"]["name"]
+    path, name, manifest = make_archive(tmp_path, b"second")
+    assert store.publish_bundle(loc, path, name, manifest) == "exists"
+    assert store.publish_bundle(loc, path, name, manifest, replace=True) == "replaced"
+    assert json.loads(store.read(loc.key(MANIFEST))[0])["archive"]["name"] == name
+    assert store.backend.head(loc.key(first)) is not None  # a reader may still want it
+    (b,) = store.bundles()
+    assert [o.key for o in store.unnamed_archives(b)] == [loc.key(first)]
+    # replacing where nothing was published is a plain publish
+    other = BundleLocation(TARGET, ENV, "new")
+    assert store.publish_bundle(other, path, name, manifest, replace=True) == "published"
+
+
+def test_racing_replacers_each_swap_once_and_a_reader_never_misses(tmp_path):
+    root = tmp_path / "store"
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    first = Store(LocalBackend(root))
+    publish(first, tmp_path, loc, b"original")
+    n = 8
+    archives = [make_archive(tmp_path, f"replacement {i}".encode() * 100) for i in range(n)]
+    stop = threading.Event()
+    misses: list[str] = []
+
+    def reader() -> None:
+        store = Store(LocalBackend(root))
+        while not stop.is_set():
+            got = store.read(loc.key(MANIFEST))
+            name = json.loads(got[0])["archive"]["name"] if got else None
+            if name is None or store.read(loc.key(name)) is None:
+                misses.append(str(name))
+
+    def replace(i: int) -> str:
+        path, name, manifest = archives[i]
+        return Store(LocalBackend(root)).publish_bundle(loc, path, name, manifest,
+                                                        replace=True)
+
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    try:
+        results = run_threads(n, replace)
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+    assert results == ["replaced"] * n and misses == []
+    named = json.loads(first.read(loc.key(MANIFEST))[0])["archive"]["name"]
+    assert named in {a[1] for a in archives}
+    (b,) = first.bundles()
+    assert len(first.unnamed_archives(b)) == n  # the original and n - 1 replaced ones
