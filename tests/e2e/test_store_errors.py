@@ -33,7 +33,7 @@ from factories import make_result
 from gatekeeper import bundle
 from gatekeeper.config import load_config
 from gatekeeper.gate.baseline import publish_result
-from gatekeeper.key import compute_key
+from gatekeeper.key import target_key
 from gatekeeper.results import ReferenceOutputs, Results, TargetResult
 from gatekeeper.store import BundleLocation, maintenance, open_store
 from gatekeeper.store import baselines
@@ -221,7 +221,8 @@ def test_warm_onto_a_full_cache_disk_is_a_miss_and_leaves_no_temporary_file(
         pytest.skip("cannot mount a tmpfs in a user namespace here")
     config = load_config(project / "gatekeeper.toml")
     (target,) = expand(config)
-    key = compute_key(target, config.base_dir)
+    key = target_key(target, config.base_dir).with_deps(
+        {"modules": {}, "files": {}, "distributions": {}, "absent": []})
     work = tmp_path / "pack"
     (work / "cache" / "kernels").mkdir(parents=True)
     for name in ("a.so", "b.so"):
