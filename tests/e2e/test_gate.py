@@ -113,6 +113,7 @@ def test_reordered_float_work_passes_parity(project: Path):
     assert vs_base.passed and 0 < vs_base.max_abs_err < 1e-4
 
 
+@pytest.mark.serial  # a timing verdict: run alone
 def test_clearly_slower_model_is_regressed(project: Path):
     (project / "tinymodel.py").write_text(pr_version('''
         def forward(self, x):

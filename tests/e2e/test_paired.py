@@ -36,6 +36,7 @@ def repo(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.serial  # a timing verdict: run alone
 def test_the_default_run_pairs_and_flags_the_slower_head(repo: Path):
     """No mode flag: in a checkout that has the base branch, `run` pairs with it."""
     proc = gk("run", "--json", "--base-ref", "main", cwd=repo, env=QUIET)

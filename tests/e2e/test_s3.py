@@ -182,8 +182,13 @@ def test_compile_warm_check_baseline_gate(compiled: Compiled, bucket: str, tmp_p
     assert any(k.startswith(base + "outputs/") for k in stored)
 
     doc = run("gate", "--store", uri, "--results", results_file, "--base-ref", "main")
-    assert doc["verdict"] == "pass" and doc["exit_code"] == 0
-    assert [t["verdict"] for t in doc["targets"]] == ["pass"]
+    (target,) = doc["targets"]
+    # the same results against themselves pass; on a busy runner (CI shares its cores)
+    # a disturbed run vouches for nothing its interval cannot show, and says so, but an
+    # undecided verdict still exits 0 by default (gate.inconclusive = "pass")
+    expected = "inconclusive" if target["disturbed"] else "pass"
+    assert target["verdict"] == expected and doc["verdict"] == expected, target
+    assert doc["exit_code"] == 0
 
     doc = run("store", "verify", "--store", uri)
     assert doc["ok"] is True and all(o["ok"] for o in doc["objects"])
