@@ -167,10 +167,11 @@ class Trainer:
         return out
 
     def outputs(self, losses: list[torch.Tensor]) -> dict:
-        """What training parity compares: the loss trajectory and the parameters."""
-        return {"loss": torch.stack([x.detach().float() if x.dtype != torch.float64 else x
-                                     for x in losses]),
-                "params": {n: p.detach().clone() for n, p in self.model.named_parameters()}}
+        """What training parity compares: the updated parameters (first: they say which
+        layer stopped learning) and the loss trajectory."""
+        return {"params": {n: p.detach().clone() for n, p in self.model.named_parameters()},
+                "loss": torch.stack([x.detach().float() if x.dtype != torch.float64 else x
+                                     for x in losses])}
 
 
 def copy_state(src: Trainer, dst: Trainer) -> None:
