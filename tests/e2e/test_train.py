@@ -195,3 +195,22 @@ def test_shape_dependent_branch_recompiles_and_is_regressed(project: Path):
     (reason,) = [r for r in t["reasons"] if "recompiles" in r]
     assert "0 -> 1" in reason and "x.size()[0]" in reason, reason
     assert code == 1
+
+
+def test_train_task_of_a_model_without_floating_output_exits_2_in_one_line(tmp_path: Path):
+    config = CONFIG.split("[[tool.gatekeeper.models]]")[0] + textwrap.dedent('''
+        [[tool.gatekeeper.models]]
+        name = "argmax"
+        factory = "tinymodel:make"
+        inputs_factory = "tinymodel:ids"
+        tasks = ["train"]
+    ''')
+    model = MODELS.replace("def make():", "def ids(shapes):\n    return torch.randn(2, 16)\n\n"
+                           "def make():").replace("return self.fc2(h)",
+                                                   "return self.fc2(h).argmax(-1)")
+    root = write_project(tmp_path, model, config)
+    proc = gk("compile", cwd=root)
+    assert proc.returncode == 2
+    (line,) = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert "tasks" in line and "floating-point output" in line and "train.loss" in line
+    assert "Traceback" not in proc.stderr
