@@ -181,6 +181,9 @@ class MeasureConfig(_Strict):
     min_time: float = Field(10.0, gt=0)
     max_samples: int = Field(400, ge=5)
     timeout: float = Field(1800, gt=0)  # per target subprocess, seconds
+    # after the first compile, run every shape set of the model in the same process and
+    # count recompiles (gated by gate.recompiles)
+    shape_sweep: bool = True
 
 
 class Config(_Strict):

@@ -78,6 +78,8 @@ class ShapeSweep(_Doc):
     shape_sets: int
     recompiles: int  # compiles caused by a failed guard
     guards: list[str] = Field(default_factory=list)  # the failed guard of each, as torch says
+    fxgraph_cache_hit: int = 0  # the recompiles' graphs found in the FX graph cache
+    fxgraph_cache_miss: int = 0
 
 
 class Graphs(_Doc):
