@@ -21,7 +21,7 @@ from .key import check_location, find_bundle, target_key
 from .progress import Progress
 from .provenance import creator
 from .store import BundleLocation, Store
-from .targets import Target
+from .targets import Target, one_per_bundle
 from .worker.launch import run_or_fail
 from .worker.protocol import Request
 
@@ -85,12 +85,12 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
             return result
         key = key.with_deps(resp.deps or {})  # the code hash of what was compiled
         result.code_hash = key.code_hash
-        loc = BundleLocation(target.id, key.env_key, key.code_hash)
+        loc = BundleLocation(key.target_id, key.env_key, key.code_hash)
         result.compile_seconds = resp.compile_seconds
         result.counters = resp.counters or {}
         archive, manifest = bundle.pack(
             cache_dir, megacache if megacache.is_file() else None, Path(tmp),
-            target=target.id, key=key.as_dict(),
+            target=key.target_id, key=key.as_dict(),
             compile_info={"seconds": resp.compile_seconds, "counters": resp.counters,
                           "torch": resp.torch},
             creator=creator(), version=__version__, signing_key=signing_key())
@@ -108,6 +108,7 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
 
 def compile_all(targets: list[Target], config: Config, store: Store, *, force: bool = False,
                 verbose: bool = False) -> list[CompileResult]:
+    targets = one_per_bundle(targets)  # a dynamic model compiles once for its shape sets
     progress = Progress(len(targets))
     results = []
     for target in targets:

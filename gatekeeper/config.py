@@ -20,6 +20,12 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16"
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+TASKS = ("infer", "train")
+PRECISIONS = ("fp32", "bf16", "fp16")  # fp32: no autocast; bf16/fp16: torch.autocast
+# torch.optim classes a training step can use by name (LBFGS needs a closure, SparseAdam
+# sparse gradients: neither fits one compiled step)
+OPTIMIZERS = ("Adafactor", "Adadelta", "Adagrad", "Adam", "Adamax", "AdamW", "ASGD", "Muon",
+              "NAdam", "RAdam", "RMSprop", "Rprop", "SGD")
 
 
 class _Strict(BaseModel):
@@ -70,8 +76,43 @@ class GateConfig(_Strict):
     memory_regression: float = Field(0.05, ge=0)
     work_regression: float = Field(0.05, ge=0)  # FLOPs or bytes accessed per call
     graph_breaks: Literal["no-increase", "ignore"] = "no-increase"
+    # recompiles in the shape sweep (every shape set run after the first compile)
+    recompiles: Literal["no-increase", "ignore"] = "no-increase"
     inconclusive: Literal["pass", "fail"] = "pass"  # exit code of an undecided slowdown
     parity: ParityTolerance = ParityTolerance()
+
+
+class TrainConfig(BaseModel):
+    """A training target's step: ``optimizer`` is a torch.optim class by name; every
+    other key of the table (``weight_decay``, ``betas`` ...) is passed to it as a keyword
+    argument. ``loss`` is ``module:function`` taking ``(outputs, inputs)`` and returning a
+    scalar (default: the mean of squares of the first floating-point output). ``steps``
+    is how many steps parity compares."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+
+    optimizer: str = "AdamW"
+    lr: float = Field(1e-3, gt=0)
+    steps: int = Field(3, ge=1, le=100)
+    loss: str | None = Field(None, pattern=_CALLABLE)
+
+    @field_validator("optimizer")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {name!r} (expected one of "
+                             f"{', '.join(OPTIMIZERS)})")
+        return name
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The optimizer's keyword arguments besides ``lr``."""
+        return dict(self.model_extra or {})
+
+    def spec(self) -> dict[str, Any]:
+        """What the key records (everything that changes the compiled step)."""
+        return {"optimizer": self.optimizer, "lr": self.lr, "loss": self.loss,
+                "kwargs": self.kwargs}
 
 
 class ModelConfig(_Strict):
@@ -81,6 +122,9 @@ class ModelConfig(_Strict):
     inputs_factory: str | None = Field(None, pattern=_CALLABLE)
     shapes: list[dict[str, int]] = Field(default_factory=lambda: [{}])
     modes: list[Literal[MODES]] = Field(default_factory=lambda: ["default"])  # type: ignore[valid-type]
+    tasks: list[Literal[TASKS]] = Field(default_factory=lambda: ["infer"])  # type: ignore[valid-type]
+    precisions: list[Literal[PRECISIONS]] = Field(default_factory=lambda: ["fp32"])  # type: ignore[valid-type]
+    train: TrainConfig | None = None
     dynamic: bool = False
     fullgraph: bool = False
     backend: str = "inductor"
@@ -88,6 +132,11 @@ class ModelConfig(_Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     seed: int = 0
     gate: dict[str, Any] = Field(default_factory=dict)  # per-model overrides of [gate]
+
+    @property
+    def training(self) -> TrainConfig:
+        """The training step's settings (the defaults when ``train`` is not given)."""
+        return self.train or TrainConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelConfig":
@@ -97,6 +146,13 @@ class ModelConfig(_Strict):
             raise ValueError("'shapes' needs at least one shape set (use [{}] for none)")
         if len(set(self.modes)) != len(self.modes) or not self.modes:
             raise ValueError("'modes' must list distinct modes, at least one")
+        for name in ("tasks", "precisions"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ValueError(f"'{name}' must list distinct values, at least one")
+        if self.train is not None and "train" not in self.tasks:
+            raise ValueError("'train' is set but 'tasks' has no \"train\" (add it: "
+                             "tasks = [\"infer\", \"train\"])")
         if self.options and self.modes != ["default"]:
             raise ValueError("'options' cannot be combined with modes other than 'default' "
                              "(torch.compile takes either mode or options)")
@@ -125,6 +181,9 @@ class MeasureConfig(_Strict):
     min_time: float = Field(10.0, gt=0)
     max_samples: int = Field(400, ge=5)
     timeout: float = Field(1800, gt=0)  # per target subprocess, seconds
+    # after the first compile, run every shape set of the model in the same process and
+    # count recompiles (gated by gate.recompiles)
+    shape_sweep: bool = True
 
 
 class Config(_Strict):

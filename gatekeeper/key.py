@@ -169,11 +169,17 @@ def env_key(facts: dict) -> str:
 def compile_spec(target: Target) -> dict:
     """Everything about how a target is compiled, besides the code and the environment."""
     m: ModelConfig = target.model
-    shape_set = target.shape_set
+    # a dynamic model's bundle serves every shape set: its key names the dimensions
+    # (and every shape set), never one set's sizes
+    shape_set = {} if target.dynamic else target.shape_set
     inputs = None
     if m.inputs is not None:
         inputs = []
         for spec in m.inputs:
+            if target.dynamic:
+                inputs.append({"shape": list(spec.shape), "dtype": spec.dtype,
+                               "low": spec.low, "high": spec.high})
+                continue
             shape = [shape_set[d] if isinstance(d, str) else d for d in spec.shape]
             strides, acc = [], 1
             for d in reversed(shape):
@@ -181,11 +187,20 @@ def compile_spec(target: Target) -> dict:
                 acc *= max(d, 1)
             inputs.append({"shape": shape, "stride": strides, "dtype": spec.dtype,
                            "low": spec.low, "high": spec.high})
-    return {
+    spec_doc = {
         "backend": m.backend, "mode": target.mode, "dynamic": target.dynamic,
         "fullgraph": m.fullgraph, "options": m.options, "inputs": inputs,
         "inputs_factory": m.inputs_factory, "shapes": shape_set, "seed": m.seed,
     }
+    if target.dynamic:
+        spec_doc["shape_sets"] = m.shapes
+    # only when not the default: the keys of inference float32 targets stay what they were
+    if target.task != "infer":
+        spec_doc["task"] = target.task
+        spec_doc["train"] = m.training.spec()
+    if target.precision != "fp32":
+        spec_doc["precision"] = target.precision
+    return spec_doc
 
 
 
@@ -229,7 +244,7 @@ def target_key(target: Target, base_dir: Path) -> CacheKey:
     """The env part of ``target``'s key and its compile spec; no code hash yet."""
     device = resolve_device(target.model.device)
     facts = env_facts(device)
-    return CacheKey(target.id, env_key(facts), device, facts, compile_spec(target),
+    return CacheKey(target.bundle_id, env_key(facts), device, facts, compile_spec(target),
                     refs_of(target.model), Path(base_dir))
 
 

@@ -72,11 +72,23 @@ class GraphBreak(_Doc):
         return f"{self.file}:{self.line}" if self.file else "?"
 
 
+class ShapeSweep(_Doc):
+    """Every shape set of the model run in one process after the first compile."""
+
+    shape_sets: int
+    recompiles: int  # compiles caused by a failed guard
+    guards: list[str] = Field(default_factory=list)  # the failed guard of each, as torch says
+    fxgraph_cache_hit: int = 0  # the recompiles' graphs found in the FX graph cache
+    fxgraph_cache_miss: int = 0
+
+
 class Graphs(_Doc):
     count: int
     breaks: int
     break_reasons: list[GraphBreak] = Field(default_factory=list)
-    recompiles: int = 0
+    recompiles: int = 0  # while measuring, after the first compile
+    recompile_guards: list[str] = Field(default_factory=list)
+    sweep: ShapeSweep | None = None  # absent in documents from before the sweep
 
 
 class CompileStats(_Doc):

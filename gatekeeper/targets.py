@@ -1,9 +1,16 @@
-"""Targets: one (model, shape set, mode, dynamic) each, with a stable readable id.
+"""Targets: one (model, shape set, mode, dynamic, task, precision) each, with a stable
+readable id.
 
 The id has exactly three '/'-separated parts — ``<model>/<shapes>/<variant>`` — e.g.
-``mlp/b8/default`` or ``gpt-block/b2-s64/max-autotune+dynamic``. Later variants
-(training steps, autocast precisions) join the third part with ``+`` so every store path
-keeps its depth. The device is not in the id: it is part of the env key.
+``mlp/b8/default``, ``gpt-block/b2-s64/max-autotune+dynamic`` or
+``gpt2/b4/default+train+bf16``: the training task and an autocast precision join the
+third part with ``+`` so every store path keeps its depth. Inference and float32 are
+implicit, so the ids (and store paths) of targets from before they existed are
+unchanged. The device is not in the id: it is part of the env key.
+
+A ``dynamic`` model compiles once for all its shape sets: its targets share one bundle,
+stored under :attr:`Target.bundle_id` (``<model>/dynamic/<variant>``), while each shape
+set is still measured and reported under its own id.
 """
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ class Target:
     shapes: tuple[tuple[str, int], ...]
     mode: str
     dynamic: bool
+    task: str = "infer"  # infer | train
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast)
 
     @property
     def shape_set(self) -> dict[str, int]:
@@ -40,24 +49,41 @@ class Target:
 
     @property
     def variant(self) -> str:
-        return self.mode + ("+dynamic" if self.dynamic else "")
+        return self.mode + ("+dynamic" if self.dynamic else "") + \
+            ("+train" if self.task == "train" else "") + \
+            (f"+{self.precision}" if self.precision != "fp32" else "")
 
     @property
     def id(self) -> str:
         return f"{self.model.name}/{shapes_label(self.shape_set)}/{self.variant}"
 
+    @property
+    def bundle_id(self) -> str:
+        """Where its bundle is stored: its id, or for a dynamic model one id for all its
+        shape sets (one compile serves them all)."""
+        if self.dynamic:
+            return f"{self.model.name}/dynamic/{self.variant}"
+        return self.id
+
     def describe(self) -> dict:
         """What is compiled, as plain data (goes into manifests and results)."""
-        return {"id": self.id, "model": self.model.name, "shapes": self.shape_set,
-                "mode": self.mode, "dynamic": self.dynamic, "device": self.model.device}
+        d = {"id": self.id, "model": self.model.name, "shapes": self.shape_set,
+             "mode": self.mode, "dynamic": self.dynamic, "device": self.model.device}
+        if self.task != "infer":
+            d["task"] = self.task
+        if self.precision != "fp32":
+            d["precision"] = self.precision
+        return d
 
 
 def expand(config: Config) -> list[Target]:
     targets = [
-        Target(model, tuple(shape_set.items()), mode, model.dynamic)
+        Target(model, tuple(shape_set.items()), mode, model.dynamic, task, precision)
         for model in config.models
         for shape_set in model.shapes
         for mode in model.modes
+        for task in model.tasks
+        for precision in model.precisions
     ]
     ids = [t.id for t in targets]
     if dupes := sorted({i for i in ids if ids.count(i) > 1}):
@@ -66,6 +92,12 @@ def expand(config: Config) -> list[Target]:
         raise ConfigError(f"{config.path}: two shape sets give the same target id "
                           f"{dupes[0]}")
     return targets
+
+
+def one_per_bundle(targets: list[Target]) -> list[Target]:
+    """The first target of each bundle (a dynamic model's shape sets share one)."""
+    seen: set[str] = set()
+    return [t for t in targets if not (t.bundle_id in seen or seen.add(t.bundle_id))]
 
 
 def select(targets: list[Target], globs: list[str] | None = None,

@@ -462,3 +462,41 @@ def test_cli_entry_point_bad_config_subprocess(tmp_path):
     line = assert_one_error_line(proc.stderr)
     assert f"{path}: models[0].modes[0]" in line
     assert proc.stdout == ""
+
+
+# -- tasks, precisions, train (issue 12) ---------------------------------------------------
+def test_tasks_precisions_and_train_defaults(tmp_path):
+    m = load_config(write(tmp_path, "gatekeeper.toml", MODEL)).models[0]
+    assert (m.tasks, m.precisions, m.train) == (["infer"], ["fp32"], None)
+    assert m.training.optimizer == "AdamW" and m.training.steps == 3
+
+
+def test_train_table_with_optimizer_kwargs(tmp_path):
+    m = load_config(write(tmp_path, "gatekeeper.toml", MODEL + textwrap.dedent('''
+        tasks = ["infer", "train"]
+        precisions = ["fp32", "bf16", "fp16"]
+        train = { optimizer = "SGD", lr = 0.01, steps = 2, momentum = 0.9, loss = "pkg.mod:fn" }
+    '''))).models[0]
+    assert m.training.optimizer == "SGD" and m.training.steps == 2
+    assert m.training.kwargs == {"momentum": 0.9}
+    assert m.training.spec() == {"optimizer": "SGD", "lr": 0.01, "loss": "pkg.mod:fn",
+                                 "kwargs": {"momentum": 0.9}}
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    ('tasks = ["infer", "fit"]', "models[0].tasks[1]", "'train'"),
+    ('tasks = []', "models[0]", "at least one"),
+    ('precisions = ["fp32", "fp8"]', "models[0].precisions[1]", "'bf16'"),
+    ('precisions = ["bf16", "bf16"]', "models[0]", "distinct"),
+    ('tasks = ["train"]\ntrain = { optimizer = "Adamm" }', "models[0].train.optimizer",
+     "unknown optimizer 'Adamm'"),
+    ('tasks = ["train"]\ntrain = { optimizer = "LBFGS" }', "models[0].train.optimizer",
+     "unknown optimizer"),
+    ('tasks = ["train"]\ntrain = { steps = 0 }', "models[0].train.steps", "greater"),
+    ('tasks = ["train"]\ntrain = { lr = -1.0 }', "models[0].train.lr", "greater"),
+    ('tasks = ["train"]\ntrain = { loss = "nocolon" }', "models[0].train.loss", "pattern"),
+    ('train = { lr = 0.1 }', "models[0]", "'tasks' has no \"train\""),
+])
+def test_task_and_precision_errors_name_the_field(tmp_path, extra, field, words):
+    msg = config_error(tmp_path, MODEL + extra + "\n")
+    assert field in msg and words in msg, msg

@@ -321,3 +321,28 @@ def test_malformed_recorded_dependencies_are_partial_not_a_crash(project, tmp_pa
                          archive.name, manifest.to_bytes())
     match, _ = find_bundle(store, k, signing_key=None)
     assert match.status == "partial" and "malformed" in match.why
+
+
+# -- tasks, precisions, dynamic (issue 12) ---------------------------------------------------
+def test_compile_spec_has_task_precision_and_no_shapes_when_dynamic():
+    import json
+
+    from gatekeeper.config import Config
+    from gatekeeper.key import compile_spec
+    from gatekeeper.targets import expand
+
+    m = {"name": "m", "factory": "mod:make", "inputs": [{"shape": ["batch", 4]}],
+         "shapes": [{"batch": 2}, {"batch": 8}]}
+    plain = expand(Config.model_validate({"models": [m]}))
+    variants = expand(Config.model_validate({"models": [
+        {**m, "tasks": ["infer", "train"], "precisions": ["fp32", "bf16"]}]}))
+    # inference float32: the spec (so the code hash) of stores from before is unchanged
+    assert compile_spec(variants[0]) == compile_spec(plain[0])
+    assert "task" not in compile_spec(plain[0]) and "precision" not in compile_spec(plain[0])
+    specs = [compile_spec(t) for t in variants[:4]]
+    assert len({json.dumps(s, sort_keys=True) for s in specs}) == 4  # no two collide
+    assert specs[3]["task"] == "train" and specs[3]["precision"] == "bf16"
+    assert specs[3]["train"]["optimizer"] == "AdamW"
+    dyn = expand(Config.model_validate({"models": [{**m, "dynamic": True}]}))
+    assert compile_spec(dyn[0]) == compile_spec(dyn[1])  # one key for every shape set
+    assert compile_spec(dyn[0])["inputs"][0]["shape"] == ["batch", 4]

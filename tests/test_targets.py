@@ -249,3 +249,28 @@ def test_merge_needs_every_shard_once():
         _check_shards(["1/2", "2/3"])
     with pytest.raises(UsageError, match="all sharded"):
         _check_shards(["1/2", None])
+
+
+# -- tasks and precisions (issue 12) ----------------------------------------------------------
+def test_task_and_precision_join_the_variant_infer_and_fp32_implicit():
+    cfg = config(model("gpt2", [{"batch": 4}], tasks=["infer", "train"],
+                       precisions=["fp32", "bf16"]))
+    assert ids(cfg) == ["gpt2/b4/default", "gpt2/b4/default+bf16",
+                        "gpt2/b4/default+train", "gpt2/b4/default+train+bf16"]
+    t = expand(cfg)[3]
+    assert (t.task, t.precision) == ("train", "bf16")
+    assert t.describe()["task"] == "train" and t.describe()["precision"] == "bf16"
+    assert "task" not in expand(cfg)[0].describe()  # old manifests' description unchanged
+
+
+def test_dynamic_shape_sets_share_one_bundle_id():
+    from gatekeeper.targets import one_per_bundle
+
+    cfg = config(model("mlp", [{"batch": 2}, {"batch": 8}], dynamic=True),
+                 model("fix", [{"batch": 2}, {"batch": 8}]))
+    targets = expand(cfg)
+    assert [t.id for t in targets[:2]] == ["mlp/b2/default+dynamic", "mlp/b8/default+dynamic"]
+    assert {t.bundle_id for t in targets[:2]} == {"mlp/dynamic/default+dynamic"}
+    assert [t.bundle_id for t in targets[2:]] == ["fix/b2/default", "fix/b8/default"]
+    assert [t.id for t in one_per_bundle(targets)] == [
+        "mlp/b2/default+dynamic", "fix/b2/default", "fix/b8/default"]

@@ -49,6 +49,9 @@ def run(ctx: Context) -> int:
                         doc["speedup"] = doc["cold_compile_seconds"] / resp.compile_seconds
                     doc["fxgraph_cache_hit"] = c["fxgraph_cache_hit"]
                     doc["fxgraph_cache_miss"] = c["fxgraph_cache_miss"]
+                    # a training step's backward and optimizer come through AOTAutograd
+                    doc["autograd_cache_hit"] = c.get("autograd_cache_hit", 0)
+                    doc["autograd_cache_miss"] = c.get("autograd_cache_miss", 0)
                     doc["status"] = settle(doc["status"], c)  # a hit whose graphs all miss
                     step.done(f"{resp.compile_seconds:.2f} s" +
                               (", stale: every FX graph missed" if doc["status"] == "stale"

@@ -30,6 +30,10 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
   mismatched states are reported without a verdict.
 * memory: compiled peak beyond ``memory_regression`` and by more than the floor.
 * graph breaks: with ``no-increase``, more breaks than the baseline fail, naming the new ones.
+* recompiles: every shape set of the model runs in one process after the first compile
+  (the shape sweep); with ``recompiles = "no-increase"``, more recompiles than the
+  baseline's sweep fail, naming the guard that failed. Baselines without a sweep are not
+  compared.
 * accepted: a ``regressed`` target the pull request accepts on purpose (``--accept``, the
   ``gatekeeper:accept`` label); parity failures are never accepted.
 """
@@ -114,6 +118,8 @@ def gate_target(result: TargetResult, baseline: Baseline | None, rules: GateConf
         _memory(v, found, result, base, rules)
         if result.graphs and base.graphs and result.paired is None:
             _graph_breaks(v, found, base.graphs, result.graphs, rules)
+        if result.graphs and base.graphs:
+            _recompiles(v, found, base.graphs, result.graphs, rules)
         if result.paired is None:
             _work(v, found, result.work, base.work, "baseline", rules)
     v.verdict = _finish(v, found | {"pass"}, accept)
@@ -285,6 +291,25 @@ def _graph_breaks(v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs,
         where = "; ".join(f"{b.reason} at {b.where()}" for b in v.new_breaks[:3])
         v.reasons.append(f"graph breaks {base.breaks} -> {pr.breaks}"
                          + (f": {where}" if where else ""))
+
+
+def _recompiles(v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs,
+                rules: GateConfig) -> None:
+    """The shape sweep: more recompiles than the baseline's fail, naming the guard torch
+    says failed. A baseline measured before the sweep existed is not compared."""
+    if base.sweep is None or pr.sweep is None:
+        return
+    b, p = base.sweep.recompiles, pr.sweep.recompiles
+    if p <= b:
+        return
+    new = [g for g in pr.sweep.guards if g not in base.sweep.guards] or pr.sweep.guards
+    text = (f"recompiles over {pr.sweep.shape_sets} shape set(s) {b} -> {p}"
+            + (f": guard failed: {new[0]}" if new else ""))
+    if rules.recompiles == "no-increase":
+        found.add("regressed")
+        v.reasons.append(text)
+    else:
+        v.notes.append(text)
 
 
 def _gate_paired(v: TargetVerdict, result: TargetResult, rules: GateConfig,

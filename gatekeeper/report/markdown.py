@@ -220,7 +220,10 @@ def _breaks(r: TargetResult | None) -> int | None:
 
 
 def _recompiles(r: TargetResult | None) -> int | None:
-    return r.graphs.recompiles if r is not None and r.graphs is not None else None
+    """Recompiles after the first compile: while measuring, plus the shape sweep's."""
+    if r is None or r.graphs is None:
+        return None
+    return r.graphs.recompiles + (r.graphs.sweep.recompiles if r.graphs.sweep else 0)
 
 
 def _peak(r: TargetResult | None) -> int | None:

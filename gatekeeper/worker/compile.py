@@ -12,11 +12,16 @@ from ..config import ModelConfig
 from .counters import record_inductor_metrics
 from .model import build_recorded
 from .protocol import Request, Response
+from .task import check_precision, shape_sweep, under_autocast
 from .timing import first_call
 
 
-def compile_model(model: torch.nn.Module, cfg: ModelConfig, mode: str, dynamic: bool):
-    kwargs: dict[str, Any] = {"backend": cfg.backend, "fullgraph": cfg.fullgraph,
+def compile_model(model: Any, cfg: ModelConfig, mode: str, dynamic: bool,
+                  fullgraph: bool | None = None):
+    """``torch.compile`` a model (or a training step function) as configured;
+    ``fullgraph`` overrides the config's (a training step always breaks at backward)."""
+    kwargs: dict[str, Any] = {"backend": cfg.backend,
+                              "fullgraph": cfg.fullgraph if fullgraph is None else fullgraph,
                               "dynamic": dynamic}
     if cfg.options:
         kwargs["options"] = cfg.options
@@ -45,8 +50,8 @@ def compile_target(req: Request) -> Response:
     """``compile``: the first compiled calls, then the Mega-Cache blob. ``probe``: the
     same calls against the cache dir the parent restored, saving nothing: their time and
     counters show whether a warm start really was warm. ``deps``: the build alone."""
-    model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
     if req.action == "deps":
+        _, _, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
         return Response(ok=True, deps=deps, torch=torch.__version__)
     megacache_load = None
     if req.megacache_in:  # PyTorch's documented recipe, for comparison
@@ -54,17 +59,33 @@ def compile_target(req: Request) -> Response:
         torch.compiler.load_cache_artifacts(Path(req.megacache_in).read_bytes())
         megacache_load = time.perf_counter() - start
     record_inductor_metrics()  # so the bundle's FX entries replay bytes accessed on hits
-    compiled = compile_model(model, req.model, req.mode, req.dynamic)
-    calls = []
-    with torch.no_grad():
-        for _ in range(3):  # cudagraph trees record on a later call; run until settled
-            calls.append(first_call(compiled, inputs, req.device)[1])
+    if req.task == "train":
+        from .train import compile_steps
+
+        resp, cstep = compile_steps(req)
+        run = lambda ins: cstep(*ins)  # noqa: E731
+    else:
+        model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
+        check_precision(req.device, req.precision)
+        compiled = under_autocast(compile_model(model, req.model, req.mode, req.dynamic),
+                                  req.device, req.precision)
+        calls = []
+        with torch.no_grad():
+            for _ in range(3):  # cudagraph trees record on a later call; run until settled
+                calls.append(first_call(compiled, inputs, req.device)[1])
+        resp = Response(ok=True, compile_seconds=calls[0], call_seconds=calls,
+                        counters=snapshot_counters(), torch=torch.__version__, deps=deps)
+
+        def run(ins: tuple) -> None:
+            with torch.no_grad():
+                compiled(*ins)
+    if req.action == "compile" and req.dynamic:
+        # one bundle serves every shape set: whatever else they compile goes in it too
+        shape_sweep(req.model, req.base_path, req.device, run)
     megacache = None
     if req.megacache_out:
         megacache = torch.compiler.save_cache_artifacts()
         if megacache is not None:
             Path(req.megacache_out).write_bytes(megacache[0])
-    return Response(ok=True, compile_seconds=calls[0], call_seconds=calls,
-                    counters=snapshot_counters(), megacache=megacache is not None,
-                    megacache_load_seconds=megacache_load, torch=torch.__version__,
-                    deps=deps)
+    return resp.model_copy(update={"megacache": megacache is not None,
+                                   "megacache_load_seconds": megacache_load})

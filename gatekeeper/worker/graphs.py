@@ -1,15 +1,19 @@
 """Graphs and graph breaks of a model, with each break's reason and the user's file:line."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import torch
 
 
-def graph_breaks(model: torch.nn.Module, inputs: tuple, base_dir: Path) -> dict:
+def graph_breaks(model: Callable, inputs: tuple, base_dir: Path, *, grad: bool = False,
+                 context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict:
     """Graph count and breaks (``torch._dynamo.explain``; it resets dynamo, so explain
-    every model before compiling anything)."""
-    with torch.no_grad():
+    every model before compiling anything). ``grad``: with autograd on (a training
+    step); ``context``: entered around the call (autocast)."""
+    with torch.set_grad_enabled(grad), context():
         explained = torch._dynamo.explain(model)(*inputs)
     reasons = []
     for r in explained.break_reasons:

@@ -19,6 +19,8 @@ from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
 from .profile import profile_calls
 from .protocol import Request, Response
+from .task import (autocast, check_precision, parity_tolerance, recompiles, shape_sweep,
+                   start_counting, under_autocast)
 from .timing import first_call, latency
 
 
@@ -27,25 +29,33 @@ def _copied(out):
 
 
 def measure(req: Request) -> Response:
+    if req.task == "train":
+        from .train import measure_train
+        return measure_train(req)
     cfg, base_dir, device = req.model, req.base_path, req.device
     assert req.budget is not None and req.parity is not None and req.reference_out
-    tol = req.parity.model_dump()
+    tol = parity_tolerance(req.parity.model_dump(), req.precision)
+    check_precision(device, req.precision)
     model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
+    # the precision's autocast around every forward (none for fp32); fp64 runs without
+    eager = under_autocast(model, device, req.precision)
+    amp = lambda: autocast(device, req.precision)  # noqa: E731
     paired: dict | None = None
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
-    graphs = graph_breaks(model, inputs, base_dir)
+    graphs = graph_breaks(model, inputs, base_dir, context=amp)
     if base_dir_paired is not None:
         base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
-        base_graphs = graph_breaks(base_model, inputs, base_dir_paired)
+        base_graphs = graph_breaks(base_model, inputs, base_dir_paired, context=amp)
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
 
     before_compile = allocated(device)
-    compiled = compile_model(model, cfg, req.mode, req.dynamic)
+    compiled = under_autocast(compile_model(model, cfg, req.mode, req.dynamic), device,
+                              req.precision)
     with torch.no_grad():
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
         # next call: keep a copy of what the first call returned
@@ -60,47 +70,50 @@ def measure(req: Request) -> Response:
                          tree_flatten(out_compiled)[0] if isinstance(t, torch.Tensor)
                          and t.device.type == "cuda")
         held = allocated(device) - before_compile - copy_bytes
-        work = {**inductor_metrics(), "flops": flops(lambda: model(*inputs)),
+        work = {**inductor_metrics(), "flops": flops(lambda: eager(*inputs)),
                 "instructions": instructions(lambda: compiled(*inputs))}
-        frames_after_compile = counters["frames"].get("ok", 0)
-        base_fn, base_frames = None, 0
+        base_fn = None
         if base_dir_paired is not None:
             reset_inductor_metrics()
-            base_compiled = compile_model(base_model, cfg, req.mode, req.dynamic)
+            base_compiled = under_autocast(compile_model(base_model, cfg, req.mode,
+                                                         req.dynamic), device, req.precision)
             base_out, base_seconds = first_call(base_compiled, inputs, device)
             base_out = _copied(base_out)
             base_compiled(*inputs)
-            base_frames = counters["frames"].get("ok", 0) - frames_after_compile
             base_fn = lambda: base_compiled(*inputs)  # noqa: E731
             paired = {"compile_seconds": base_seconds, "graphs": base_graphs,
                       "deps": base_deps,
-                      "work": {**inductor_metrics(), "flops": flops(lambda: base_model(*inputs)),
+                      "work": {**inductor_metrics(),
+                               "flops": flops(lambda: under_autocast(
+                                   base_model, device, req.precision)(*inputs)),
                                "instructions": instructions(base_fn)}}
 
         cand = Outputs.of(out_compiled)
         ref64 = fp64_reference(model, inputs)
         ref64_leaves = ref64.leaves if ref64 is not None else None
-        parity = {"vs_eager": check_parity(cand, Outputs.of(model(*inputs)), ref64_leaves, tol)}
+        parity = {"vs_eager": check_parity(cand, Outputs.of(eager(*inputs)), ref64_leaves, tol)}
         if base_dir_paired is not None:
             parity["vs_baseline"] = check_parity(cand, Outputs.of(base_out), None, tol)
         elif req.baseline_reference:
             base_outputs, base64 = load_reference(req.baseline_reference)
             parity["vs_baseline"] = check_parity(cand, base_outputs, base64, tol)
         save_reference(req.reference_out, cand, ref64)
+        start_counting()  # recompiles from here on: the measured calls
 
         memory = {"kind": "cuda" if device.startswith("cuda") else "cpu",
-                  "eager_peak_bytes": peak_memory(lambda: model(*inputs), device),
+                  "eager_peak_bytes": peak_memory(lambda: eager(*inputs), device),
                   "compiled_peak_bytes": peak_memory(lambda: compiled(*inputs), device,
                                                      held=max(held, 0))}
-        lat = latency(lambda: model(*inputs), lambda: compiled(*inputs), device,
+        lat = latency(lambda: eager(*inputs), lambda: compiled(*inputs), device,
                       req.budget.model_dump(), base=base_fn)
         prof = profile_calls(lambda: compiled(*inputs), device, trace=req.trace_out)
         if base_fn is not None and paired is not None:
             paired["profile"] = profile_calls(
                 base_fn, device, trace=req.trace_out.replace(".json.gz", ".base.json.gz")
                 if req.trace_out else None)
-    # frames compiled after the head's first call, not counting the base model's own
-    graphs["recompiles"] = counters["frames"].get("ok", 0) - frames_after_compile - base_frames
+        graphs["recompiles"], graphs["recompile_guards"] = recompiles()
+        if req.sweep:
+            graphs["sweep"] = shape_sweep(cfg, base_dir, device, lambda ins: compiled(*ins))
     if paired is not None:
         paired["samples"] = lat["samples"].pop("base")
     return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,

@@ -40,6 +40,9 @@ class Request(_Msg):
     shapes: dict[str, int]
     mode: str
     dynamic: bool
+    task: Literal["infer", "train"] = "infer"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    sweep: bool = True  # measure: run every shape set of the model and count recompiles
     megacache_out: str | None = None  # compile: write the Mega-Cache blob here
     megacache_in: str | None = None  # load this blob first (PyTorch's recipe, benchmarks)
     budget: MeasureConfig | None = None  # measure: warmup, min_time, max_samples
@@ -54,7 +57,8 @@ class Request(_Msg):
                    **extra: Any) -> "Request":
         return cls(action=action, model=target.model, base_dir=str(config.base_dir),
                    device=device, shapes=target.shape_set, mode=target.mode,
-                   dynamic=target.dynamic, **extra)
+                   dynamic=target.dynamic, task=target.task, precision=target.precision,
+                   **extra)
 
     @property
     def base_path(self) -> Path:

@@ -158,3 +158,38 @@ def test_a_cold_pr_compile_is_compared_with_the_baselines_cold_figure():
     slow = make_result(TARGET, seed=1, compile_s=20.0, warm=False, cache="partial")
     v = gate.gate_target(slow, base, RULES)
     assert v.verdict == "regressed" and any("cold compile time 10.0 s" in r for r in v.reasons)
+
+
+# -- recompiles in the shape sweep (issue 12) ------------------------------------------------
+def with_sweep(result, recompiles, guards=()):
+    from gatekeeper.results import ShapeSweep
+
+    result.graphs.sweep = ShapeSweep(shape_sets=3, recompiles=recompiles, guards=list(guards))
+    return result
+
+
+GUARD = "0/0: 5 <= x.size()[0] # if x.shape[0] > 4: # model.py:11 in forward"
+
+
+def test_more_recompiles_than_the_baseline_is_regressed_naming_the_guard():
+    base = make_baseline(with_sweep(make_result(TARGET, seed=1), 0))
+    pr = with_sweep(make_result(TARGET, seed=1), 1, [GUARD])
+    v = gate.gate_target(pr, base, RULES)
+    assert v.verdict == "regressed"
+    (reason,) = [r for r in v.reasons if "recompiles" in r]
+    assert "0 -> 1" in reason and "x.shape[0] > 4" in reason
+
+
+def test_as_many_recompiles_passes_and_ignore_only_notes():
+    base = make_baseline(with_sweep(make_result(TARGET, seed=1), 2, [GUARD]))
+    assert gate.gate_target(with_sweep(make_result(TARGET, seed=1), 2, [GUARD]), base,
+                            RULES).verdict == "pass"
+    more = with_sweep(make_result(TARGET, seed=1), 3, [GUARD])
+    v = gate.gate_target(more, base, GateConfig(recompiles="ignore"))
+    assert v.verdict == "pass" and any("recompiles" in n for n in v.notes)
+
+
+def test_baseline_from_before_the_sweep_is_not_compared():
+    base = make_baseline(make_result(TARGET, seed=1, recompiles=0))  # no sweep recorded
+    pr = with_sweep(make_result(TARGET, seed=1), 4, [GUARD])
+    assert gate.gate_target(pr, base, RULES).verdict == "pass"

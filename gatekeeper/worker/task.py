@@ -1,0 +1,246 @@
+"""What a target runs, besides the plain float32 forward: autocast precisions, the
+training step, and the shape sweep that counts recompiles (runs in the worker).
+
+* **Precision**: ``bf16``/``fp16`` run the forward (and a training step's forward and
+  loss) under ``torch.autocast(device_type, dtype)``, entered around the compiled call as
+  a service would. A dtype autocast cannot use on the device is a config error.
+* **Training step**: ``zero_grad(set_to_none=True)``, forward, loss, ``backward()``,
+  ``optimizer.step()``: one function, compiled whole with ``torch.compile``. Eager and
+  compiled each run their own deep copy of the model and optimizer from the same
+  seeded weights; :func:`copy_state` puts both in the same state (in place: the compiled
+  step's guards keep their tensors) before they are timed.
+* **Shape sweep**: after the first compile, one process runs every shape set of the
+  model in turn; each recompile is counted with the guard that failed, as torch reports
+  it (``get_compilation_metrics()[i].recompile_reason``).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..config import ModelConfig, TrainConfig
+from ..errors import ConfigError
+from .model import load_callable
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# allclose tolerances for outputs computed under autocast: a few units in the last place
+# of the low-precision dtype (bf16 eps 7.8e-3, fp16 eps 9.8e-4); the fp64-reference RMSE
+# and cosine rungs of the ladder still apply beyond them
+LOW_PRECISION_TOL = {"bf16": 1.6e-2, "fp16": 2e-3}
+
+
+def device_type(device: str) -> str:
+    return device.split(":")[0]
+
+
+def check_precision(device: str, precision: str) -> None:
+    """A config error when autocast cannot run ``precision`` on ``device``."""
+    dtype = DTYPES[precision]
+    if dtype is None:
+        return
+    dev = device_type(device)
+    if dev == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"precisions: bf16 is not supported on "
+                          f"{torch.cuda.get_device_name(device)}")
+    # autocast warns and disables itself for a dtype the device does not support
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast(dev, dtype=dtype):
+            enabled = torch.is_autocast_enabled(dev)
+    if not enabled or any("not supported" in str(w.message) for w in caught):
+        raise ConfigError(f"precisions: {precision} autocast is not supported on {dev} "
+                          f"by torch {torch.__version__}")
+
+
+def autocast(device: str, precision: str) -> contextlib.AbstractContextManager:
+    dtype = DTYPES[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type(device), dtype=dtype)
+
+
+def under_autocast(fn: Callable, device: str, precision: str) -> Callable:
+    """``fn`` called under the precision's autocast (``fn`` itself for fp32)."""
+    if DTYPES[precision] is None:
+        return fn
+
+    def call(*args: Any) -> Any:
+        with autocast(device, precision):
+            return fn(*args)
+    return call
+
+
+def parity_tolerance(tol: dict, precision: str) -> dict:
+    """The tolerances for a precision: allclose loosened to the autocast dtype's scale."""
+    loose = LOW_PRECISION_TOL.get(precision)
+    if loose is None:
+        return dict(tol)
+    return {**tol, "atol": max(tol["atol"], loose), "rtol": max(tol["rtol"], loose)}
+
+
+# -- training ---------------------------------------------------------------------------
+def _first_float(out: Any) -> int | None:
+    for i, leaf in enumerate(tree_flatten(out)[0]):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return i
+    return None
+
+
+def make_loss(cfg: ModelConfig, base_dir: Path, sample_out: Any) -> Callable:
+    """The configured ``train.loss`` or, by default, the mean of squares of the first
+    floating-point output (low-precision outputs upcast to float32)."""
+    train = cfg.training
+    if train.loss:
+        fn = load_callable(train.loss, base_dir)
+        return lambda out, inputs: fn(out, inputs)
+    index = _first_float(sample_out)
+    if index is None:
+        raise ConfigError(f"tasks: \"train\" needs a floating-point output for the default "
+                          f"loss, and model {cfg.name!r} returns none (set train.loss)")
+
+    def loss(out: Any, inputs: tuple) -> torch.Tensor:
+        t = tree_flatten(out)[0][index]
+        if t.dtype in (torch.float16, torch.bfloat16):
+            t = t.float()
+        return (t * t).mean()
+    return loss
+
+
+def make_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+    cls = getattr(torch.optim, train.optimizer)
+    try:
+        return cls(model.parameters(), lr=train.lr, **train.kwargs)
+    except (TypeError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"train: torch.optim.{train.optimizer} rejects its arguments "
+                          f"{ {'lr': train.lr, **train.kwargs} }: {first}") from None
+
+
+def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss_fn: Callable,
+              device: str, precision: str) -> Callable:
+    """One training step as one function (what ``torch.compile`` compiles whole)."""
+    dtype, dev = DTYPES[precision], device_type(device)
+    if dtype is None:
+        def step(*inputs: Any) -> torch.Tensor:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(*inputs), inputs)
+            loss.backward()
+            opt.step()
+            return loss  # detached outside: a detach here is one more graph
+    else:
+        def step(*inputs: Any) -> torch.Tensor:
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(dev, dtype=dtype):
+                loss = loss_fn(model(*inputs), inputs)
+            loss.backward()
+            opt.step()
+            return loss  # detached outside: a detach here is one more graph
+    return step
+
+
+class Trainer:
+    """A model, its optimizer and its step function (eager or compiled)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable,
+                 device: str, precision: str) -> None:
+        self.model = model.train()
+        self.opt = make_optimizer(self.model, cfg.training)
+        self.step = make_step(self.model, self.opt, loss_fn, device, precision)
+
+    @classmethod
+    def copy_of(cls, model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable,
+                device: str, precision: str) -> "Trainer":
+        return cls(copy.deepcopy(model), cfg, loss_fn, device, precision)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Everything a step reads and writes: parameters, buffers, optimizer state."""
+        out = list(self.model.parameters()) + list(self.model.buffers())
+        for p in self.model.parameters():
+            out += [v for _, v in sorted(self.opt.state.get(p, {}).items())
+                    if isinstance(v, torch.Tensor)]
+        return out
+
+    def outputs(self, losses: list[torch.Tensor]) -> dict:
+        """What training parity compares: the updated parameters (first: they say which
+        layer stopped learning) and the loss trajectory."""
+        return {"params": {n: p.detach().clone() for n, p in self.model.named_parameters()},
+                "loss": torch.stack([x.detach().float() if x.dtype != torch.float64 else x
+                                     for x in losses])}
+
+
+def copy_state(src: Trainer, dst: Trainer) -> None:
+    """``dst`` takes ``src``'s parameters, buffers and optimizer state, copied in place so
+    a compiled step keeps the tensors its guards know."""
+    a, b = src.tensors(), dst.tensors()
+    if len(a) != len(b):
+        return
+    with torch.no_grad():
+        for s, d in zip(a, b):
+            if s.shape == d.shape:
+                d.copy_(s)
+
+
+def run_steps(step: Callable, inputs: tuple, steps: int) -> list[torch.Tensor]:
+    return [step(*inputs) for _ in range(steps)]
+
+
+def fp64_trajectory(model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable,
+                    inputs: tuple, device: str) -> dict | None:
+    """The eager training run in float64 (no autocast), or None where it cannot run."""
+    try:
+        t = Trainer(copy.deepcopy(model).double(), cfg, loss_fn, device, "fp32")
+        args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                     else a for a in inputs)
+        return t.outputs(run_steps(t.step, args, cfg.training.steps))
+    except Exception:  # fp32-only kernels: the RMSE rung is skipped
+        return None
+
+
+def name_task(check: dict, steps: int) -> dict:
+    """A training parity check's detail names the task and what differs."""
+    if check.get("passed"):
+        return check
+    detail = check.get("detail") or check.get("method", "")
+    what = "loss trajectory" if "['loss']" in detail else \
+        "parameters" if "['params']" in detail else "outputs"
+    return {**check, "detail": f"train: {what} after {steps} steps differ: {detail}"}
+
+
+# -- recompiles ---------------------------------------------------------------------------
+def start_counting() -> None:
+    """From now on, every compile torch records is counted (see :func:`recompiles`)."""
+    from torch._dynamo.utils import clear_compilation_metrics
+
+    clear_compilation_metrics()
+
+
+def recompiles() -> tuple[int, list[str]]:
+    """Recompiles since :func:`start_counting`, and the guard that failed for each."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    reasons = [m.recompile_reason for m in get_compilation_metrics() if m.recompile_reason]
+    return len(reasons), [" ".join(r.split())[:300] for r in reasons]
+
+
+def shape_sweep(cfg: ModelConfig, base_dir: Path, device: str,
+                call: Callable[[tuple], Any]) -> dict:
+    """Every shape set of the model, in turn, through ``call`` (the compiled model or
+    step): the recompiles they cause, with the guards torch names."""
+    from torch._dynamo.utils import counters
+
+    from .model import make_inputs
+
+    start_counting()
+    before = dict(counters["inductor"])
+    for shape_set in cfg.shapes:
+        call(make_inputs(cfg, shape_set, base_dir, device))
+    count, guards = recompiles()
+    fx = {k: counters["inductor"].get(k, 0) - before.get(k, 0)
+          for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+    return {"shape_sets": len(cfg.shapes), "recompiles": count, "guards": guards, **fx}

@@ -1,0 +1,133 @@
+"""``check``'s measurement of a training target, inside the worker.
+
+What the inference measurement reports, per step: graphs and breaks of the step,
+compile time (the first compiled step compiles forward, backward and optimizer),
+parity, peak memory (activations included), interleaved eager vs compiled step latency,
+work counters, profile, recompiles and the shape sweep.
+
+Parity: eager and compiled each train their own copy of the same seeded model with
+their own optimizer for ``train.steps`` steps on the same inputs; the loss trajectory
+and the updated parameters are compared (the inference ladder: allclose, then the
+float64 eager run's RMSE, then cosine for autocast), and saved as this target's
+reference outputs, so the next run compares with the baseline's too.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch._dynamo.utils import counters
+
+from .compile import compile_model, snapshot_counters
+from .counters import (flops, inductor_metrics, instructions, record_inductor_metrics,
+                       reset_inductor_metrics)
+from .graphs import graph_breaks
+from .memory import peak_memory
+from .model import build_base, build_recorded
+from .parity import Outputs, check_parity, load_reference, save_reference
+from .profile import profile_calls
+from .protocol import Request, Response
+from .task import (Trainer, autocast, check_precision, copy_state, fp64_trajectory,
+                   make_loss, name_task, parity_tolerance, recompiles, run_steps,
+                   shape_sweep, start_counting)
+from .timing import first_call, latency
+
+
+def prepare(req: Request, base_dir: Path, model: torch.nn.Module, inputs: tuple):
+    """The loss function, from one eager forward's outputs (a config error when the
+    default loss finds no floating-point output)."""
+    check_precision(req.device, req.precision)
+    with torch.no_grad(), autocast(req.device, req.precision):
+        sample = model(*inputs)
+    return make_loss(req.model, base_dir, sample)
+
+
+def compile_steps(req: Request) -> tuple[Response, Callable]:
+    """``compile``/``probe`` of a training target: whole compiled steps (the AOTAutograd
+    entry is written only once the backward has run), forward, backward and optimizer.
+    Also returns the compiled step."""
+    cfg, device = req.model, req.device
+    model, inputs, deps = build_recorded(cfg, req.shapes, req.base_path, device)
+    loss_fn = prepare(req, req.base_path, model, inputs)
+    record_inductor_metrics()
+    trainer = Trainer.copy_of(model, cfg, loss_fn, device, req.precision)
+    cstep = compile_model(trainer.step, cfg, req.mode, req.dynamic, fullgraph=False)
+    calls = [first_call(cstep, inputs, device)[1] for _ in range(max(2, cfg.training.steps))]
+    return Response(ok=True, compile_seconds=calls[0], call_seconds=calls,
+                    counters=snapshot_counters(), torch=torch.__version__, deps=deps), cstep
+
+
+def measure_train(req: Request) -> Response:
+    cfg, base_dir, device = req.model, req.base_path, req.device
+    assert req.budget is not None and req.parity is not None and req.reference_out
+    tol = parity_tolerance(req.parity.model_dump(), req.precision)
+    steps = cfg.training.steps
+    model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
+    loss_fn = prepare(req, base_dir, model, inputs)
+    new = lambda m: Trainer.copy_of(m, cfg, loss_fn, device, req.precision)  # noqa: E731
+    base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
+
+    # explain() runs the step and resets dynamo: on throwaway copies, before compiling
+    graphs = graph_breaks(new(model).step, inputs, base_dir, grad=True)
+    if base_dir_paired is not None:
+        base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
+        base_graphs = graph_breaks(new(base_model).step, inputs, base_dir_paired, grad=True)
+    torch._dynamo.reset()
+    counters.clear()
+    record_inductor_metrics()
+    reset_inductor_metrics()
+
+    eager, comp = new(model), new(model)
+    cstep = compile_model(comp.step, cfg, req.mode, req.dynamic, fullgraph=False)
+    first, compile_seconds = first_call(cstep, inputs, device)
+    losses = [first] + run_steps(cstep, inputs, steps - 1)
+    cache = snapshot_counters()
+    work = {**inductor_metrics(), "flops": flops(lambda: new(model).step(*inputs))}
+    cand = Outputs.of(comp.outputs(losses))
+    ref64 = fp64_trajectory(model, cfg, loss_fn, inputs, device)
+    ref64_leaves = Outputs.of(ref64).leaves if ref64 is not None else None
+    parity = {"vs_eager": name_task(check_parity(
+        cand, Outputs.of(eager.outputs(run_steps(eager.step, inputs, steps))), ref64_leaves,
+        tol), steps)}
+
+    paired, base_fn = None, None
+    if base_dir_paired is not None:
+        reset_inductor_metrics()
+        base = new(base_model)
+        base_step = compile_model(base.step, cfg, req.mode, req.dynamic, fullgraph=False)
+        base_first, base_seconds = first_call(base_step, inputs, device)
+        base_out = Outputs.of(base.outputs([base_first] + run_steps(base_step, inputs,
+                                                                    steps - 1)))
+        parity["vs_baseline"] = name_task(check_parity(cand, base_out, None, tol), steps)
+        base_fn = lambda: base_step(*inputs)  # noqa: E731
+        paired = {"compile_seconds": base_seconds, "graphs": base_graphs, "deps": base_deps,
+                  "work": {**inductor_metrics(),
+                           "flops": flops(lambda: new(base_model).step(*inputs)),
+                           "instructions": instructions(base_fn)}}
+    elif req.baseline_reference:
+        base_outputs, base64 = load_reference(req.baseline_reference)
+        parity["vs_baseline"] = name_task(check_parity(cand, base_outputs, base64, tol), steps)
+    save_reference(req.reference_out, cand, Outputs.of(ref64) if ref64 is not None else None)
+
+    start_counting()  # recompiles from here on: the measured steps
+    work["instructions"] = instructions(lambda: cstep(*inputs))
+    memory = {"kind": "cuda" if device.startswith("cuda") else "cpu",
+              "eager_peak_bytes": peak_memory(lambda: eager.step(*inputs), device),
+              "compiled_peak_bytes": peak_memory(lambda: cstep(*inputs), device)}
+    copy_state(eager, comp)  # both timed from the same state
+    lat = latency(lambda: eager.step(*inputs), lambda: cstep(*inputs), device,
+                  req.budget.model_dump(), base=base_fn)
+    prof = profile_calls(lambda: cstep(*inputs), device, trace=req.trace_out)
+    if base_fn is not None and paired is not None:
+        paired["profile"] = profile_calls(
+            base_fn, device, trace=req.trace_out.replace(".json.gz", ".base.json.gz")
+            if req.trace_out else None)
+        paired["samples"] = lat["samples"].pop("base")
+    graphs["recompiles"], graphs["recompile_guards"] = recompiles()
+    if req.sweep:
+        graphs["sweep"] = shape_sweep(cfg, base_dir, device, lambda ins: cstep(*ins))
+    return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
+                    parity=parity, memory=memory, latency=lat, paired=paired, work=work,
+                    profile=prof, pid=os.getpid(), torch=torch.__version__, deps=deps)
