@@ -721,7 +721,6 @@ def test_a_gatekeeper_folder_in_the_workspace_does_not_shadow_the_tool(
     assert run.outputs["cache-hit"] == "false"  # an empty store: a miss, not an error
 
 
-@pytest.mark.serial  # a timing verdict: run alone
 def test_gate_flow_outputs_summary_sticky_comment_and_failures(
         harness: Harness, github_api: FakeGitHub, s3_bucket_uri: Any, tmp_path: Path) -> None:
     store = str(s3_bucket_uri)
@@ -874,7 +873,6 @@ def origin(tmp_path: Path) -> Origin:
                   git(bare, "rev-parse", "feature"))
 
 
-@pytest.mark.serial  # a timing verdict: run alone
 def test_a_depth_1_pull_request_checkout_pairs_with_the_fetched_base(
         harness: Harness, origin: Origin, tmp_path: Path) -> None:
     """What a default actions/checkout leaves (the PR's commit, depth 1) is enough: the

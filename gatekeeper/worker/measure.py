@@ -14,14 +14,13 @@ from .compile import compile_model, snapshot_counters
 from .counters import (flops, inductor_metrics, instructions, record_inductor_metrics,
                        reset_inductor_metrics)
 from .graphs import graph_breaks
-from .memory import allocated, peak_memory
+from .memory import allocated
 from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
-from .profile import profile_calls
 from .protocol import Request, Response
-from .task import (autocast, check_precision, parity_tolerance, recompiles, shape_sweep,
-                   start_counting, under_autocast)
-from .timing import first_call, latency
+from .task import (autocast, check_precision, measure_calls, parity_tolerance, recompiles,
+                   shape_sweep, start_counting, under_autocast)
+from .timing import first_call
 
 
 def _copied(out):
@@ -100,22 +99,12 @@ def measure(req: Request) -> Response:
         save_reference(req.reference_out, cand, ref64)
         start_counting()  # recompiles from here on: the measured calls
 
-        memory = {"kind": "cuda" if device.startswith("cuda") else "cpu",
-                  "eager_peak_bytes": peak_memory(lambda: eager(*inputs), device),
-                  "compiled_peak_bytes": peak_memory(lambda: compiled(*inputs), device,
-                                                     held=max(held, 0))}
-        lat = latency(lambda: eager(*inputs), lambda: compiled(*inputs), device,
-                      req.budget.model_dump(), base=base_fn)
-        prof = profile_calls(lambda: compiled(*inputs), device, trace=req.trace_out)
-        if base_fn is not None and paired is not None:
-            paired["profile"] = profile_calls(
-                base_fn, device, trace=req.trace_out.replace(".json.gz", ".base.json.gz")
-                if req.trace_out else None)
+        memory, lat, prof = measure_calls(lambda: eager(*inputs), lambda: compiled(*inputs),
+                                          device, req, base_fn=base_fn, paired=paired,
+                                          held=held)
         graphs["recompiles"], graphs["recompile_guards"] = recompiles()
         if req.sweep:
             graphs["sweep"] = shape_sweep(cfg, base_dir, device, lambda ins: compiled(*ins))
-    if paired is not None:
-        paired["samples"] = lat["samples"].pop("base")
     return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
                     parity=parity, memory=memory, latency=lat, paired=paired, work=work,
                     profile=prof, pid=os.getpid(), torch=torch.__version__, deps=deps)

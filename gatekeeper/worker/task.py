@@ -26,7 +26,10 @@ from torch.utils._pytree import tree_flatten
 
 from ..config import ModelConfig, TrainConfig
 from ..errors import ConfigError
+from .memory import peak_memory
 from .model import load_callable
+from .profile import profile_calls
+from .timing import latency
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # allclose tolerances for outputs computed under autocast: a few units in the last place
@@ -244,3 +247,27 @@ def shape_sweep(cfg: ModelConfig, base_dir: Path, device: str,
     fx = {k: counters["inductor"].get(k, 0) - before.get(k, 0)
           for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
     return {"shape_sets": len(cfg.shapes), "recompiles": count, "guards": guards, **fx}
+
+
+def measure_calls(eager_fn: Callable[[], Any], compiled_fn: Callable[[], Any], device: str,
+                  req: Any, *, base_fn: Callable[[], Any] | None = None,
+                  paired: dict | None = None, held: int = 0,
+                  before_timing: Callable[[], Any] | None = None) -> tuple[dict, dict, Any]:
+    """Peak memory, interleaved latency and the profile of a target's calls (a forward or
+    a training step), the same for every task; with ``base_fn`` the base commit's calls
+    are timed in the same rounds, and its profile and samples go into ``paired``.
+    ``before_timing`` runs between the memory and the timed calls (a training step puts
+    eager and compiled back into the same state there)."""
+    memory = {"kind": "cuda" if device.startswith("cuda") else "cpu",
+              "eager_peak_bytes": peak_memory(eager_fn, device),
+              "compiled_peak_bytes": peak_memory(compiled_fn, device, held=max(held, 0))}
+    if before_timing is not None:
+        before_timing()
+    lat = latency(eager_fn, compiled_fn, device, req.budget.model_dump(), base=base_fn)
+    prof = profile_calls(compiled_fn, device, trace=req.trace_out)
+    if base_fn is not None and paired is not None:
+        paired["profile"] = profile_calls(
+            base_fn, device, trace=req.trace_out.replace(".json.gz", ".base.json.gz")
+            if req.trace_out else None)
+        paired["samples"] = lat["samples"].pop("base")
+    return memory, lat, prof

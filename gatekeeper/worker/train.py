@@ -24,15 +24,13 @@ from .compile import compile_model, snapshot_counters
 from .counters import (flops, inductor_metrics, instructions, record_inductor_metrics,
                        reset_inductor_metrics)
 from .graphs import graph_breaks
-from .memory import peak_memory
 from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, load_reference, save_reference
-from .profile import profile_calls
 from .protocol import Request, Response
 from .task import (Trainer, autocast, check_precision, copy_state, fp64_trajectory,
-                   make_loss, name_task, parity_tolerance, recompiles, run_steps,
+                   make_loss, measure_calls, name_task, parity_tolerance, recompiles, run_steps,
                    shape_sweep, start_counting)
-from .timing import first_call, latency
+from .timing import first_call
 
 
 def prepare(req: Request, base_dir: Path, model: torch.nn.Module, inputs: tuple):
@@ -113,18 +111,9 @@ def measure_train(req: Request) -> Response:
 
     start_counting()  # recompiles from here on: the measured steps
     work["instructions"] = instructions(lambda: cstep(*inputs))
-    memory = {"kind": "cuda" if device.startswith("cuda") else "cpu",
-              "eager_peak_bytes": peak_memory(lambda: eager.step(*inputs), device),
-              "compiled_peak_bytes": peak_memory(lambda: cstep(*inputs), device)}
-    copy_state(eager, comp)  # both timed from the same state
-    lat = latency(lambda: eager.step(*inputs), lambda: cstep(*inputs), device,
-                  req.budget.model_dump(), base=base_fn)
-    prof = profile_calls(lambda: cstep(*inputs), device, trace=req.trace_out)
-    if base_fn is not None and paired is not None:
-        paired["profile"] = profile_calls(
-            base_fn, device, trace=req.trace_out.replace(".json.gz", ".base.json.gz")
-            if req.trace_out else None)
-        paired["samples"] = lat["samples"].pop("base")
+    memory, lat, prof = measure_calls(
+        lambda: eager.step(*inputs), lambda: cstep(*inputs), device, req, base_fn=base_fn,
+        paired=paired, before_timing=lambda: copy_state(eager, comp))  # the same state
     graphs["recompiles"], graphs["recompile_guards"] = recompiles()
     if req.sweep:
         graphs["sweep"] = shape_sweep(cfg, base_dir, device, lambda ins: cstep(*ins))

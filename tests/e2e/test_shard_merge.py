@@ -50,9 +50,6 @@ TARGETS = ["tiny/b4/default", "tiny/b8/default"]
 ENV = {"OMP_NUM_THREADS": "1", "GITHUB_REF_NAME": "main"}
 PR_ENV = {**ENV, "TINY_DRIFT": "1"}
 
-# asserts timing verdicts: run alone (see pyproject's markers)
-pytestmark = pytest.mark.serial
-
 
 def run_json(*args: str, cwd: Path, env: dict,
              expect: tuple[int, ...] = (0,)) -> tuple[int, dict]:

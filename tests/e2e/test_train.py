@@ -17,22 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import gk, gk_json, shared_objects, write_project
+from helpers import TINY_MODEL, gk, gk_json, shared_objects, write_project
 from projects import QUIET
 
-MODELS = textwrap.dedent('''
-    import torch
-    from torch import nn
-
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1 = nn.Linear(16, 32)
-            self.fc2 = nn.Linear(32, 4)
-
-        def forward(self, x):
-            h = torch.relu(self.fc1(x))
-            return self.fc2(h)
+# the helpers' tiny model (its forward in two lines, so a test can cut the gradient in
+# one) and a model for dynamic shapes
+MODELS = TINY_MODEL.replace("return self.fc2(torch.relu(self.fc1(x)))",
+                            "h = torch.relu(self.fc1(x))\n        return self.fc2(h)") + \
+    textwrap.dedent('''
 
     class Dyn(nn.Module):
         def __init__(self):
@@ -42,12 +34,10 @@ MODELS = textwrap.dedent('''
         def forward(self, x):
             return self.fc(x)
 
-    def make():
-        return Tiny()
-
     def make_dyn():
         return Dyn()
 ''')
+
 
 CONFIG = textwrap.dedent('''
     [tool.gatekeeper]
