@@ -101,6 +101,24 @@ def test_a_reference_workload_that_moved_marks_the_run_disturbed():
     assert v.verdict == "inconclusive" and "reference workload ran 5x" in v.disturbed
 
 
+def test_a_scattered_reference_disturbs_a_stored_run_but_not_a_paired_one():
+    """Measured on the 2-core machine, torch using both cores and nothing else running:
+    the reference scattered 16%. Paired, the base shares every round, so the ratio's own
+    interval carries that noise: a clear slowdown is still regressed. Stored, the same
+    spread says the run cannot vouch for its level."""
+    base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
+    slow = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3,
+                       eager_s=3e-3, others_cores=0.01, own_cores=1.99)
+    slow.latency.disturbance.reference_noise = 0.16
+    stored = gate.gate_target(slow, base, RULES)
+    assert stored.verdict == "inconclusive" and "scattered 16%" in stored.disturbed
+    slow.paired = Paired(base_ref="main", base_commit="a" * 40, code_hash="b0",
+                         compile_seconds=3.0, graphs=slow.graphs,
+                         samples=[x / 1.5 for x in slow.latency.samples["compiled"]])
+    paired = gate.gate_target(slow, None, RULES)
+    assert paired.disturbed is None and paired.verdict == "regressed", paired.reasons
+
+
 def test_a_disturbed_unchanged_run_with_a_tight_interval_still_passes():
     base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
     same = make_result(TARGET, seed=1, noise=0.005, n=200, others_cores=0.6)
