@@ -18,8 +18,8 @@ from .memory import allocated
 from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
 from .protocol import Request, Response
-from .task import (autocast, check_precision, measure_calls, parity_tolerance, recompiles,
-                   shape_sweep, start_counting, under_autocast)
+from .task import (autocast, check_precision, measure_calls, parity_tolerance, start_counting,
+                   under_autocast)
 from .timing import first_call
 
 
@@ -99,12 +99,8 @@ def measure(req: Request) -> Response:
         save_reference(req.reference_out, cand, ref64)
         start_counting()  # recompiles from here on: the measured calls
 
-        memory, lat, prof = measure_calls(lambda: eager(*inputs), lambda: compiled(*inputs),
-                                          device, req, base_fn=base_fn, paired=paired,
-                                          held=held)
-        graphs["recompiles"], graphs["recompile_guards"] = recompiles()
-        if req.sweep:
-            graphs["sweep"] = shape_sweep(cfg, base_dir, device, lambda ins: compiled(*ins))
+        memory, lat, prof = measure_calls(eager, compiled, inputs, req, graphs,
+                                          base_fn=base_fn, paired=paired, held=held)
     return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
                     parity=parity, memory=memory, latency=lat, paired=paired, work=work,
                     profile=prof, pid=os.getpid(), torch=torch.__version__, deps=deps)

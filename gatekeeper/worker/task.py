@@ -249,15 +249,19 @@ def shape_sweep(cfg: ModelConfig, base_dir: Path, device: str,
     return {"shape_sets": len(cfg.shapes), "recompiles": count, "guards": guards, **fx}
 
 
-def measure_calls(eager_fn: Callable[[], Any], compiled_fn: Callable[[], Any], device: str,
-                  req: Any, *, base_fn: Callable[[], Any] | None = None,
+def measure_calls(eager: Callable[..., Any], compiled: Callable[..., Any], inputs: tuple,
+                  req: Any, graphs: dict, *, base_fn: Callable[[], Any] | None = None,
                   paired: dict | None = None, held: int = 0,
                   before_timing: Callable[[], Any] | None = None) -> tuple[dict, dict, Any]:
     """Peak memory, interleaved latency and the profile of a target's calls (a forward or
-    a training step), the same for every task; with ``base_fn`` the base commit's calls
-    are timed in the same rounds, and its profile and samples go into ``paired``.
-    ``before_timing`` runs between the memory and the timed calls (a training step puts
-    eager and compiled back into the same state there)."""
+    a training step, called on ``inputs``), the same for every task; then the recompiles
+    of the measured calls and the shape sweep go into ``graphs``. With ``base_fn`` the
+    base commit's calls are timed in the same rounds, and its profile and samples go into
+    ``paired``. ``before_timing`` runs between the memory and the timed calls (a training
+    step puts eager and compiled back into the same state there)."""
+    device = req.device
+    eager_fn = lambda: eager(*inputs)  # noqa: E731
+    compiled_fn = lambda: compiled(*inputs)  # noqa: E731
     memory = {"kind": "cuda" if device.startswith("cuda") else "cpu",
               "eager_peak_bytes": peak_memory(eager_fn, device),
               "compiled_peak_bytes": peak_memory(compiled_fn, device, held=max(held, 0))}
@@ -270,4 +274,8 @@ def measure_calls(eager_fn: Callable[[], Any], compiled_fn: Callable[[], Any], d
             base_fn, device, trace=req.trace_out.replace(".json.gz", ".base.json.gz")
             if req.trace_out else None)
         paired["samples"] = lat["samples"].pop("base")
+    graphs["recompiles"], graphs["recompile_guards"] = recompiles()
+    if req.sweep:
+        graphs["sweep"] = shape_sweep(req.model, req.base_path, device,
+                                      lambda ins: compiled(*ins))
     return memory, lat, prof

@@ -28,8 +28,8 @@ from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, load_reference, save_reference
 from .protocol import Request, Response
 from .task import (Trainer, autocast, check_precision, copy_state, fp64_trajectory,
-                   make_loss, measure_calls, name_task, parity_tolerance, recompiles, run_steps,
-                   shape_sweep, start_counting)
+                   make_loss, measure_calls, name_task, parity_tolerance, run_steps,
+                   start_counting)
 from .timing import first_call
 
 
@@ -112,11 +112,8 @@ def measure_train(req: Request) -> Response:
     start_counting()  # recompiles from here on: the measured steps
     work["instructions"] = instructions(lambda: cstep(*inputs))
     memory, lat, prof = measure_calls(
-        lambda: eager.step(*inputs), lambda: cstep(*inputs), device, req, base_fn=base_fn,
-        paired=paired, before_timing=lambda: copy_state(eager, comp))  # the same state
-    graphs["recompiles"], graphs["recompile_guards"] = recompiles()
-    if req.sweep:
-        graphs["sweep"] = shape_sweep(cfg, base_dir, device, lambda ins: cstep(*ins))
+        eager.step, cstep, inputs, req, graphs, base_fn=base_fn, paired=paired,
+        before_timing=lambda: copy_state(eager, comp))  # both timed from the same state
     return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
                     parity=parity, memory=memory, latency=lat, paired=paired, work=work,
                     profile=prof, pid=os.getpid(), torch=torch.__version__, deps=deps)
