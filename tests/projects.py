@@ -1,7 +1,11 @@
 """The e2e tests' shared project: a base model and its config, and PR versions of it."""
 from __future__ import annotations
 
+import json
 import textwrap
+from pathlib import Path
+
+from helpers import gk
 
 BASE_MODEL = textwrap.dedent('''
     import torch
@@ -58,3 +62,21 @@ def pr_version(body: str) -> str:
 # One OpenMP thread: on a 2-core runner, a second thread that the OS deschedules turns
 # every parallel region into a scheduler quantum, and timings into noise.
 QUIET = {"OMP_NUM_THREADS": "1"}
+
+
+def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:
+    """``gatekeeper run --json --base-ref main`` on one thread: exit code, JSON, stderr."""
+    proc = gk("run", "--json", "--base-ref", "main", *extra, cwd=project,
+              env={**QUIET, **(env or {})})
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def measure_main_again(root: Path, runs: int = 2) -> None:
+    """More pushes to main, each measured and published as its baseline: the history from
+    which the gate learns this runner's drift between processes."""
+    for _ in range(runs):
+        for verb in (["check"], ["baseline", "--ref", "main"]):
+            proc = gk(*verb, cwd=root, env=QUIET)
+            assert proc.returncode == 0, proc.stderr

@@ -5,7 +5,6 @@ runs `gatekeeper run` on a private copy of that project (store included), as CI 
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -14,16 +13,9 @@ import pytest
 from gatekeeper.results import Baseline, Results
 from helpers import gk, write_project
 
-from projects import BASE_MODEL, CONFIG, QUIET, TARGET, pr_version  # noqa: E402
+from projects import (BASE_MODEL, CONFIG, QUIET, TARGET, measure_main_again,  # noqa: E402
+                      pr_version, run_gate)
 
-
-
-def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:
-    proc = gk("run", "--json", "--base-ref", "main", *extra, cwd=project,
-              env={**QUIET, **(env or {})})
-    assert "Traceback" not in proc.stderr, proc.stderr
-    doc = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    return proc.returncode, doc, proc.stderr
 
 
 @pytest.fixture(scope="session")
@@ -34,10 +26,7 @@ def base_project(tmp_path_factory) -> Path:
     code, doc, err = run_gate(root, "--publish", env={"GITHUB_REF_NAME": "main"})
     assert code == 0, err
     assert doc["targets"][0]["verdict"] == "no-baseline"
-    for _ in range(2):
-        for verb in (["check"], ["baseline", "--ref", "main"]):
-            proc = gk(*verb, cwd=root, env=QUIET)
-            assert proc.returncode == 0, proc.stderr
+    measure_main_again(root)
     return root
 
 

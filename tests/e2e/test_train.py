@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers import TINY_MODEL, gk, gk_json, shared_objects, write_project
-from projects import QUIET
+from projects import QUIET, run_gate
 
 # the helpers' tiny model (its forward in two lines, so a test can cut the gradient in
 # one) and a model for dynamic shapes
@@ -76,14 +76,6 @@ BF16 = "tiny/b4/default+bf16"
 GATED = ["--target", TRAIN, "--target", BF16, "--target", "dyn/*"]
 
 
-def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict]:
-    proc = gk("run", "--json", "--base-ref", "main", *extra, cwd=project,
-              env={**QUIET, **(env or {})})
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stdout.strip(), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
-
-
 def verdicts(doc: dict) -> dict[str, dict]:
     return {t["target"]: t for t in doc["targets"]}
 
@@ -96,7 +88,7 @@ def base_project(tmp_path_factory) -> Path:
     # the dynamic model's two shape sets compile once, into one bundle
     assert [(t["target"], t["status"]) for t in out["targets"]] == [
         (TRAIN, "published"), ("dyn/b2/default+dynamic", "published")]
-    code, doc = run_gate(root, "--publish", *GATED, env={"GITHUB_REF_NAME": "main"})
+    code, doc, _ = run_gate(root, "--publish", *GATED, env={"GITHUB_REF_NAME": "main"})
     assert code == 0, doc
     return root
 
@@ -147,7 +139,7 @@ def test_base_run_dynamic_shape_sets_share_one_bundle_without_recompiles(base_pr
 
 
 def test_unchanged_training_and_bf16_targets_pass_against_their_baselines(project: Path):
-    code, doc = run_gate(project, "--target", TRAIN, "--target", BF16)
+    code, doc, _ = run_gate(project, "--target", TRAIN, "--target", BF16)
     v = verdicts(doc)
     assert sorted(v) == [BF16, TRAIN]
     for target, t in v.items():
@@ -164,7 +156,7 @@ def test_detached_gradient_fails_training_parity_naming_the_task(project: Path):
     # the same forward output, but fc1 no longer learns
     model.write_text(model.read_text().replace("h = torch.relu(self.fc1(x))",
                                                "h = torch.relu(self.fc1(x)).detach()"))
-    code, doc = run_gate(project, "--target", TRAIN)
+    code, doc, _ = run_gate(project, "--target", TRAIN)
     t = verdicts(doc)[TRAIN]
     assert t["verdict"] == "parity-failed", t
     (reason,) = [r for r in t["reasons"] if "parity" in r]
@@ -180,7 +172,7 @@ def test_shape_dependent_branch_recompiles_and_is_regressed(project: Path):
         "        return self.fc(x)\n",
         "        if x.shape[0] > 4:\n            return self.fc(x) + 0.0\n"
         "        return self.fc(x)\n"))
-    code, doc = run_gate(project, "--target", "dyn/b2/*")
+    code, doc, _ = run_gate(project, "--target", "dyn/b2/*")
     t = verdicts(doc)["dyn/b2/default+dynamic"]
     assert t["verdict"] == "regressed", t
     (reason,) = [r for r in t["reasons"] if "recompiles" in r]
