@@ -60,8 +60,8 @@ MODEL = textwrap.dedent('''
                 for _ in range(round(SLOWDOWN * len(self.layers) / 100)):
                     y = torch.tanh(self.extra(y))
             else:  # elementwise work fused into one kernel: same FLOPs and bytes
-                for _ in range(round(SLOWDOWN * 1.6)):
-                    y = torch.sin(y) * 0.5 + y * 0.5
+                for _ in range(round(SLOWDOWN * 4)):  # calibrated: 20 sines read +4%, 50 +13%
+                    y = torch.sin(y) + 0.5
             return x + 1e-12 * y
 
     def make():
