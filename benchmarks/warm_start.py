@@ -8,14 +8,23 @@ compiled training step: forward, backward and optimizer.)
         documented recipe), into an empty cache dir
     (c) `gatekeeper warm` from the store into an empty cache dir, then the first call
     (d) a hot local cache dir: the one a previous process compiled into (the limit)
+    (e) `gatekeeper warm` after `check` verified the bundle's precompile package, then
+        the first call with packages loading (TORCH_CACHING_PRECOMPILE): Dynamo skipped
+    eager: the first call of the model, not compiled, in a fresh process (the floor)
 
-Each figure is the median over --repeats fresh processes. Usage, from the repo root:
+Every first call includes ``torch.compile()`` itself (a package loads in there). The
+compile overhead of a path is its first call minus eager's; the goal for (e) is at most
+0.4x (c)'s overhead, with (c) within 1.15x of (d). Each figure is the median over
+--repeats fresh processes. Usage, from the repo root:
 
     python benchmarks/warm_start.py [--repeats 3] [--target 'mlp/*']
     python benchmarks/warm_start.py --repeats 1 --target 'block/b1-s32/default+train'
+    python benchmarks/warm_start.py --config examples/large.toml --repeats 3
 
 The last columns are (c)'s cache counters: FX graph hits/misses and AOTAutograd
-hits/misses (a warm training step: 3 FX hits, 2 AOT hits, no misses).
+hits/misses (a warm training step: 3 FX hits, 2 AOT hits, no misses), and whether (e)'s
+first call ran Dynamo. A training step has no package (torch cannot package its
+optimizer graph): its (e) is "-".
 """
 from __future__ import annotations
 
@@ -43,14 +52,20 @@ ROOT = Path(__file__).resolve().parents[1]
 COUNTERS: dict[str, dict] = {}  # the last probe's cache counters, per cache dir kind
 
 
-def first_call(target, config, cache_dir: Path, device: str, megacache: Path | None = None):
+def first_call(target, config, cache_dir: Path, device: str, megacache: Path | None = None,
+               **flags):
     req = Request.for_target("probe", target, config, device,
-                             megacache_in=str(megacache) if megacache else None)
+                             megacache_in=str(megacache) if megacache else None, **flags)
     resp = run_worker(req, cache_dir=cache_dir, timeout=1800, label=target.id)
     if not resp.ok:
         raise SystemExit(f"{target.id}: {resp.error}")
     COUNTERS[cache_dir.name] = resp.counters or {}
     return resp.compile_seconds
+
+
+def gk(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "gatekeeper", *args, "--json"], check=True,
+                   stdout=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -64,7 +79,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gk-bench-"))
     store = open_store(str(work / "store"))
     print(f"compiling {len(targets)} targets into {store.uri}", file=sys.stderr)
-    compile_all(targets, config, store)
+    compiled = compile_all(targets, config, store)
+    packaged = [r.target for r in compiled if (r.precompile or {}).get("status") == "recorded"]
+    if packaged:  # only a package a check verified is served
+        print(f"checking {len(packaged)} targets to verify their packages", file=sys.stderr)
+        gk("check", "--config", args.config, "--store", store.uri,
+           *[a for t in packaged for a in ("--target", t)], "--out", str(work / "check"))
 
     rows = []
     for target in targets:
@@ -77,30 +97,44 @@ def main() -> None:
         store.download(found.location.key(manifest.archive.name), archive)
         bundle.extract(archive, manifest, unpacked)
         blob = unpacked / bundle.MEGACACHE
-        times: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": []}
+        package = target.id in packaged
+        times: dict[str, list[float]] = {"eager": [], "a": [], "b": [], "c": [], "d": [],
+                                         "e": []}
         for r in range(args.repeats):
             run = work / f"{target.id.replace('/', '_')}-{r}"
+            if target.task == "infer":
+                times["eager"].append(first_call(target, config, run / "eager", key.device,
+                                                 eager=True))
             times["a"].append(first_call(target, config, run / "a", key.device))
             times["d"].append(first_call(target, config, run / "a", key.device))
             times["b"].append(first_call(target, config, run / "b", key.device, blob))
-            subprocess.run([sys.executable, "-m", "gatekeeper", "warm", "--config",
-                            args.config, "--store", store.uri, "--target", target.id,
-                            "--cache-dir", str(run / "c"), "--json"], check=True,
-                           stdout=subprocess.DEVNULL)
+            for kind in ("c", "e") if package else ("c",):
+                gk("warm", "--config", args.config, "--store", store.uri, "--target",
+                   target.id, "--cache-dir", str(run / kind))
             times["c"].append(first_call(target, config, run / "c", key.device))
+            if package:  # the same warm, with packages loading: only this one skips Dynamo
+                times["e"].append(first_call(target, config, run / "e", key.device,
+                                             precompile=True))
             print(f"{target.id} #{r + 1}: " + "  ".join(f"{k}={v[-1]:.2f}s"
-                                                       for k, v in times.items()),
+                                                       for k, v in times.items() if v),
                   file=sys.stderr)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        c = COUNTERS.get("c", {})
-        rows.append([target.id, med["a"], med["b"], med["c"], med["d"],
-                     med["a"] / med["c"], med["c"] / med["d"], med["a"] / med["b"],
+        med = {k: statistics.median(v) if v else None for k, v in times.items()}
+        c, e = COUNTERS.get("c", {}), COUNTERS.get("e", {})
+        over = {k: med[k] - med["eager"] if med[k] is not None and med["eager"] is not None
+                else None for k in ("c", "e")}
+        skipped = "-" if not package else \
+            ("skipped" if e.get("dynamo_cache_hit") and not e.get("graphs") else "traced")
+        rows.append([target.id, med["eager"], med["a"], med["b"], med["c"], med["d"],
+                     med["e"], med["a"] / med["c"], med["c"] / med["d"], over["c"], over["e"],
+                     over["e"] / over["c"] if over["e"] is not None and over["c"] else None,
                      f"{c.get('fxgraph_cache_hit', 0)}/{c.get('fxgraph_cache_miss', 0)}",
-                     f"{c.get('autograd_cache_hit', 0)}/{c.get('autograd_cache_miss', 0)}"])
-    print(tabulate(rows, floatfmt=".2f", headers=[
-        "target", "(a) cold s", "(b) mega-cache s", "(c) gatekeeper warm s", "(d) hot s",
-        "a/c speedup", "c/d (limit 1.15)", "a/b speedup", "(c) FX hit/miss",
-        "(c) AOT hit/miss"]))
+                     f"{c.get('autograd_cache_hit', 0)}/{c.get('autograd_cache_miss', 0)}",
+                     skipped])
+    print(tabulate(rows, floatfmt=".2f", missingval="-", headers=[
+        "target", "eager s", "(a) cold s", "(b) mega-cache s", "(c) gatekeeper warm s",
+        "(d) hot s", "(e) precompiled s", "a/c speedup", "c/d (limit 1.15)",
+        "(c) overhead s", "(e) overhead s", "e/c overhead (goal 0.4)", "(c) FX hit/miss",
+        "(c) AOT hit/miss", "(e) Dynamo"]))
     print(f"\nmedian of {args.repeats} fresh processes each; first compiled call, "
           f"torch {manifest.key['env']['torch']}, {key.env_key}")
 

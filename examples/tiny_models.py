@@ -1,4 +1,5 @@
-"""Three tiny models built in code with random weights (nothing is downloaded)."""
+"""Three tiny models, and one larger transformer, built in code with random weights
+(nothing is downloaded)."""
 from __future__ import annotations
 
 import torch
@@ -52,6 +53,45 @@ class TransformerBlock(nn.Module):
         return self.out(x)
 
 
+class Layer(nn.Module):
+    """One pre-norm decoder layer: causal self-attention, then an MLP."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        att = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(nn.Module):
+    """A 12-layer decoder of hidden size 512 (8 heads, about 39M parameters): large
+    enough that what a warm start still pays for (Dynamo tracing every layer,
+    AOTAutograd) shows."""
+
+    def __init__(self, vocab: int = 1024, d: int = 512, heads: int = 8,
+                 layers: int = 12) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Layer(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(self.ln(x))
+
+
 def mlp() -> nn.Module:
     return MLP()
 
@@ -62,3 +102,7 @@ def cnn() -> nn.Module:
 
 def transformer_block() -> nn.Module:
     return TransformerBlock()
+
+
+def transformer_12() -> nn.Module:
+    return Transformer()

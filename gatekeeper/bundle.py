@@ -5,6 +5,10 @@ Archive members::
     cache/...        the whole inductor cache dir of the compile (C++ .so files, Triton
                      kernels, FX graph and AOTAutograd entries), minus its lock files
     megacache.bin    torch.compiler.save_cache_artifacts(), portable across cache paths
+    precompile/...   what recording torch's caching-precompile package added to a copy of
+                     that cache dir (``dynamo/<key>/entry`` and its AOT/FX entries);
+                     installed into the cache dir only once ``check`` verified it
+                     (``compile.precompile.verified`` in the manifest)
 
 The manifest (JSON, stored beside the archive, never inside it) lists every member's
 sha256 and size and the archive's own sha256; when a signing key is set it carries an
@@ -35,6 +39,7 @@ from .errors import BundleError
 FORMAT = 1
 MEGACACHE = "megacache.bin"
 CACHE_PREFIX = "cache/"
+PRECOMPILE_PREFIX = "precompile/"
 SKIP_DIRS = {"locks"}
 ARCHIVE_NAME = re.compile(r"bundle-[0-9a-f]{16}\.tar\.zst")  # inductor's lock files: meaningless in another process
 
@@ -88,6 +93,21 @@ def now_iso() -> str:
 
 
 # -- packing ---------------------------------------------------------------------------
+def changed_files(old_dir: Path, new_dir: Path) -> dict[str, Path]:
+    """Files of ``new_dir`` (a copy of ``old_dir`` that a process then wrote to) that
+    are new or differ, by relative path; lock files excluded."""
+    files: dict[str, Path] = {}
+    for path in sorted(p for p in new_dir.rglob("*") if p.is_file() and not p.is_symlink()):
+        rel = path.relative_to(new_dir)
+        if rel.parts[0] in SKIP_DIRS:
+            continue
+        old = old_dir / rel
+        if not old.is_file() or old.stat().st_size != path.stat().st_size \
+                or sha256_file(old) != sha256_file(path):
+            files[rel.as_posix()] = path
+    return files
+
+
 def _members(cache_dir: Path, megacache: Path | None) -> dict[str, Path]:
     members: dict[str, Path] = {}
     for dirpath, dirnames, filenames in os.walk(cache_dir):
@@ -105,12 +125,15 @@ def _members(cache_dir: Path, megacache: Path | None) -> dict[str, Path]:
 
 def pack(cache_dir: Path, megacache: Path | None, dest_dir: Path, *, target: str,
          key: dict, compile_info: dict, creator: dict, version: str,
-         signing_key: bytes | None) -> tuple[Path, Manifest]:
-    """Pack a compile's cache dir (and Mega-Cache blob) into ``dest_dir``.
+         signing_key: bytes | None,
+         precompile: dict[str, Path] | None = None) -> tuple[Path, Manifest]:
+    """Pack a compile's cache dir (and Mega-Cache blob, and precompile files by their
+    path in the cache dir) into ``dest_dir``.
 
     Returns the archive path (``bundle-<sha16>.tar.zst``) and its manifest.
     """
     members = _members(cache_dir, megacache)
+    members.update({PRECOMPILE_PREFIX + rel: p for rel, p in (precompile or {}).items()})
     files = {name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size)
              for name, p in members.items()}
     tmp = dest_dir / "bundle.tar.zst.part"
@@ -134,10 +157,26 @@ def pack(cache_dir: Path, megacache: Path | None, dest_dir: Path, *, target: str
         compile=compile_info, creator=creator, created_at=now_iso(),
         gatekeeper_version=version,
     )
-    if signing_key:
-        manifest = manifest.model_copy(update={"signature": _sign(manifest.signed_bytes(),
-                                                                  signing_key)})
-    return archive, manifest
+    return archive, sign(manifest, signing_key)
+
+
+def sign(manifest: Manifest, signing_key: bytes | None) -> Manifest:
+    """``manifest`` signed with ``signing_key`` (unsigned without one)."""
+    signature = _sign(manifest.signed_bytes(), signing_key) if signing_key else None
+    return manifest.model_copy(update={"signature": signature})
+
+
+def precompile_info(manifest: Manifest) -> dict:
+    """What the bundle's compile said of its precompile package (``{}`` for bundles
+    from before packages, or compiled with ``precompile = "off"``)."""
+    info = manifest.compile.get("precompile")
+    return info if isinstance(info, dict) else {}
+
+
+def precompile_entries(manifest: Manifest) -> set[str]:
+    """The ``dynamo/<key>`` folders the bundle's package would install."""
+    return {"/".join(name.split("/")[1:3]) for name in manifest.files
+            if name.startswith(PRECOMPILE_PREFIX + "dynamo/") and name.count("/") >= 3}
 
 
 # -- verifying and extracting ----------------------------------------------------------
@@ -225,13 +264,20 @@ def extract(archive: Path, manifest: Manifest, staging: Path) -> None:
         raise
 
 
-def install_cache(staging: Path, cache_dir: Path) -> int:
-    """Copy a verified ``staging/cache`` tree into ``cache_dir``; returns files written.
+def install_cache(staging: Path, cache_dir: Path, *, precompile: bool = False) -> int:
+    """Copy a verified ``staging/cache`` tree (and with ``precompile`` the package's
+    ``staging/precompile`` files) into ``cache_dir``; returns files written.
 
     Each file lands by ``os.replace`` from a temporary name beside it, so a process
     reading the cache concurrently never sees a torn file.
     """
-    src_root = staging / CACHE_PREFIX.rstrip("/")
+    written = _install(staging / CACHE_PREFIX.rstrip("/"), cache_dir)
+    if precompile:
+        written += _install(staging / PRECOMPILE_PREFIX.rstrip("/"), cache_dir)
+    return written
+
+
+def _install(src_root: Path, cache_dir: Path) -> int:
     written = 0
     for src in sorted(p for p in src_root.rglob("*") if p.is_file()):
         dest = cache_dir / src.relative_to(src_root)

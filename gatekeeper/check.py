@@ -10,19 +10,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
+from . import __version__, bundle
 from .bundle import now_iso, signing_key
 from .config import Config
-from .errors import StoreError
+from .errors import BundleError, StoreError
 from .hashing import sha256_bytes
-from .key import target_key
+from .key import CacheKey, target_key
 from .paired import Mode, checkout
 from .progress import Progress
 from .provenance import creator
 from .results import ReferenceOutputs, Results, TargetResult
 from .store import Store, baselines
 from .targets import Target, expand
-from .warm import settle, warm_target
+from .warm import WarmResult, settle, warm_target
 from .worker.launch import run_or_fail
 from .worker.protocol import Request
 
@@ -69,9 +69,10 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
         cache_status, warmed = "cold", None
         # the base version's dependencies are checked against the base checkout's files
         base_key = target_key(target, paired.base_dir) if paired else None
-        if not cold:
+        if not cold:  # the measurement is of the ordinary warm start: no package
             warmed = warm_target(target, config, store, cache_dir, megacache=False,
-                                 signing_key=signing_key(), cache_key=key)
+                                 signing_key=signing_key(), cache_key=key,
+                                 precompile="never")
             cache_status = warmed.status
             if base_key is not None:  # the base version's artifacts, into the same cache
                 warm_target(target, config, store, cache_dir, megacache=False,
@@ -110,6 +111,10 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
              "code_hash": code, "device": key.device}
     if not resp.ok:
         return TargetResult(**ident, status="error", error=resp.error)
+    precompile = None
+    if warmed is not None and all((v or {}).get("passed") for v in (resp.parity or {}).values()):
+        precompile = verify_precompile(target, config, store, key, warmed,
+                                       ref_out, verbose=verbose)
     counters = resp.counters or {}
     cache_status = settle(cache_status, counters)
     data = ref_out.read_bytes()
@@ -132,11 +137,66 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
                  **{k: counters[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss",
                                              "autograd_cache_hit", "autograd_cache_miss")}},
         graphs=resp.graphs, latency=resp.latency, memory=resp.memory,
-        parity=resp.parity, paired=pair, work=resp.work,
+        parity=resp.parity, paired=pair, work=resp.work, precompile=precompile,
         profile={**resp.profile, "trace": os.path.relpath(trace, out_dir)} if resp.profile
         else None,
         reference=ReferenceOutputs(file=os.path.relpath(ref_out, out_dir),
                                    sha256=sha256_bytes(data), size=len(data)))
+
+
+def verify_precompile(target: Target, config: Config, store: Store, key: CacheKey,
+                      warmed: WarmResult, reference: Path, *,
+                      verbose: bool = False) -> dict | None:
+    """The check a precompile package must pass before ``warm`` serves it: a fresh
+    worker loads it from the bundle (Dynamo should not run) and compares its first
+    outputs with eager and with this check's own compiled outputs (``reference``).
+    The verdict goes into the bundle's manifest (re-signed, one conditional write) and
+    into results.json. Runs once per bundle: a verdict already there is reported."""
+    manifest = warmed.manifest
+    info = bundle.precompile_info(manifest) if manifest is not None else {}
+    if warmed.status != "hit" or info.get("status") != "recorded":
+        return None
+    if info.get("verified") is not None:
+        return {"verified": info["verified"], **(info.get("check") or {}), "now": False}
+    with tempfile.TemporaryDirectory(prefix="gk-precompile-") as tmp:
+        cache_dir = Path(tmp, "cache")
+        again = warm_target(target, config, store, cache_dir, megacache=False,
+                            signing_key=signing_key(), cache_key=key, precompile="any")
+        if again.precompile != "served" or again.manifest != manifest:
+            return None  # replaced in between: the next check verifies the new one
+        request = Request.for_target("precompile", target, config, key.device,
+                                     parity=config.gate_for(target.model).parity,
+                                     reference_in=str(reference))
+        resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
+                           verbose=verbose, label=f"{target.id} (precompile)")
+    verdict = resp.precompile if resp.ok and resp.precompile else \
+        {"verified": False, "reason": f"loading it failed: {resp.error}"}
+    check = {"dynamo": verdict.get("dynamo"), "reason": verdict.get("reason"),
+             "first_call_seconds": verdict.get("first_call_seconds"), "at": now_iso(),
+             "torch": resp.torch, "gatekeeper_version": __version__}
+    verified = bool(verdict.get("verified"))
+    if not verified:
+        log.warning("%s: precompile package not verified, never served: %s", target.id,
+                    check["reason"])
+    updated = bundle.sign(manifest.model_copy(update={"compile": {
+        **manifest.compile, "precompile": {**info, "verified": verified, "check": check}}}),
+        signing_key())
+    if manifest.signature and not signing_key():
+        # re-writing it unsigned would make every signed deploy refuse the bundle
+        log.warning("%s: precompile verdict not stored: the bundle is signed and "
+                    "GATEKEEPER_SIGNING_KEY is not set here", target.id)
+        return {"verified": verified, **check, "now": True, "stored": "unsigned"}
+    try:
+        old = store.read_manifest(warmed.location)
+        if old is not None and bundle.verify_manifest(
+                old, target=manifest.target, signing_key=signing_key()) == manifest:
+            written = store.update_manifest(warmed.location, old, updated.to_bytes())
+        else:
+            written = "changed"
+    except (StoreError, BundleError) as e:
+        log.warning("%s: precompile verdict not stored: %s", target.id, e)
+        written = "error"
+    return {"verified": verified, **check, "now": True, "stored": written}
 
 
 def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,

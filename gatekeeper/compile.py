@@ -54,11 +54,29 @@ class CompileResult:
     compile_seconds: float | None = None
     bundle_bytes: int | None = None
     counters: dict = field(default_factory=dict)
+    precompile: dict | None = None  # recorded (entries, unguarded globals) or why not
     error: str | None = None
     error_kind: str | None = None  # config | compile | store
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != {}}
+
+
+def _precompile(target: Target, config: Config, recorded: dict | None, cache_dir: Path,
+                precompile_dir: Path) -> tuple[dict | None, dict[str, Path]]:
+    """The manifest's ``precompile`` section and the files the package adds to the
+    cache dir. ``verified`` stays null until a ``check`` has loaded it and compared."""
+    if not config.precompile_for(target.model):
+        return None, {}
+    if target.task != "infer":
+        return {"status": "unavailable",
+                "reason": "a training step cannot be packaged (torch bypasses packaging "
+                          "for the optimizer step's graph)"}, {}
+    if not recorded or recorded.get("status") != "recorded":
+        reason = (recorded or {}).get("reason") or "the worker recorded no package"
+        return {"status": "unavailable", "reason": reason}, {}
+    files = bundle.changed_files(cache_dir, precompile_dir)
+    return {**recorded, "files": len(files), "verified": None}, files
 
 
 def compile_target(target: Target, config: Config, store: Store, *, force: bool = False,
@@ -76,8 +94,11 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         return result
     with tempfile.TemporaryDirectory(prefix="gk-compile-") as tmp:
         cache_dir, megacache = Path(tmp, "cache"), Path(tmp, "megacache.bin")
+        record = config.precompile_for(target.model) and target.task == "infer"
+        precompile_dir = Path(tmp, "precompile")
         request = Request.for_target("compile", target, config, key.device,
-                                     megacache_out=str(megacache))
+                                     megacache_out=str(megacache),
+                                     precompile_out=str(precompile_dir) if record else None)
         resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
                            verbose=verbose, label=target.id)
         if not resp.ok:
@@ -88,12 +109,19 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         loc = BundleLocation(key.target_id, key.env_key, key.code_hash)
         result.compile_seconds = resp.compile_seconds
         result.counters = resp.counters or {}
+        precompile, package = _precompile(target, config, resp.precompile, cache_dir,
+                                          precompile_dir)
+        result.precompile = precompile
+        if precompile and precompile.get("reason") and target.task == "infer":
+            log.warning("%s: no precompile package: %s", target.id, precompile["reason"])
         archive, manifest = bundle.pack(
             cache_dir, megacache if megacache.is_file() else None, Path(tmp),
             target=key.target_id, key=key.as_dict(),
             compile_info={"seconds": resp.compile_seconds, "counters": resp.counters,
-                          "torch": resp.torch},
-            creator=creator(), version=__version__, signing_key=signing_key())
+                          "torch": resp.torch,
+                          **({"precompile": precompile} if precompile else {})},
+            creator=creator(), version=__version__, signing_key=signing_key(),
+            precompile=package)
         result.bundle_bytes = manifest.archive.size
         try:
             result.status = store.publish_bundle(loc, archive, archive.name,
@@ -119,5 +147,7 @@ def compile_all(targets: list[Target], config: Config, store: Store, *, force: b
                 step.done(f"error: {r.error}")
             else:
                 took = f", {r.compile_seconds:.1f} s cold" if r.compile_seconds else ""
+                if (r.precompile or {}).get("status") == "recorded":
+                    took += ", precompile package recorded"
                 step.done(f"{r.status}{took}")
     return results

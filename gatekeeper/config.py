@@ -21,6 +21,7 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 TASKS = ("infer", "train")
+PRECOMPILE = ("auto", "off")  # record torch's caching-precompile package with each bundle
 PRECISIONS = ("fp32", "bf16", "fp16")  # fp32: no autocast; bf16/fp16: torch.autocast
 # torch.optim classes a training step can use by name (LBFGS needs a closure, SparseAdam
 # sparse gradients: neither fits one compiled step)
@@ -131,6 +132,7 @@ class ModelConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     seed: int = 0
+    precompile: Literal[PRECOMPILE] | None = None  # type: ignore[valid-type]  # default: the config's
     gate: dict[str, Any] = Field(default_factory=dict)  # per-model overrides of [gate]
 
     @property
@@ -193,6 +195,9 @@ class Config(_Strict):
     models: list[ModelConfig] = Field(min_length=1)
     gate: GateConfig = GateConfig()
     measure: MeasureConfig = MeasureConfig()
+    # record torch's caching-precompile package in each inference bundle, so that a
+    # deploy can skip Dynamo once `check` verified it (a model's own setting wins)
+    precompile: Literal[PRECOMPILE] = "auto"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _unique(self) -> "Config":
@@ -207,6 +212,10 @@ class Config(_Strict):
     @property
     def base_dir(self) -> Path:
         return self.path.parent if self.path else Path.cwd()
+
+    def precompile_for(self, model: ModelConfig) -> bool:
+        """Whether ``model``'s inference bundles carry a precompile package."""
+        return (model.precompile or self.precompile) == "auto"
 
     def gate_for(self, model: ModelConfig) -> GateConfig:
         """The gate rules for one model: [gate] with the model's overrides on top."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -200,6 +200,9 @@ class TargetResult(_Doc):
     work: Work | None = None
     profile: Profile | None = None
     mode: Literal["paired", "stored"] | None = None  # what decided this target's timing
+    # the bundle's precompile package: verified (Dynamo skipped, outputs as eager's) or
+    # why not; "now": verified by this check (else an earlier check's verdict)
+    precompile: dict[str, Any] | None = None
     measured_at: str | None = None
 
 

@@ -9,6 +9,11 @@ A ``hit`` is a bundle whose recorded dependencies all still match this checkout
 (:func:`gatekeeper.key.find_bundle`); a manifest found under another key than it names
 is refused. ``--probe`` (and ``check``) then see whether inductor agrees: a key hit
 whose FX graphs all miss is ``stale``, never a hit.
+
+A bundle's precompile package (Dynamo's own, see :mod:`gatekeeper.worker.precompile`)
+is installed only when the bundle is an exact ``hit`` and a ``check`` verified the
+package; otherwise the plain cache is installed and any package a previous warm left at
+the same place is removed, so the deploy can never load one that was not verified.
 """
 from __future__ import annotations
 
@@ -16,8 +21,10 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from . import bundle
 from .bundle import signing_key
@@ -28,6 +35,9 @@ from .store import Store, open_store
 from .targets import Target, expand, select
 
 log = logging.getLogger("gatekeeper.warm")
+
+# torch reads it when torch.compile is called: load precompile packages from the cache dir
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 
 
 @dataclass
@@ -42,9 +52,15 @@ class WarmResult:
     cold_compile_seconds: float | None = None  # what the bundle's compile took, cold
     bundle_bytes: int | None = None
     reason: str | None = None
+    # served | unverified | rejected | unavailable | shadowed (None: the bundle has none)
+    precompile: str | None = None
+    precompile_reason: str | None = None
+    manifest: Any = field(default=None, repr=False)  # the verified manifest, not output
+    location: Any = field(default=None, repr=False)  # where it was found, not output
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {k: v for k, v in self.__dict__.items()
+                if v is not None and k not in ("manifest", "location")}
 
 
 def default_cache_dir() -> Path:
@@ -69,13 +85,49 @@ def settle(status: str, counters: dict | None) -> str:
     return status
 
 
+Precompile = Literal["verified", "any", "never"]
+
+
+def _precompile(result: WarmResult, manifest: bundle.Manifest, hit: bool, want: Precompile,
+                served: set[str]) -> bool:
+    """Whether to install the bundle's precompile package; says why in ``result``."""
+    info, entries = bundle.precompile_info(manifest), bundle.precompile_entries(manifest)
+    if not entries:
+        if info:
+            result.precompile, result.precompile_reason = info.get("status"), info.get("reason")
+        return False
+    check = info.get("check") or {}
+    if want == "never":
+        return False
+    if want == "verified":
+        if not hit:
+            result.precompile = "unverified"
+            result.precompile_reason = "the bundle is another version's: its package is not served"
+            return False
+        if info.get("verified") is not True:
+            result.precompile = "rejected" if info.get("verified") is False else "unverified"
+            result.precompile_reason = check.get("reason") or "no check has verified it yet"
+            return False
+    if taken := entries & served:
+        result.precompile = "shadowed"
+        result.precompile_reason = (f"another target's package already serves "
+                                    f"{sorted(taken)[0]} in this cache dir")
+        return False
+    result.precompile = "served"
+    return True
+
+
 def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *,
                 signing_key: bytes | None, megacache: bool = True,
-                cache_key: CacheKey | None = None) -> WarmResult:
+                cache_key: CacheKey | None = None, precompile: Precompile = "verified",
+                served: set[str] | None = None) -> WarmResult:
     """Restore one target's bundle into ``cache_dir``; ``megacache`` also loads the
     Mega-Cache blob into this process (skip it when another process will compile).
     ``cache_key`` (default: the target's from the config's folder) also says which
-    checkout's files the recorded dependencies are checked against."""
+    checkout's files the recorded dependencies are checked against. ``precompile``:
+    install the bundle's precompile package when verified (a deploy), also unverified
+    (the check that verifies it), or never (a measurement); ``served`` collects the
+    package folders installed so far into this cache dir."""
     start = time.monotonic()
     ck = cache_key or target_key(target, config.base_dir)
     result = WarmResult(target.id, "miss", ck.env_key)
@@ -92,7 +144,15 @@ def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *
             store.download(match.location.key(manifest.archive.name), archive)
             staging = Path(tmp, "staging")
             bundle.extract(archive, manifest, staging)
-            result.files = bundle.install_cache(staging, cache_dir)
+            served = set() if served is None else served
+            serve = _precompile(result, manifest, match.status == "hit", precompile, served)
+            entries = bundle.precompile_entries(manifest)
+            if not serve:  # never leave a package of another version where torch looks
+                for entry in entries - served:
+                    shutil.rmtree(cache_dir / entry, ignore_errors=True)
+            result.files = bundle.install_cache(staging, cache_dir, precompile=serve)
+            if serve:
+                served |= entries
             blob = staging / bundle.MEGACACHE
             if megacache and blob.is_file():
                 load_megacache(blob.read_bytes())
@@ -105,6 +165,7 @@ def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *
     result.status, result.reason = match.status, match.why
     result.code_hash = match.key.code_hash
     result.bundle_code_hash = match.location.code_hash
+    result.manifest, result.location = manifest, match.location
     return result
 
 
@@ -132,23 +193,27 @@ def warm_targets(targets: list[Target], config: Config, store: Store,
         key = signing_key()
     except Exception as e:  # noqa: BLE001 - best effort
         return cold(targets, e)
-    results = []
+    results, served = [], set()
     for t in targets:
         try:
-            results.append(warm_target(t, config, store, cache, signing_key=key))
+            results.append(warm_target(t, config, store, cache, signing_key=key,
+                                       served=served))
         except Exception as e:  # noqa: BLE001 - best effort: the deploy compiles cold
             log.warning("%s; %s will compile cold", _reason(e), t.id)
             results.append(WarmResult(t.id, "miss", reason=_reason(e)))
     return results
 
 
-def probe(target: Target, config: Config, cache_dir: Path, *, verbose: bool = False):
+def probe(target: Target, config: Config, cache_dir: Path, *, verbose: bool = False,
+          precompile: bool = False):
     """The first compiled call of ``target`` in a new process on ``cache_dir``: its time
-    and FX graph cache hits show whether the warm start really is warm."""
+    and FX graph cache hits show whether the warm start really is warm; ``precompile``
+    loads packages as a deploy that serves them does (did Dynamo run?)."""
     from .worker.launch import run_or_fail
     from .worker.protocol import Request
 
-    request = Request.for_target("probe", target, config, resolve_device(target.model.device))
+    request = Request.for_target("probe", target, config, resolve_device(target.model.device),
+                                 precompile=precompile)
     return run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
                        verbose=verbose, label=target.id)
 
@@ -180,7 +245,15 @@ def warm_start(config: Config | str | os.PathLike | None = None, *,
                                endpoint_url=cfg.endpoint_url, base_dir=cfg.base_dir)
         except Exception as e:  # noqa: BLE001 - best effort
             return cold(selected, e)
-    return warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)
+    results = warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)
+    if any(r.precompile == "served" for r in results):
+        try:  # this process loads the verified packages its torch.compile calls find
+            from .worker.precompile import enable_loading
+
+            enable_loading()
+        except Exception as e:  # noqa: BLE001 - best effort: a normal warm start
+            log.warning("precompile packages not enabled: %s", _reason(e))
+    return results
 
 
 __all__ = ["WarmResult", "settle", "warm_start", "warm_targets"]

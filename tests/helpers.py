@@ -30,6 +30,7 @@ TINY_MODEL = textwrap.dedent('''
 TINY_CONFIG = textwrap.dedent('''
     [tool.gatekeeper]
     store = "store"
+    precompile = "off"  # packages: tests/e2e/test_precompile.py
 
     [[tool.gatekeeper.models]]
     name = "tiny"
@@ -44,6 +45,7 @@ def parity_only_config(shapes: str) -> str:
     return textwrap.dedent('''
         [tool.gatekeeper]
         store = "store"
+        precompile = "off"  # packages: tests/e2e/test_precompile.py
 
         [tool.gatekeeper.measure]
         warmup = 2

@@ -29,6 +29,7 @@ BASE_MODEL = textwrap.dedent('''
 CONFIG = textwrap.dedent('''
     [tool.gatekeeper]
     store = "store"
+    precompile = "off"  # packages: tests/e2e/test_precompile.py
 
     [tool.gatekeeper.measure]
     min_time = 1.0

@@ -566,3 +566,80 @@ def test_install_same_size_different_content_is_replaced(tmp_path):
     (dest / "a").write_bytes(b"abcd")
     assert bundle.install_cache(staging, dest) == 1
     assert (dest / "a").read_bytes() == b"1234"
+
+
+# -- precompile packages --------------------------------------------------------------------
+def pack_with_package(tmp_path: Path, info: dict, name: str = "pkg") -> tuple[Path, Manifest]:
+    """A bundle whose compile recorded a precompile package: the recording's copy of the
+    cache dir gained a dynamo entry and an AOT entry, and changed nothing else."""
+    cache = make_cache(tmp_path / name / "src")
+    copy = tmp_path / name / "copy"
+    for rel, data in CACHE_FILES.items():
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_bytes(data)
+    (copy / "locks").mkdir()
+    (copy / "locks" / "new.lock").write_text("held")
+    (copy / "dynamo" / "k1").mkdir(parents=True)
+    (copy / "dynamo" / "k1" / "entry").write_bytes(b"package")
+    (copy / "aotautograd" / "new").mkdir(parents=True)
+    (copy / "aotautograd" / "new" / "entry").write_bytes(b"aot of the package")
+    gained = bundle.changed_files(cache, copy)
+    assert sorted(gained) == ["aotautograd/new/entry", "dynamo/k1/entry"]
+    dest = tmp_path / name / "out"
+    dest.mkdir(parents=True)
+    return bundle.pack(cache, None, dest, target=TARGET, key=KEY,
+                       compile_info={"seconds": 1.0, "precompile": info},
+                       creator={}, version="0.1.0", signing_key=None, precompile=gained)
+
+
+def test_a_package_is_installed_only_when_asked(tmp_path):
+    archive, manifest = pack_with_package(tmp_path, {"status": "recorded", "verified": None})
+    assert bundle.precompile_entries(manifest) == {"dynamo/k1"}
+    staging = tmp_path / "staging"
+    bundle.extract(archive, manifest, staging)
+    plain, served = tmp_path / "plain", tmp_path / "served"
+    bundle.install_cache(staging, plain)
+    assert not (plain / "dynamo").exists() and (plain / "fxgraph/ab/abcdef/entry").is_file()
+    bundle.install_cache(staging, served, precompile=True)
+    assert (served / "dynamo/k1/entry").read_bytes() == b"package"
+    assert tree(served) == {**tree(plain), "dynamo/k1/entry": b"package",
+                            "aotautograd/new/entry": b"aot of the package"}
+
+
+def test_only_a_verified_package_of_the_exact_bundle_is_served(tmp_path):
+    from gatekeeper.warm import WarmResult, _precompile
+
+    def decide(info: dict, *, hit: bool = True, want: str = "verified",
+               served: set | None = None) -> tuple[bool, WarmResult]:
+        _, manifest = pack_with_package(tmp_path, info, name=uuid.uuid4().hex)
+        r = WarmResult(TARGET, "hit")
+        return _precompile(r, manifest, hit, want, served if served is not None else set()), r
+
+    ok = {"status": "recorded", "verified": True, "check": {"dynamo": "skipped"}}
+    assert decide(ok)[0] and decide(ok)[1].precompile == "served"
+    serve, r = decide({"status": "recorded", "verified": None})
+    assert not serve and r.precompile == "unverified"
+    serve, r = decide({"status": "recorded", "verified": False,
+                       "check": {"reason": "the package's outputs differ vs eager"}})
+    assert not serve and r.precompile == "rejected" and "differ" in r.precompile_reason
+    serve, r = decide(ok, hit=False)  # a partial match is another version's code
+    assert not serve and "another version" in r.precompile_reason
+    serve, r = decide(ok, served={"dynamo/k1"})  # one place in the cache dir, one package
+    assert not serve and r.precompile == "shadowed"
+    assert decide({"status": "recorded", "verified": None}, want="any")[0]  # check's look
+    assert not decide(ok, want="never")[0]  # check's measurement
+
+
+def test_an_old_bundle_without_a_package_still_reads(packed):
+    _, manifest = packed
+    assert bundle.precompile_info(manifest) == {} and bundle.precompile_entries(manifest) == set()
+
+
+def test_resigning_a_manifest_keeps_it_verifiable(packed):
+    _, manifest = packed
+    signed = bundle.sign(manifest, KEY_A)
+    noted = bundle.sign(signed.model_copy(update={"compile": {**signed.compile, "x": 1}}), KEY_A)
+    assert bundle.verify_manifest(noted.to_bytes(), target=TARGET, signing_key=KEY_A) == noted
+    forged = signed.model_copy(update={"compile": {**signed.compile, "x": 1}})  # not re-signed
+    with pytest.raises(BundleError, match="signature does not verify"):
+        bundle.verify_manifest(forged.to_bytes(), target=TARGET, signing_key=KEY_A)

@@ -500,3 +500,17 @@ def test_train_table_with_optimizer_kwargs(tmp_path):
 def test_task_and_precision_errors_name_the_field(tmp_path, extra, field, words):
     msg = config_error(tmp_path, MODEL + extra + "\n")
     assert field in msg and words in msg, msg
+
+
+def test_precompile_defaults_to_auto_and_a_model_can_turn_it_off(tmp_path):
+    cfg = load_config(write(tmp_path, "gatekeeper.toml", MODEL))
+    assert cfg.precompile_for(cfg.models[0])
+    off = load_config(write(tmp_path, "off.toml", MODEL + 'precompile = "off"\n'))
+    assert not off.precompile_for(off.models[0])
+    top = load_config(write(tmp_path, "top.toml", 'precompile = "off"\n' + MODEL))
+    assert not top.precompile_for(top.models[0])
+
+
+def test_bad_precompile_value_names_the_field(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'precompile = "always"\n')
+    assert "models[0].precompile" in msg and "\n" not in msg

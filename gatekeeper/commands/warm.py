@@ -6,7 +6,7 @@ from pathlib import Path
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
-from ..warm import cold, default_cache_dir, probe, settle, warm_targets
+from ..warm import PRECOMPILE_ENV, cold, default_cache_dir, probe, settle, warm_targets
 from .common import Context, human_bytes
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
@@ -41,7 +41,9 @@ def run(ctx: Context) -> int:
         progress = Progress(len(results))
         for target, doc in zip(ctx.targets, docs):
             with progress.step(target.id, "first compiled call") as step:
-                resp = probe(target, ctx.config, cache, verbose=ctx.args.verbose)
+                served = doc.get("precompile") == "served"
+                resp = probe(target, ctx.config, cache, verbose=ctx.args.verbose,
+                             precompile=served)
                 if resp.ok and resp.compile_seconds is not None and resp.counters:
                     c = resp.counters
                     doc["first_call_seconds"] = resp.compile_seconds
@@ -53,22 +55,37 @@ def run(ctx: Context) -> int:
                     doc["autograd_cache_hit"] = c.get("autograd_cache_hit", 0)
                     doc["autograd_cache_miss"] = c.get("autograd_cache_miss", 0)
                     doc["status"] = settle(doc["status"], c)  # a hit whose graphs all miss
-                    step.done(f"{resp.compile_seconds:.2f} s" +
+                    # did the first call run Dynamo? (only a loaded package skips it)
+                    doc["dynamo"] = "skipped" if c.get("dynamo_cache_hit", 0) > 0 \
+                        and c.get("graphs", 0) == 0 else "traced"
+                    if served and doc["dynamo"] == "traced":
+                        doc["precompile_reason"] = ("the package did not load: the first "
+                                                    "call ran Dynamo (a guard or source "
+                                                    "check failed; it recompiled)")
+                    step.done(f"{resp.compile_seconds:.2f} s, dynamo {doc['dynamo']}" +
                               (", stale: every FX graph missed" if doc["status"] == "stale"
                                else ""))
                 else:
                     doc["probe_error"] = resp.error
                     step.done(f"error: {resp.error}")
     hits = sum(d["status"] == "hit" for d in docs)
+    packages = sum(d.get("precompile") == "served" for d in docs)
+    footer = f"{hits}/{len(results)} hit, cache dir {cache}"
+    if packages:
+        # the one setting a separate service process needs to load them
+        footer += (f"; {packages} verified precompile package(s) installed: start the "
+                   f"service with {PRECOMPILE_ENV}=1 (or call gatekeeper.warm_start() in "
+                   "it) so that its torch.compile skips Dynamo")
     announce_warm([d["status"] for d in docs])
     ctx.emit({"command": "warm", "store": store_uri, "cache_dir": str(cache),
+              **({"service_env": {PRECOMPILE_ENV: "1"}} if packages else {}),
               "targets": docs},
              [{**d, "size": human_bytes(d.get("bundle_bytes"))} for d in docs],
              {"target": "target", "status": "status",
               "cold_compile_seconds": "cold compile s", "first_call_seconds": "warm first call s",
               "speedup": "speedup", "size": "bundle", "fxgraph_cache_hit": "fx hits",
-              "reason": "reason"},
-             footer=f"{hits}/{len(results)} hit, cache dir {cache}")
+              "precompile": "precompile", "dynamo": "dynamo", "reason": "reason"},
+             footer=footer)
     if ctx.args.strict and any(r.status == "miss" for r in results):
         return EXIT_FAILED
     return EXIT_OK

@@ -169,6 +169,26 @@ class Store:
         raise StoreError(f"{loc.prefix}/{MANIFEST} kept changing; gave up replacing it "
                          f"after {attempts} attempts")
 
+    def update_manifest(self, loc: BundleLocation, old: bytes, new: bytes) -> str:
+        """Swap the manifest ``old`` for ``new`` (same archive: a note added to it, such
+        as a verified precompile package) in one conditional write. ``updated``;
+        ``changed`` when the manifest there is no longer ``old`` (replaced meanwhile:
+        nothing is written); ``skipped`` on a read-only store."""
+        what = f"manifest {loc.target_id}"
+        if not self._writing(what):
+            return "skipped"
+        got = self.backend.get(loc.key(MANIFEST))
+        if got is None or got[0] != old:
+            return "changed"
+        try:
+            self.backend.put(loc.key(MANIFEST), new, if_match=got[1])
+        except PreconditionFailed:
+            return "changed"
+        except AccessDenied as e:
+            self._denied(what, e)
+            return "skipped"
+        return "updated"
+
     def _drop_losing_archive(self, loc: BundleLocation, archive_name: str) -> None:
         got = self.backend.get(loc.key(MANIFEST))
         try:

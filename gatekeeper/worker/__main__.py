@@ -26,6 +26,9 @@ def handle(req: Request) -> Response:
     if req.action == "measure":
         from .measure import measure
         return measure(req)
+    if req.action == "precompile":
+        from .precompile import verify
+        return verify(req)
     from .compile import compile_target
     return compile_target(req)
 

@@ -28,12 +28,15 @@ class Request(_Msg):
       restored, saving nothing: does a warm start really start warm?
     * ``measure``: everything ``check`` reports for one target (see worker.measure).
     * ``deps``: only build the model and its inputs, and say what they were built from.
+    * ``precompile``: load the precompile package the parent restored (Dynamo skipped),
+      make the first call, and check its outputs against eager and the stored reference
+      outputs: what ``check`` must see before a deploy may load the package.
 
     Every action that builds the model answers with ``deps``, what it was built from
     (see :mod:`gatekeeper.worker.deps`); the parent computes the code hash from it.
     """
 
-    action: Literal["compile", "probe", "measure", "deps"]
+    action: Literal["compile", "probe", "measure", "deps", "precompile"]
     model: ModelConfig
     base_dir: str  # the config's folder: factories are imported from there
     device: str  # resolved: "cpu", "cuda", "cuda:1"
@@ -45,6 +48,10 @@ class Request(_Msg):
     sweep: bool = True  # measure: run every shape set of the model and count recompiles
     megacache_out: str | None = None  # compile: write the Mega-Cache blob here
     megacache_in: str | None = None  # load this blob first (PyTorch's recipe, benchmarks)
+    precompile_out: str | None = None  # compile: record the precompile package (a cache dir)
+    precompile: bool = False  # probe, precompile: load precompile packages (skip Dynamo)
+    eager: bool = False  # probe: time the first eager call instead (the floor; benchmarks)
+    reference_in: str | None = None  # precompile: this check's reference outputs
     budget: MeasureConfig | None = None  # measure: warmup, min_time, max_samples
     parity: ParityTolerance | None = None  # measure: tolerances
     baseline_reference: str | None = None  # measure: the baseline's reference outputs
@@ -79,6 +86,7 @@ class Response(_Msg):
     counters: dict[str, int] | None = None  # cache hits/misses, graphs, breaks, frames
     megacache: bool | None = None  # compile: a Mega-Cache blob was written
     megacache_load_seconds: float | None = None
+    precompile: dict[str, Any] | None = None  # compile: recorded or why not; precompile: verdict
     graphs: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None

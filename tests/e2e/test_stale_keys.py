@@ -67,6 +67,7 @@ HELPERS_CHANGED = "import torch\n\ndef act(h):\n    return torch.tanh(h)\n"
 CONFIG = textwrap.dedent('''
     [tool.gatekeeper]
     store = "store"
+    precompile = "off"  # packages: tests/e2e/test_precompile.py
 
     [[tool.gatekeeper.models]]
     name = "net"
@@ -298,6 +299,7 @@ def test_force_replaces_atomically_under_a_concurrent_reader(project: Project,
 PAIRED_CONFIG = textwrap.dedent('''
     [tool.gatekeeper]
     store = "store"
+    precompile = "off"  # packages: tests/e2e/test_precompile.py
 
     [tool.gatekeeper.measure]
     warmup = 2

@@ -42,6 +42,7 @@ MODELS = TINY_MODEL.replace("return self.fc2(torch.relu(self.fc1(x)))",
 CONFIG = textwrap.dedent('''
     [tool.gatekeeper]
     store = "store"
+    precompile = "off"  # packages: tests/e2e/test_precompile.py
 
     [tool.gatekeeper.measure]
     warmup = 1

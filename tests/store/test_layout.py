@@ -324,3 +324,36 @@ def test_racing_replacers_each_swap_once_and_a_reader_never_misses(tmp_path):
     assert named in {a[1] for a in archives}
     (b,) = first.bundles()
     assert len(first.unnamed_archives(b)) == n  # the original and n - 1 replaced ones
+
+
+# -- update_manifest: a verdict added to a published bundle ------------------------------------
+@pytest.fixture(params=["local", "s3"])
+def any_store(request, tmp_path) -> Store:
+    if request.param == "local":
+        return Store(LocalBackend(tmp_path / "store"))
+    return open_store(str(request.getfixturevalue("s3_bucket_uri")))
+
+
+def test_update_manifest_swaps_only_the_manifest_it_read(any_store, tmp_path):
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    assert publish(any_store, tmp_path, loc, b"archive") == "published"
+    old = any_store.read_manifest(loc)
+    assert any_store.update_manifest(loc, old, old + b" ") == "updated"
+    assert any_store.read_manifest(loc) == old + b" "
+    # written from a stale read (another writer moved it meanwhile): nothing is written
+    assert any_store.update_manifest(loc, old, old + b"  ") == "changed"
+    assert any_store.read_manifest(loc) == old + b" "
+    # a bundle that is gone is not brought back by a verdict
+    assert any_store.update_manifest(BundleLocation(TARGET, ENV, "gone"), old, old) == "changed"
+    assert not any_store.has_bundle(BundleLocation(TARGET, ENV, "gone"))
+
+
+def test_update_manifest_on_a_read_only_store_is_skipped(tmp_path):
+    loc = BundleLocation(TARGET, ENV, "c0de")
+    writable = Store(LocalBackend(tmp_path / "store"))
+    publish(writable, tmp_path, loc, b"archive")
+    old = writable.read_manifest(loc)
+    ro = Store(LocalBackend(tmp_path / "store"), read_only=True)
+    assert ro.update_manifest(loc, old, b"{}") == "skipped"
+    assert ro.skipped_writes == [f"manifest {TARGET}"]
+    assert writable.read_manifest(loc) == old

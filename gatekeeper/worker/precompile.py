@@ -1,0 +1,190 @@
+"""Caching precompile (torch 2.13, experimental): record Dynamo's own package of a
+compiled model, so that a later process loads it inside ``torch.compile`` and skips
+Dynamo and AOTAutograd; and check, in a fresh process, that what it loads computes what
+eager computes before anyone serves it.
+
+What torch does and does not do here (measured on 2.13.0, see the README):
+
+* ``torch._dynamo.config.caching_precompile`` records a package at every compile;
+  ``torch.compiler.save_cache_artifacts()`` writes it to ``<cache dir>/dynamo/<key>/entry``
+  (key: the forward's qualified name and first line). On CPU the entry still needs the
+  C++ kernels of the cache dir beside it.
+* Recording puts a fresh backend id in AOTAutograd's key, so its AOT entries never hit
+  in another process: it records into a *copy* of the compile's cache dir, and only what
+  the copy gained ships, apart from the plain bundle.
+* On load torch checksums the source lines it traced, but drops ID, closure and
+  dict-version guards: a changed module-level alias loads the old graph silently. Hence
+  the parity check before a package is served.
+* A guard that fails after a load recompiles, and that recompile crashes on a name
+  clash in the module's globals (``__builtins_dict___0``) unless the per-process name
+  counter was moved on first: :func:`enable_loading` does that.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+from torch._dynamo.utils import counters
+
+if TYPE_CHECKING:
+    from .protocol import Request, Response
+
+_DROPPED = re.compile(r"guard on (G\['[^']+'\][^ ]*) is dropped with caching_precompile")
+_BYPASS = re.compile(r"Detected a package bypass: (.*)")
+
+
+def enable_loading() -> None:
+    """Load precompile packages in this process from now on (call before
+    ``torch.compile``). A guard that fails after a load then recompiles cleanly."""
+    import torch._dynamo.bytecode_transformation as bt
+
+    torch._dynamo.config.caching_precompile = True
+    # torch 2.13 installs the package's __builtins_dict___0 into the module's globals;
+    # a recompile in the same module would claim that name again and assert
+    bt.unique_id("__gatekeeper_precompile")
+
+
+def dynamo_skipped() -> bool:
+    """Whether the compiled calls so far came from a loaded package: a package was read
+    (``dynamo_cache_hit``, which alone only says the file was read) and Dynamo built no
+    graph. (Dynamo may still look at a frame that is not the model's: the worker's
+    audit hook runs while the package loads, and counts as a frame with no graph.)"""
+    return skipped(dict(counters["dynamo_cache"]) | {"graphs": counters["stats"].get(
+        "unique_graphs", 0)})
+
+
+def skipped(c: dict) -> bool:
+    """:func:`dynamo_skipped` from a snapshot of the counters (worker.compile)."""
+    return c.get("dynamo_cache_hit", 0) > 0 and c.get("graphs", 0) == 0
+
+
+class _Log(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(record.getMessage())
+        except Exception:  # noqa: BLE001 - a log line we cannot format says nothing
+            pass
+
+
+@contextmanager
+def _torch_log() -> Iterator[_Log]:
+    """torch's log lines while inside: torch's logging stops ``torch._dynamo``'s records
+    at that logger, so the handler goes there as well as on ``torch``."""
+    handler = _Log()
+    loggers = [logging.getLogger(name) for name in ("torch", "torch._dynamo")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}"[:300] if text else type(e).__name__
+
+
+def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]]) -> dict:
+    """Record the precompile package of what ``build`` compiles (it returns the first
+    call to make) into ``out_dir``, a copy of ``cache_dir`` (the compile's, already
+    warm: inductor's FX graphs hit, so only Dynamo and AOTAutograd run again).
+
+    Returns ``{"status": "recorded", "entries": [...], "unguarded": [...]}`` or
+    ``{"status": "unavailable", "reason": ...}``; never raises for the model's sake."""
+    shutil.copytree(cache_dir, out_dir, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("locks"))
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(out_dir)  # inductor reads it per lookup
+    torch._dynamo.reset()
+    torch._dynamo.config.caching_precompile = True
+    try:
+        with _torch_log() as log:
+            try:
+                build()()
+                torch.compiler.save_cache_artifacts()
+            except Exception as e:  # noqa: BLE001 - torch cannot package this model
+                bypass = next((m.group(1) for ln in log.lines
+                               if (m := _BYPASS.search(ln))), None)
+                return {"status": "unavailable",
+                        "reason": f"torch could not package it: {bypass or _one_line(e)}"}
+        entries = sorted(p.parent.name for p in out_dir.glob("dynamo/*/entry"))
+        if not entries:
+            return {"status": "unavailable", "reason": "torch wrote no precompile entry"}
+        # module globals whose identity torch no longer guards (it drops those guards
+        # when it packages): a change to one is what only the parity check can see
+        unguarded = sorted({m.group(1) for ln in log.lines if (m := _DROPPED.search(ln))
+                            and not m.group(1).startswith(("G['__import_",
+                                                           "G['__builtins"))})
+        return {"status": "recorded", "entries": entries, "unguarded": unguarded}
+    finally:
+        torch._dynamo.config.caching_precompile = False
+        torch._dynamo.reset()
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
+def verify(req: "Request") -> "Response":
+    """``precompile``: in this fresh process, load the package the parent restored,
+    make the first call, and compare it with eager and with the reference outputs of
+    the check that asked (the ordinary compiled path). Verified only when Dynamo was
+    skipped and every comparison passed."""
+    from .compile import compile_model, snapshot_counters
+    from .model import build_recorded
+    from .parity import Outputs, check_parity, fp64_reference, load_reference
+    from .protocol import Response
+    from .task import check_precision, parity_tolerance, under_autocast
+    from .timing import first_call
+
+    assert req.parity is not None
+    enable_loading()
+    counters.clear()
+    check_precision(req.device, req.precision)
+    model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
+    tol = parity_tolerance(req.parity.model_dump(), req.precision)
+    with _torch_log() as log:
+        start = time.perf_counter()  # the package loads inside torch.compile()
+        compiled = under_autocast(compile_model(model, req.model, req.mode, req.dynamic),
+                                  req.device, req.precision)
+        wrap = time.perf_counter() - start
+        with torch.no_grad():
+            out, seconds = first_call(compiled, inputs, req.device)
+            seconds += wrap
+            cand = Outputs.of(out)
+    skipped = dynamo_skipped()
+    with torch.no_grad():
+        eager = Outputs.of(under_autocast(model, req.device, req.precision)(*inputs))
+    ref64 = fp64_reference(model, inputs)
+    parity = {"vs_eager": check_parity(cand, eager, ref64.leaves if ref64 else None, tol)}
+    if req.reference_in:
+        ref, ref_64 = load_reference(req.reference_in)
+        parity["vs_reference"] = check_parity(cand, ref, ref_64, tol)
+    failed = [k for k, v in parity.items() if not v.get("passed")]
+    reason = None
+    if not skipped:
+        said = next((ln for ln in log.lines if "dynamo cache" in ln.lower()
+                     or "Source code changes" in ln), None)
+        reason = "Dynamo traced the model: the package did not load" + \
+            (f" ({' '.join(said.split())[:200]})" if said else "")
+    elif failed:
+        detail = parity[failed[0]].get("detail") or parity[failed[0]].get("method")
+        reason = f"the package's outputs differ {failed[0].replace('_', ' ')}: {detail}"
+    return Response(ok=True, compile_seconds=seconds, counters=snapshot_counters(),
+                    parity=parity, torch=torch.__version__, deps=deps,
+                    precompile={"dynamo": "skipped" if skipped else "traced",
+                                "verified": skipped and not failed, "reason": reason,
+                                "first_call_seconds": seconds})

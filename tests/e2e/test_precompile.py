@@ -1,0 +1,192 @@
+"""Precompile packages end to end, with real compiles: ``compile`` records torch's
+caching-precompile package in the bundle, ``check`` loads it in a fresh process and
+compares it with eager before the manifest says it may be served, and ``warm`` serves
+only a verified package of exactly this code (so a deploy skips Dynamo).
+
+The tiny model calls its activation through a module-level alias: torch 2.13 drops the
+guard on such a name when it packages a graph, so a changed alias loads the old graph
+silently. That is the change only gatekeeper's parity check catches.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gatekeeper import bundle
+from gatekeeper.config import load_config
+from gatekeeper.targets import expand
+from gatekeeper.warm import warm_target
+from gatekeeper.worker.launch import run_or_fail
+from gatekeeper.worker.protocol import Request
+from helpers import gk_json, write_project
+
+TARGET = "tiny/b4/default"
+SIGNING = {"GATEKEEPER_SIGNING_KEY": "precompile-test-key"}
+
+MODEL = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    ACT = torch.relu  # torch does not guard this name in a package
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(16, 32)
+            self.fc2 = nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.fc2(ACT(self.fc1(x)))
+
+    def make():
+        return Tiny()
+''')
+
+# precompile is not set: the default ("auto") records a package
+CONFIG = textwrap.dedent('''
+    [tool.gatekeeper]
+    store = "store"
+
+    [tool.gatekeeper.measure]
+    warmup = 2
+    min_time = 0.3
+    shape_sweep = false
+
+    [tool.gatekeeper.gate]
+    latency_regression = 0.95
+    speedup_regression = 0.95
+    compile_time_regression = 100.0
+    memory_regression = 100.0
+
+    [[tool.gatekeeper.models]]
+    name = "tiny"
+    factory = "tinymodel:make"
+    inputs = [{ shape = ["batch", 16] }]
+    shapes = [{ batch = 4 }]
+''')
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory) -> Path:
+    """The project with its bundle (and package) published; compiled once."""
+    root = write_project(tmp_path_factory.mktemp("precompile"), MODEL, CONFIG)
+    (out,) = gk_json("compile", cwd=root, env=SIGNING)["targets"]
+    assert out["status"] == "published", out
+    assert out["precompile"]["status"] == "recorded", out
+    return root
+
+
+@pytest.fixture(scope="session")
+def verified(compiled: Path, tmp_path_factory) -> tuple[Path, dict]:
+    """A copy of the project after one ``check``: its results document."""
+    root = tmp_path_factory.mktemp("verified") / "project"
+    shutil.copytree(compiled, root)
+    gk_json("check", "--out", "out", cwd=root, env=SIGNING)
+    return root, json.loads((root / "out" / "results.json").read_text())
+
+
+def copy_of(root: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "project"
+    shutil.copytree(root, dest)
+    return dest
+
+
+def manifest(project: Path) -> bundle.Manifest:
+    (path,) = (project / "store" / "bundles").rglob("manifest.json")
+    return bundle.verify_manifest(path.read_bytes(), target=TARGET,
+                                  signing_key=SIGNING["GATEKEEPER_SIGNING_KEY"].encode())
+
+
+def packages(cache: Path) -> list[str]:
+    return sorted(p.parent.name for p in cache.glob("dynamo/*/entry"))
+
+
+def test_compile_records_a_package_that_warm_does_not_serve_before_a_check(
+        compiled: Path, tmp_path: Path):
+    project = copy_of(compiled, tmp_path)
+    m = manifest(project)
+    info = bundle.precompile_info(m)
+    assert info["status"] == "recorded" and info["verified"] is None
+    assert info["unguarded"] == ["G['ACT']"]  # what only a parity check can vouch for
+    assert bundle.precompile_entries(m) == {f"dynamo/{e}" for e in info["entries"]}
+
+    cache = tmp_path / "cache"
+    (w,) = gk_json("warm", "--cache-dir", str(cache), "--probe", cwd=project,
+                   env=SIGNING)["targets"]
+    assert w["status"] == "hit"
+    assert w["precompile"] == "unverified" and "no check" in w["precompile_reason"]
+    assert packages(cache) == []  # the plain cache only
+    assert w["dynamo"] == "traced" and w["fxgraph_cache_hit"] >= 1
+
+
+def test_check_verifies_the_package_and_warm_then_skips_dynamo(verified, tmp_path: Path):
+    root, results = verified
+    (t,) = results["targets"]
+    pc = t["precompile"]
+    assert pc["verified"] is True and pc["dynamo"] == "skipped", pc
+    assert pc["now"] is True and pc["stored"] == "updated"
+    project = copy_of(root, tmp_path)
+    info = bundle.precompile_info(manifest(project))  # re-signed: it still verifies
+    assert info["verified"] is True and info["check"]["dynamo"] == "skipped"
+
+    cache = tmp_path / "cache"
+    doc = gk_json("warm", "--cache-dir", str(cache), "--probe", cwd=project, env=SIGNING)
+    (w,) = doc["targets"]
+    assert w["precompile"] == "served" and packages(cache) == info["entries"]
+    assert w["dynamo"] == "skipped", w  # the deploy's first call never ran Dynamo
+    assert doc["service_env"] == {"TORCH_CACHING_PRECOMPILE": "1"}
+
+
+def test_a_package_whose_outputs_differ_from_eager_is_never_served(compiled: Path,
+                                                                   tmp_path: Path):
+    """The model's code changes after compile (same target id): an alias torch does not
+    guard. Loaded by torch as it is, the package computes the old model; the check's
+    worker catches that, and warm never serves a package to other code."""
+    project = copy_of(compiled, tmp_path)
+    config = load_config(project / "gatekeeper.toml")
+    (target,) = expand(config)
+    cache = tmp_path / "cache"
+    w = warm_target(target, config, config_store(config), cache, megacache=False,
+                    signing_key=SIGNING["GATEKEEPER_SIGNING_KEY"].encode(), precompile="any")
+    assert w.precompile == "served" and packages(cache)
+
+    model = project / "tinymodel.py"
+    model.write_text(model.read_text().replace("ACT = torch.relu", "ACT = torch.tanh"))
+    resp = run_or_fail(Request.for_target("precompile", target, config, "cpu",
+                                          parity=config.gate.parity),
+                       cache_dir=cache, timeout=300, label=TARGET)
+    assert resp.ok, resp.error
+    assert resp.precompile["dynamo"] == "skipped"  # torch loaded the stale graph
+    assert resp.precompile["verified"] is False
+    assert "differ vs eager" in resp.precompile["reason"], resp.precompile
+
+    # warm, for the changed code: another version's bundle, so no package (the plain
+    # cache still helps), and none left where torch would look
+    fresh = tmp_path / "fresh"
+    shutil.copytree(cache, fresh)
+    (w,) = gk_json("warm", "--cache-dir", str(fresh), cwd=project, env=SIGNING)["targets"]
+    assert w["status"] == "partial"
+    assert w["precompile"] == "unverified" and "another version" in w["precompile_reason"]
+    assert packages(fresh) == []
+
+
+def test_another_cpu_capability_never_loads_the_package(verified, tmp_path: Path):
+    root, _ = verified
+    project = copy_of(root, tmp_path)
+    default = gk_json("key", cwd=project)["targets"][0]
+    lower = "avx2" if default["env"]["cpu_capability"] == "avx512" else "default"
+    cache = tmp_path / "cache"
+    (w,) = gk_json("warm", "--cache-dir", str(cache), cwd=project,
+                   env={**SIGNING, "ATEN_CPU_CAPABILITY": lower})["targets"]
+    assert w["status"] == "miss" and "precompile" not in w
+    assert packages(cache) == []
+
+
+def config_store(config):
+    from gatekeeper.store import open_store
+
+    return open_store(config.store, base_dir=config.base_dir)
