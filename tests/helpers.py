@@ -39,10 +39,11 @@ TINY_CONFIG = textwrap.dedent('''
     shapes = [{ batch = 4 }]
 ''')
 
-def parity_only_config(shapes: str) -> str:
+def parity_only_config(shapes: str, precompile: bool = False) -> str:
     """The tiny model's config with timing rules so wide that only parity and errors
-    decide a verdict (tests of plumbing, not of detection rates)."""
-    return textwrap.dedent('''
+    decide a verdict (tests of plumbing, not of detection rates). Precompile packages
+    are off unless asked for (then the default setting records them)."""
+    text = textwrap.dedent('''
         [tool.gatekeeper]
         store = "store"
         precompile = "off"  # packages: tests/e2e/test_precompile.py
@@ -61,7 +62,10 @@ def parity_only_config(shapes: str) -> str:
         name = "tiny"
         factory = "tinymodel:make"
         inputs = [{ shape = ["batch", 16] }]
-    ''') + f"shapes = {shapes}\n"
+    ''')
+    if precompile:  # not set at all: the default records them
+        text = text.replace('precompile = "off"', "# precompile: the default")
+    return text + f"shapes = {shapes}\n"
 
 
 def write_project(root: Path, model: str = TINY_MODEL, config: str = TINY_CONFIG) -> Path:

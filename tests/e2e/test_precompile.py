@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,52 +21,16 @@ from gatekeeper.targets import expand
 from gatekeeper.warm import warm_target
 from gatekeeper.worker.launch import run_or_fail
 from gatekeeper.worker.protocol import Request
-from helpers import gk_json, write_project
+from helpers import TINY_MODEL, gk_json, parity_only_config, write_project
 
 TARGET = "tiny/b4/default"
 SIGNING = {"GATEKEEPER_SIGNING_KEY": "precompile-test-key"}
 
-MODEL = textwrap.dedent('''
-    import torch
-    from torch import nn
-
-    ACT = torch.relu  # torch does not guard this name in a package
-
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1 = nn.Linear(16, 32)
-            self.fc2 = nn.Linear(32, 4)
-
-        def forward(self, x):
-            return self.fc2(ACT(self.fc1(x)))
-
-    def make():
-        return Tiny()
-''')
-
-# precompile is not set: the default ("auto") records a package
-CONFIG = textwrap.dedent('''
-    [tool.gatekeeper]
-    store = "store"
-
-    [tool.gatekeeper.measure]
-    warmup = 2
-    min_time = 0.3
-    shape_sweep = false
-
-    [tool.gatekeeper.gate]
-    latency_regression = 0.95
-    speedup_regression = 0.95
-    compile_time_regression = 100.0
-    memory_regression = 100.0
-
-    [[tool.gatekeeper.models]]
-    name = "tiny"
-    factory = "tinymodel:make"
-    inputs = [{ shape = ["batch", 16] }]
-    shapes = [{ batch = 4 }]
-''')
+# the tiny model, its activation called through a module-level alias
+MODEL = TINY_MODEL.replace("from torch import nn\n", "from torch import nn\n\n"
+                           "ACT = torch.relu  # torch does not guard this name in a package\n"
+                           ).replace("torch.relu(self.fc1(x))", "ACT(self.fc1(x))")
+CONFIG = parity_only_config("[{ batch = 4 }]", precompile=True)
 
 
 @pytest.fixture(scope="session")
