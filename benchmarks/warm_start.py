@@ -42,7 +42,7 @@ from gatekeeper.compile import compile_all
 from gatekeeper.config import load_config
 from gatekeeper.key import find_bundle, target_key
 from gatekeeper.worker.launch import run_worker
-from gatekeeper.worker.protocol import Request
+from gatekeeper.worker.protocol import Request, dynamo_skipped
 from gatekeeper.store import open_store
 from gatekeeper.targets import expand, select
 
@@ -123,7 +123,7 @@ def main() -> None:
         over = {k: med[k] - med["eager"] if med[k] is not None and med["eager"] is not None
                 else None for k in ("c", "e")}
         skipped = "-" if not package else \
-            ("skipped" if e.get("dynamo_cache_hit") and not e.get("graphs") else "traced")
+            ("skipped" if dynamo_skipped(e) else "traced")
         rows.append([target.id, med["eager"], med["a"], med["b"], med["c"], med["d"],
                      med["e"], med["a"] / med["c"], med["c"] / med["d"], over["c"], over["e"],
                      over["e"] / over["c"] if over["e"] is not None and over["c"] else None,

@@ -178,14 +178,14 @@ def verify_precompile(target: Target, config: Config, store: Store, key: CacheKe
     if not verified:
         log.warning("%s: precompile package not verified, never served: %s", target.id,
                     check["reason"])
-    updated = bundle.sign(manifest.model_copy(update={"compile": {
-        **manifest.compile, "precompile": {**info, "verified": verified, "check": check}}}),
-        signing_key())
     if manifest.signature and not signing_key():
         # re-writing it unsigned would make every signed deploy refuse the bundle
         log.warning("%s: precompile verdict not stored: the bundle is signed and "
                     "GATEKEEPER_SIGNING_KEY is not set here", target.id)
         return {"verified": verified, **check, "now": True, "stored": "unsigned"}
+    updated = bundle.sign(manifest.model_copy(update={"compile": {
+        **manifest.compile, "precompile": {**info, "verified": verified, "check": check}}}),
+        signing_key())
     try:
         old = store.read_manifest(warmed.location)
         if old is not None and bundle.verify_manifest(

@@ -10,6 +10,15 @@ EXIT_FAILED = 1  # a regression or a parity failure: the gate said no
 EXIT_ERROR = 2  # usage, config or tool error
 
 
+def first_line(e: BaseException, limit: int = 400) -> str:
+    """``Type: first line of the message``: an exception from torch or the user's code
+    as one line."""
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else ""
+    line = f"{type(e).__name__}: {line}" if line else type(e).__name__
+    return line[:limit]
+
+
 class GatekeeperError(Exception):
     """An expected failure, shown to the user as one line."""
 

@@ -88,10 +88,11 @@ def settle(status: str, counters: dict | None) -> str:
 Precompile = Literal["verified", "any", "never"]
 
 
-def _precompile(result: WarmResult, manifest: bundle.Manifest, hit: bool, want: Precompile,
-                served: set[str]) -> bool:
-    """Whether to install the bundle's precompile package; says why in ``result``."""
-    info, entries = bundle.precompile_info(manifest), bundle.precompile_entries(manifest)
+def _precompile(result: WarmResult, manifest: bundle.Manifest, entries: set[str], hit: bool,
+                want: Precompile, served: set[str]) -> bool:
+    """Whether to install the bundle's precompile package (its ``entries``, the
+    ``dynamo/<key>`` folders); says why in ``result``."""
+    info = bundle.precompile_info(manifest)
     if not entries:
         if info:
             result.precompile, result.precompile_reason = info.get("status"), info.get("reason")
@@ -145,8 +146,9 @@ def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *
             staging = Path(tmp, "staging")
             bundle.extract(archive, manifest, staging)
             served = set() if served is None else served
-            serve = _precompile(result, manifest, match.status == "hit", precompile, served)
             entries = bundle.precompile_entries(manifest)
+            serve = _precompile(result, manifest, entries, match.status == "hit", precompile,
+                                served)
             if not serve:  # never leave a package of another version where torch looks
                 for entry in entries - served:
                     shutil.rmtree(cache_dir / entry, ignore_errors=True)

@@ -613,7 +613,8 @@ def test_only_a_verified_package_of_the_exact_bundle_is_served(tmp_path):
                served: set | None = None) -> tuple[bool, WarmResult]:
         _, manifest = pack_with_package(tmp_path, info, name=uuid.uuid4().hex)
         r = WarmResult(TARGET, "hit")
-        return _precompile(r, manifest, hit, want, served if served is not None else set()), r
+        return _precompile(r, manifest, bundle.precompile_entries(manifest), hit, want,
+                           served if served is not None else set()), r
 
     ok = {"status": "recorded", "verified": True, "check": {"dynamo": "skipped"}}
     assert decide(ok)[0] and decide(ok)[1].precompile == "served"

@@ -7,6 +7,7 @@ from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
 from ..warm import PRECOMPILE_ENV, cold, default_cache_dir, probe, settle, warm_targets
+from ..worker.protocol import dynamo_skipped
 from .common import Context, human_bytes
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
@@ -56,8 +57,7 @@ def run(ctx: Context) -> int:
                     doc["autograd_cache_miss"] = c.get("autograd_cache_miss", 0)
                     doc["status"] = settle(doc["status"], c)  # a hit whose graphs all miss
                     # did the first call run Dynamo? (only a loaded package skips it)
-                    doc["dynamo"] = "skipped" if c.get("dynamo_cache_hit", 0) > 0 \
-                        and c.get("graphs", 0) == 0 else "traced"
+                    doc["dynamo"] = "skipped" if dynamo_skipped(c) else "traced"
                     if served and doc["dynamo"] == "traced":
                         doc["precompile_reason"] = ("the package did not load: the first "
                                                     "call ran Dynamo (a guard or source "

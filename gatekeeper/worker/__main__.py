@@ -11,15 +11,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, first_line
 from .protocol import Request, Response
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    line = text.splitlines()[0] if text else ""
-    line = f"{type(e).__name__}: {line}" if line else type(e).__name__
-    return line[:400]
 
 
 def handle(req: Request) -> Response:
@@ -42,7 +35,7 @@ def main(argv: list[str]) -> int:
         resp = Response.failure("config", str(e))
     except Exception as e:  # the model's own failure: report it, let other targets run
         traceback.print_exc(file=sys.stderr)
-        resp = Response.failure("compile", _first_line(e))
+        resp = Response.failure("compile", first_line(e))
     response_path.write_text(resp.model_dump_json())
     return 0
 

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 from torch._dynamo.utils import counters
 
+from ..errors import first_line
+
 if TYPE_CHECKING:
     from .protocol import Request, Response
 
@@ -49,20 +51,6 @@ def enable_loading() -> None:
     # torch 2.13 installs the package's __builtins_dict___0 into the module's globals;
     # a recompile in the same module would claim that name again and assert
     bt.unique_id("__gatekeeper_precompile")
-
-
-def dynamo_skipped() -> bool:
-    """Whether the compiled calls so far came from a loaded package: a package was read
-    (``dynamo_cache_hit``, which alone only says the file was read) and Dynamo built no
-    graph. (Dynamo may still look at a frame that is not the model's: the worker's
-    audit hook runs while the package loads, and counts as a frame with no graph.)"""
-    return skipped(dict(counters["dynamo_cache"]) | {"graphs": counters["stats"].get(
-        "unique_graphs", 0)})
-
-
-def skipped(c: dict) -> bool:
-    """:func:`dynamo_skipped` from a snapshot of the counters (worker.compile)."""
-    return c.get("dynamo_cache_hit", 0) > 0 and c.get("graphs", 0) == 0
 
 
 class _Log(logging.Handler):
@@ -92,11 +80,6 @@ def _torch_log() -> Iterator[_Log]:
             logger.removeHandler(handler)
 
 
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}"[:300] if text else type(e).__name__
-
-
 def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]]) -> dict:
     """Record the precompile package of what ``build`` compiles (it returns the first
     call to make) into ``out_dir``, a copy of ``cache_dir`` (the compile's, already
@@ -119,7 +102,7 @@ def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]
                 bypass = next((m.group(1) for ln in log.lines
                                if (m := _BYPASS.search(ln))), None)
                 return {"status": "unavailable",
-                        "reason": f"torch could not package it: {bypass or _one_line(e)}"}
+                        "reason": f"torch could not package it: {bypass or first_line(e)}"}
         entries = sorted(p.parent.name for p in out_dir.glob("dynamo/*/entry"))
         if not entries:
             return {"status": "unavailable", "reason": "torch wrote no precompile entry"}
@@ -146,7 +129,7 @@ def verify(req: "Request") -> "Response":
     from .compile import compile_model, snapshot_counters
     from .model import build_recorded
     from .parity import Outputs, check_parity, fp64_reference, load_reference
-    from .protocol import Response
+    from .protocol import Response, dynamo_skipped
     from .task import check_precision, parity_tolerance, under_autocast
     from .timing import first_call
 
@@ -165,7 +148,8 @@ def verify(req: "Request") -> "Response":
             out, seconds = first_call(compiled, inputs, req.device)
             seconds += wrap
             cand = Outputs.of(out)
-    skipped = dynamo_skipped()
+    counts = snapshot_counters()
+    skipped = dynamo_skipped(counts)
     with torch.no_grad():
         eager = Outputs.of(under_autocast(model, req.device, req.precision)(*inputs))
     ref64 = fp64_reference(model, inputs)
@@ -183,7 +167,7 @@ def verify(req: "Request") -> "Response":
     elif failed:
         detail = parity[failed[0]].get("detail") or parity[failed[0]].get("method")
         reason = f"the package's outputs differ {failed[0].replace('_', ' ')}: {detail}"
-    return Response(ok=True, compile_seconds=seconds, counters=snapshot_counters(),
+    return Response(ok=True, compile_seconds=seconds, counters=counts,
                     parity=parity, torch=torch.__version__, deps=deps,
                     precompile={"dynamo": "skipped" if skipped else "traced",
                                 "verified": skipped and not failed, "reason": reason,

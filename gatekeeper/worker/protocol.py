@@ -72,6 +72,15 @@ class Request(_Msg):
         return Path(self.base_dir)
 
 
+def dynamo_skipped(counters: dict[str, int]) -> bool:
+    """Whether the compiled calls behind ``counters`` (worker.compile.snapshot_counters)
+    came from a loaded precompile package: a package was read (``dynamo_cache_hit``,
+    which alone only says the file was read) and Dynamo built no graph. Not "no frame":
+    the worker's audit hook runs while a package loads, and Dynamo counts it as a frame
+    with no graph."""
+    return counters.get("dynamo_cache_hit", 0) > 0 and counters.get("graphs", 0) == 0
+
+
 class Response(_Msg):
     """A worker's answer. ``ok`` false: ``kind`` is ``config`` (the user's factory or
     inputs are wrong) or ``compile`` (torch failed), ``error`` one line. ``ok`` true: the
