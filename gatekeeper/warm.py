@@ -33,11 +33,9 @@ from .errors import BundleError, StoreError
 from .key import CacheKey, find_bundle, resolve_device, target_key
 from .store import Store, open_store
 from .targets import Target, expand, select
+from .worker.protocol import ISA_ENV, PRECOMPILE_ENV
 
 log = logging.getLogger("gatekeeper.warm")
-
-# torch reads it when torch.compile is called: load precompile packages from the cache dir
-PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 
 
 @dataclass
@@ -206,18 +204,33 @@ def warm_targets(targets: list[Target], config: Config, store: Store,
     return results
 
 
+def service_env(results: list[WarmResult]) -> dict[str, str]:
+    """What a service process must have in its environment to use what warm installed:
+    nothing, unless a verified package was served. Then ``TORCH_CACHING_PRECOMPILE=1``
+    (torch loads packages inside ``torch.compile``), and, when every target that warm
+    found is served from its package, ``TORCHINDUCTOR_VEC_ISA_OK=1`` too: it skips
+    inductor's ISA probe, but it is part of inductor's FX graph key, so a process that
+    also needs plain FX cache hits must not have it."""
+    if not any(r.precompile == "served" for r in results):
+        return {}
+    env = {PRECOMPILE_ENV: "1"}
+    if all(r.precompile == "served" for r in results if r.status in ("hit", "partial")):
+        env[ISA_ENV] = "1"
+    return env
+
+
 def probe(target: Target, config: Config, cache_dir: Path, *, verbose: bool = False,
-          precompile: bool = False):
+          env: dict[str, str] | None = None):
     """The first compiled call of ``target`` in a new process on ``cache_dir``: its time
-    and FX graph cache hits show whether the warm start really is warm; ``precompile``
-    loads packages as a deploy that serves them does (did Dynamo run?)."""
+    and FX graph cache hits show whether the warm start really is warm. ``env``: the
+    service's (:func:`service_env`); with packages loading, did Dynamo run?"""
     from .worker.launch import run_or_fail
     from .worker.protocol import Request
 
     request = Request.for_target("probe", target, config, resolve_device(target.model.device),
-                                 precompile=precompile)
+                                 precompile=(env or {}).get(PRECOMPILE_ENV) == "1")
     return run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
-                       verbose=verbose, label=target.id)
+                       verbose=verbose, label=target.id, env=env)
 
 
 def warm_start(config: Config | str | os.PathLike | None = None, *,
@@ -248,14 +261,14 @@ def warm_start(config: Config | str | os.PathLike | None = None, *,
         except Exception as e:  # noqa: BLE001 - best effort
             return cold(selected, e)
     results = warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)
-    if any(r.precompile == "served" for r in results):
+    if env := service_env(results):
         try:  # this process loads the verified packages its torch.compile calls find
             from .worker.precompile import enable_loading
 
-            enable_loading()
+            enable_loading(skip_isa_probe=ISA_ENV in env)
         except Exception as e:  # noqa: BLE001 - best effort: a normal warm start
             log.warning("precompile packages not enabled: %s", _reason(e))
     return results
 
 
-__all__ = ["WarmResult", "settle", "warm_start", "warm_targets"]
+__all__ = ["WarmResult", "service_env", "settle", "warm_start", "warm_targets"]

@@ -644,3 +644,19 @@ def test_resigning_a_manifest_keeps_it_verifiable(packed):
     forged = signed.model_copy(update={"compile": {**signed.compile, "x": 1}})  # not re-signed
     with pytest.raises(BundleError, match="signature does not verify"):
         bundle.verify_manifest(forged.to_bytes(), target=TARGET, signing_key=KEY_A)
+
+
+def test_the_service_env_skips_the_isa_probe_only_when_every_found_target_is_packaged():
+    """TORCHINDUCTOR_VEC_ISA_OK is in inductor's FX graph key: a service that also needs
+    plain FX cache hits (a training step, an unverified package) must not get it."""
+    from gatekeeper.warm import WarmResult, service_env
+
+    served = WarmResult("a", "hit", precompile="served")
+    plain = WarmResult("b", "hit", precompile="unverified")
+    train = WarmResult("c", "hit")  # no package at all
+    missed = WarmResult("d", "miss")  # compiles cold whatever the env
+    assert service_env([plain, train, missed]) == {}
+    assert service_env([served, missed]) == {"TORCH_CACHING_PRECOMPILE": "1",
+                                             "TORCHINDUCTOR_VEC_ISA_OK": "1"}
+    assert service_env([served, plain]) == {"TORCH_CACHING_PRECOMPILE": "1"}
+    assert service_env([served, train]) == {"TORCH_CACHING_PRECOMPILE": "1"}

@@ -6,7 +6,7 @@ from pathlib import Path
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
-from ..warm import PRECOMPILE_ENV, cold, default_cache_dir, probe, settle, warm_targets
+from ..warm import cold, default_cache_dir, probe, service_env, settle, warm_targets
 from ..worker.protocol import dynamo_skipped
 from .common import Context, human_bytes
 
@@ -38,13 +38,13 @@ def run(ctx: Context) -> int:
         results = warm_targets(targets, ctx.config, ctx.store, cache_dir)
     cache = cache_dir or default_cache_dir()
     docs = [r.as_dict() for r in results]
+    env = service_env(results)  # what the service needs (the probe runs with it too)
     if ctx.args.probe:
         progress = Progress(len(results))
         for target, doc in zip(ctx.targets, docs):
             with progress.step(target.id, "first compiled call") as step:
                 served = doc.get("precompile") == "served"
-                resp = probe(target, ctx.config, cache, verbose=ctx.args.verbose,
-                             precompile=served)
+                resp = probe(target, ctx.config, cache, verbose=ctx.args.verbose, env=env)
                 if resp.ok and resp.compile_seconds is not None and resp.counters:
                     c = resp.counters
                     doc["first_call_seconds"] = resp.compile_seconds
@@ -72,13 +72,14 @@ def run(ctx: Context) -> int:
     packages = sum(d.get("precompile") == "served" for d in docs)
     footer = f"{hits}/{len(results)} hit, cache dir {cache}"
     if packages:
-        # the one setting a separate service process needs to load them
+        # the settings a separate service process needs to load them
+        settings = " ".join(f"{k}={v}" for k, v in env.items())
         footer += (f"; {packages} verified precompile package(s) installed: start the "
-                   f"service with {PRECOMPILE_ENV}=1 (or call gatekeeper.warm_start() in "
-                   "it) so that its torch.compile skips Dynamo")
+                   f"service with {settings} (or call gatekeeper.warm_start() in it) so "
+                   "that its torch.compile skips Dynamo")
     announce_warm([d["status"] for d in docs])
     ctx.emit({"command": "warm", "store": store_uri, "cache_dir": str(cache),
-              **({"service_env": {PRECOMPILE_ENV: "1"}} if packages else {}),
+              **({"service_env": env} if env else {}),
               "targets": docs},
              [{**d, "size": human_bytes(d.get("bundle_bytes"))} for d in docs],
              {"target": "target", "status": "status",

@@ -13,9 +13,10 @@ from ..errors import WorkerError
 from .protocol import Request, Response
 
 
-def cache_env(cache_dir: Path) -> dict[str, str]:
-    """The environment of a compile: this cache dir only, FX graph and AOT caches on."""
-    env = dict(os.environ)
+def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a compile: this cache dir only, FX graph and AOT caches on;
+    ``extra``: what a deploy's service sets besides (see :func:`gatekeeper.warm.service_env`)."""
+    env = dict(os.environ) | (extra or {})
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
     env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
@@ -29,7 +30,7 @@ def cache_env(cache_dir: Path) -> dict[str, str]:
 
 
 def run_worker(request: Request, *, cache_dir: Path, timeout: float, verbose: bool = False,
-               label: str = "") -> Response:
+               label: str = "", env: dict[str, str] | None = None) -> Response:
     """Run ``request`` in a subprocess; returns its response (``ok`` true or false).
 
     Raises WorkerError only when the process dies without answering (crash, timeout).
@@ -41,7 +42,7 @@ def run_worker(request: Request, *, cache_dir: Path, timeout: float, verbose: bo
         cmd = [sys.executable, "-m", "gatekeeper.worker", str(req_path), str(resp_path)]
         with open(log_path, "wb") as log:
             try:
-                proc = subprocess.run(cmd, env=cache_env(cache_dir), timeout=timeout,
+                proc = subprocess.run(cmd, env=cache_env(cache_dir, env), timeout=timeout,
                                       stdin=subprocess.DEVNULL,
                                       stdout=None if verbose else log,
                                       stderr=None if verbose else subprocess.STDOUT)
@@ -55,10 +56,10 @@ def run_worker(request: Request, *, cache_dir: Path, timeout: float, verbose: bo
 
 
 def run_or_fail(request: Request, *, cache_dir: Path, timeout: float, verbose: bool = False,
-                label: str = "") -> Response:
+                label: str = "", env: dict[str, str] | None = None) -> Response:
     """:func:`run_worker`, with a dead worker turned into a failed response."""
     try:
         return run_worker(request, cache_dir=cache_dir, timeout=timeout, verbose=verbose,
-                          label=label)
+                          label=label, env=env)
     except WorkerError as e:
         return Response.failure("compile", str(e))

@@ -34,6 +34,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ..errors import first_line
+from .protocol import ISA_ENV
 
 if TYPE_CHECKING:
     from .protocol import Request, Response
@@ -42,12 +43,22 @@ _DROPPED = re.compile(r"guard on (G\['[^']+'\][^ ]*) is dropped with caching_pre
 _BYPASS = re.compile(r"Detected a package bypass: (.*)")
 
 
-def enable_loading() -> None:
+def enable_loading(skip_isa_probe: bool = False) -> None:
     """Load precompile packages in this process from now on (call before
-    ``torch.compile``). A guard that fails after a load then recompiles cleanly."""
+    ``torch.compile``). A guard that fails after a load then recompiles cleanly.
+
+    ``skip_isa_probe``: trust the CPU's flags for inductor's vector ISA instead of
+    building and loading a probe library in a subprocess (~0.5 s per process): the key
+    pins those flags, and a served package's kernels are built already. Only for a
+    process whose every warm target is served from its package: the setting is part of
+    inductor's FX graph key, so an FX cache entry compiled without it misses."""
     import torch._dynamo.bytecode_transformation as bt
 
     torch._dynamo.config.caching_precompile = True
+    if skip_isa_probe and os.environ.get(ISA_ENV) is None:  # the user's own word wins
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.vec_isa_ok = True
     # torch 2.13 installs the package's __builtins_dict___0 into the module's globals;
     # a recompile in the same module would claim that name again and assert
     bt.unique_id("__gatekeeper_precompile")

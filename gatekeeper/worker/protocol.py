@@ -15,6 +15,13 @@ from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance
 from ..targets import Target
 
 
+# the environment of a service that loads precompile packages (see gatekeeper.warm.service_env):
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"  # torch loads packages inside torch.compile
+# inductor trusts the CPU's flags for its vector ISA (the key pins them) instead of
+# building and loading a probe library in a subprocess (about 0.5 s per process)
+ISA_ENV = "TORCHINDUCTOR_VEC_ISA_OK"
+
+
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -91,6 +98,8 @@ class Response(_Msg):
     error: str | None = None
     torch: str | None = None
     compile_seconds: float | None = None  # first compiled call, wall time
+    # of which importing inductor (once per process, whatever the cache holds)
+    import_seconds: float | None = None
     call_seconds: list[float] | None = None  # compile/probe: the first calls
     counters: dict[str, int] | None = None  # cache hits/misses, graphs, breaks, frames
     megacache: bool | None = None  # compile: a Mega-Cache blob was written

@@ -101,7 +101,9 @@ def test_check_verifies_the_package_and_warm_then_skips_dynamo(verified, tmp_pat
     (w,) = doc["targets"]
     assert w["precompile"] == "served" and packages(cache) == info["entries"]
     assert w["dynamo"] == "skipped", w  # the deploy's first call never ran Dynamo
-    assert doc["service_env"] == {"TORCH_CACHING_PRECOMPILE": "1"}
+    # one target, served from its package: the ISA probe is skipped too
+    assert doc["service_env"] == {"TORCH_CACHING_PRECOMPILE": "1",
+                                  "TORCHINDUCTOR_VEC_ISA_OK": "1"}
 
 
 def test_a_package_whose_outputs_differ_from_eager_is_never_served(compiled: Path,
