@@ -62,16 +62,26 @@ class CompileResult:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != {}}
 
 
+def _cannot_package(target: Target) -> str | None:
+    """Why torch (2.13) cannot give ``target`` a package that loads; None when it can."""
+    if target.task != "infer":
+        return ("a training step cannot be packaged (torch bypasses packaging for the "
+                "optimizer step's graph)")
+    if target.precision != "fp32":
+        # measured: the package loads, and its guards fail on every call under autocast
+        return ("a package recorded under autocast never loads (torch records its input "
+                "guards without the Autocast dispatch key, so every call misses them)")
+    return None
+
+
 def _precompile(target: Target, config: Config, recorded: dict | None, cache_dir: Path,
                 precompile_dir: Path) -> tuple[dict | None, dict[str, Path]]:
     """The manifest's ``precompile`` section and the files the package adds to the
     cache dir. ``verified`` stays null until a ``check`` has loaded it and compared."""
     if not config.precompile_for(target.model):
         return None, {}
-    if target.task != "infer":
-        return {"status": "unavailable",
-                "reason": "a training step cannot be packaged (torch bypasses packaging "
-                          "for the optimizer step's graph)"}, {}
+    if reason := _cannot_package(target):
+        return {"status": "unavailable", "reason": reason}, {}
     if not recorded or recorded.get("status") != "recorded":
         reason = (recorded or {}).get("reason") or "the worker recorded no package"
         return {"status": "unavailable", "reason": reason}, {}
@@ -94,7 +104,7 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         return result
     with tempfile.TemporaryDirectory(prefix="gk-compile-") as tmp:
         cache_dir, megacache = Path(tmp, "cache"), Path(tmp, "megacache.bin")
-        record = config.precompile_for(target.model) and target.task == "infer"
+        record = config.precompile_for(target.model) and _cannot_package(target) is None
         precompile_dir = Path(tmp, "precompile")
         request = Request.for_target("compile", target, config, key.device,
                                      megacache_out=str(megacache),
@@ -112,7 +122,7 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         precompile, package = _precompile(target, config, resp.precompile, cache_dir,
                                           precompile_dir)
         result.precompile = precompile
-        if precompile and precompile.get("reason") and target.task == "infer":
+        if record and precompile and precompile.get("reason"):  # it tried and failed
             log.warning("%s: no precompile package: %s", target.id, precompile["reason"])
         archive, manifest = bundle.pack(
             cache_dir, megacache if megacache.is_file() else None, Path(tmp),

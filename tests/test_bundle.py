@@ -660,3 +660,23 @@ def test_the_service_env_skips_the_isa_probe_only_when_every_found_target_is_pac
                                              "TORCHINDUCTOR_VEC_ISA_OK": "1"}
     assert service_env([served, plain]) == {"TORCH_CACHING_PRECOMPILE": "1"}
     assert service_env([served, train]) == {"TORCH_CACHING_PRECOMPILE": "1"}
+
+
+def test_only_a_float32_inference_target_records_a_package(tmp_path):
+    """A training step and an autocast variant get no package, each with its reason (a
+    package recorded under autocast loaded but missed its guards on every call)."""
+    from gatekeeper.compile import _precompile
+    from gatekeeper.config import load_config
+    from gatekeeper.targets import expand
+
+    (tmp_path / "gatekeeper.toml").write_text(
+        '[tool.gatekeeper]\n[[tool.gatekeeper.models]]\nname = "m"\nfactory = "x:y"\n'
+        'inputs = [{ shape = [2, 3] }]\ntasks = ["infer", "train"]\n'
+        'precisions = ["fp32", "bf16"]\n')
+    config = load_config(tmp_path / "gatekeeper.toml")
+    recorded = {"status": "recorded", "entries": ["dynamo/k"], "unguarded": []}
+    why = {t.id: _precompile(t, config, recorded, tmp_path, tmp_path)[0] for t in expand(config)}
+    assert why["m/fixed/default"]["status"] == "recorded"
+    assert "autocast" in why["m/fixed/default+bf16"]["reason"]
+    assert "training step" in why["m/fixed/default+train"]["reason"]
+    assert "training step" in why["m/fixed/default+train+bf16"]["reason"]

@@ -155,3 +155,48 @@ def config_store(config):
     from gatekeeper.store import open_store
 
     return open_store(config.store, base_dir=config.base_dir)
+
+
+# a service: warm-started (in this process, or by `gatekeeper warm` before it), then a
+# call at the compiled batch size (the package) and one at another (a guard fails)
+SERVICE = '''
+import os, sys
+import torch
+if sys.argv[1] == "in-process":
+    import gatekeeper
+    (w,) = gatekeeper.warm_start(cache_dir=sys.argv[2])
+    assert w.precompile == "served", w
+from torch._dynamo.utils import counters
+from tinymodel import make
+torch.manual_seed(0)
+model = make().eval()
+compiled = torch.compile(model)
+with torch.no_grad():
+    for batch in (4, 3):
+        x = torch.randn(batch, 16)
+        assert torch.allclose(compiled(x), model(x), atol=1e-5), batch
+print(counters["dynamo_cache"]["dynamo_cache_hit"], counters["stats"]["unique_graphs"])
+'''
+
+
+@pytest.mark.parametrize("how", ["in-process", "service-env"])
+def test_a_guard_that_fails_after_loading_recompiles_and_computes_the_same(
+        verified, tmp_path: Path, how: str):
+    """Another batch size than the package's fails its guards: the service recompiles
+    (one graph) and computes what eager computes; it never crashes."""
+    import os
+    import subprocess
+    import sys
+
+    root, _ = verified
+    project = copy_of(root, tmp_path)
+    cache = tmp_path / "cache"
+    env = {**os.environ, **SIGNING}
+    if how == "service-env":  # `gatekeeper warm` first, then the environment it prints
+        doc = gk_json("warm", "--cache-dir", str(cache), cwd=project, env=SIGNING)
+        env |= {**doc["service_env"], "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-c", SERVICE, how, str(cache)], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    hits, graphs = map(int, proc.stdout.split()[-2:])
+    assert hits == 1 and graphs == 1, proc.stdout  # batch 4 loaded, batch 3 recompiled

@@ -141,6 +141,21 @@ def project(compiled_net: dict, tmp_path: Path) -> Project:
     return Project(root, site, {"PYTHONPATH": str(site)})
 
 
+def keyed_anew(project: Project, compiled_net: dict, tmp_path: Path,
+               env: dict | None = None) -> dict:
+    """What the model is built from changed: its key changes before any compile (``key``
+    builds the model in a worker, compiles nothing), and ``warm`` no longer calls the
+    bundle of the old code a hit. One test (b) also compiles anew and warms from the new
+    key; ``key`` reports the key ``compile`` uses (checked there and in the unchanged
+    case), so the other changes need no compile of their own."""
+    (key,) = project.json("key", env=env)["targets"]
+    assert (key["code_hash"], key["env_key"]) != \
+        (compiled_net["code_hash"], compiled_net["env_key"]), key
+    (warmed,) = project.json("warm", "--cache-dir", str(tmp_path / "old"), env=env)["targets"]
+    assert warmed["status"] in ("partial", "miss"), warmed
+    return key
+
+
 def compiles_anew_and_warms(project: Project, tmp_path: Path, env: dict | None = None) -> dict:
     """``compile`` must compile (not say ``exists``), and the new bundle must warm a new
     process with FX graph hits: the key it was found under really is this code's."""
@@ -164,32 +179,36 @@ def test_unchanged_project_in_another_folder_hits(project: Project, tmp_path: Pa
     assert key["code_hash"] == compiled_net["code_hash"]
 
 
-def test_a_another_factory_of_the_same_module(project: Project, tmp_path: Path):
+def test_a_another_factory_of_the_same_module(project: Project, tmp_path: Path,
+                                              compiled_net: dict):
     cfg = project.root / "gatekeeper.toml"
     cfg.write_text(cfg.read_text().replace("models.net:make", "models.net:make_other"))
-    compiles_anew_and_warms(project, tmp_path)
+    keyed_anew(project, compiled_net, tmp_path)
 
 
-def test_b_sibling_module_outside_the_package(project: Project, tmp_path: Path):
+def test_b_sibling_module_outside_the_package(project: Project, tmp_path: Path,
+                                              compiled_net: dict):
     (project.root / "helpers.py").write_text(HELPERS_CHANGED)
-    compiles_anew_and_warms(project, tmp_path)
+    key = keyed_anew(project, compiled_net, tmp_path)
+    entry = compiles_anew_and_warms(project, tmp_path)
+    assert entry["code_hash"] == key["code_hash"]  # key says what compile will use
 
 
-def test_c_data_file_the_factory_reads(project: Project, tmp_path: Path):
+def test_c_data_file_the_factory_reads(project: Project, tmp_path: Path, compiled_net: dict):
     (project.root / "dims.json").write_text('{"hidden": 48}\n')
-    compiles_anew_and_warms(project, tmp_path)
+    keyed_anew(project, compiled_net, tmp_path)
 
 
-def test_d_installed_distribution_upgraded(project: Project, tmp_path: Path):
+def test_d_installed_distribution_upgraded(project: Project, tmp_path: Path,
+                                           compiled_net: dict):
     write_dist(project.site, "1.1", "def post(y):\n    return y * 3.0 + 1.0\n")
-    compiles_anew_and_warms(project, tmp_path)
+    keyed_anew(project, compiled_net, tmp_path)
 
 
 def test_e_environment_variable_that_configures_inductor(project: Project, tmp_path: Path,
                                                          compiled_net: dict):
-    env = {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}
-    entry = compiles_anew_and_warms(project, tmp_path, env=env)
-    assert entry["env_key"] != compiled_net["env_key"]
+    key = keyed_anew(project, compiled_net, tmp_path, env={"TORCHINDUCTOR_SIZE_ASSERTS": "0"})
+    assert key["env_key"] != compiled_net["env_key"]
 
 
 # -- a manifest is only served from the key it names ------------------------------------
