@@ -19,13 +19,21 @@ from projects import (BASE_MODEL, CONFIG, QUIET, TARGET, measure_main_again,  # 
 
 
 @pytest.fixture(scope="session")
-def base_project(tmp_path_factory) -> Path:
-    """Main with three pushes measured: its baseline knows this runner's drift between
-    processes, as a real main branch's history does."""
-    root = write_project(tmp_path_factory.mktemp("gate-base"), BASE_MODEL, CONFIG)
+def main_once(tmp_path_factory) -> Path:
+    """Main compiled, measured and published once."""
+    root = write_project(tmp_path_factory.mktemp("gate-once"), BASE_MODEL, CONFIG)
     code, doc, err = run_gate(root, "--publish", env={"GITHUB_REF_NAME": "main"})
     assert code == 0, err
     assert doc["targets"][0]["verdict"] == "no-baseline"
+    return root
+
+
+@pytest.fixture(scope="session")
+def base_project(main_once: Path, tmp_path_factory) -> Path:
+    """Main with three pushes measured: its baseline knows this runner's drift between
+    processes, as a real main branch's history does."""
+    root = tmp_path_factory.mktemp("gate-base") / "project"
+    shutil.copytree(main_once, root)
     measure_main_again(root)
     return root
 
@@ -103,7 +111,11 @@ def test_reordered_float_work_passes_parity(project: Path):
 
 
 @pytest.mark.serial  # a timing verdict: run alone
-def test_clearly_slower_model_is_regressed(project: Path):
+def test_clearly_slower_model_is_regressed(main_once: Path, tmp_path: Path):
+    """3x the work against main measured once (the default drift, no history): the
+    serial phase builds only this much of main."""
+    project = tmp_path / "pr"
+    shutil.copytree(main_once, project)
     (project / "tinymodel.py").write_text(pr_version('''
         def forward(self, x):
             h = torch.relu(self.fc1(x))
