@@ -50,7 +50,8 @@ class WarmResult:
     cold_compile_seconds: float | None = None  # what the bundle's compile took, cold
     bundle_bytes: int | None = None
     reason: str | None = None
-    # served | unverified | rejected | unavailable | shadowed (None: the bundle has none)
+    # served | installed (not loaded: see hold_packages) | unverified | rejected |
+    # unavailable | shadowed (None: the bundle has none)
     precompile: str | None = None
     precompile_reason: str | None = None
     manifest: Any = field(default=None, repr=False)  # the verified manifest, not output
@@ -201,22 +202,38 @@ def warm_targets(targets: list[Target], config: Config, store: Store,
         except Exception as e:  # noqa: BLE001 - best effort: the deploy compiles cold
             log.warning("%s; %s will compile cold", _reason(e), t.id)
             results.append(WarmResult(t.id, "miss", reason=_reason(e)))
+    hold_packages(results)
     return results
 
 
 def service_env(results: list[WarmResult]) -> dict[str, str]:
-    """What a service process must have in its environment to use what warm installed:
-    nothing, unless a verified package was served. Then ``TORCH_CACHING_PRECOMPILE=1``
-    (torch loads packages inside ``torch.compile``), and, when every target that warm
-    found is served from its package, ``TORCHINDUCTOR_VEC_ISA_OK=1`` too: it skips
-    inductor's ISA probe, but it is part of inductor's FX graph key, so a process that
-    also needs plain FX cache hits must not have it."""
-    if not any(r.precompile == "served" for r in results):
-        return {}
-    env = {PRECOMPILE_ENV: "1"}
-    if all(r.precompile == "served" for r in results if r.status in ("hit", "partial")):
-        env[ISA_ENV] = "1"
-    return env
+    """What a service process must have in its environment to load the packages warm
+    installed: all or nothing. Only when every target warm found is served from its
+    own verified package: ``TORCH_CACHING_PRECOMPILE=1`` (torch loads packages inside
+    ``torch.compile``) and ``TORCHINDUCTOR_VEC_ISA_OK=1`` (no ISA probe: the key pins
+    the CPU's flags and a package's kernels are built). Either setting costs a target
+    without a package its warm start (the first changes AOTAutograd's keys, the second
+    is in the FX graph key), and torch would hand a ``shadowed`` target the package of
+    another target of its model; :func:`hold_packages` says so on the served ones."""
+    found = [r for r in results if r.status in ("hit", "partial")]
+    if found and all(r.precompile == "served" for r in found):
+        return {PRECOMPILE_ENV: "1", ISA_ENV: "1"}
+    return {}
+
+
+def hold_packages(results: list[WarmResult]) -> None:
+    """When :func:`service_env` turns packages off, say why on each installed one."""
+    held = next((r for r in results if r.status in ("hit", "partial")
+                 and r.precompile != "served"), None)
+    if held is None:
+        return
+    for r in results:
+        if r.precompile == "served":
+            r.precompile = "installed"
+            r.precompile_reason = (
+                f"not loaded: {held.target} is warmed too and has no package of its own "
+                f"({held.precompile or 'none'}); turning packages on would cost it its "
+                "cache hits (warm it for a service of its own to load this one)")
 
 
 def probe(target: Target, config: Config, cache_dir: Path, *, verbose: bool = False,

@@ -58,7 +58,7 @@ def run(ctx: Context) -> int:
                     doc["status"] = settle(doc["status"], c)  # a hit whose graphs all miss
                     # did the first call run Dynamo? (only a loaded package skips it)
                     doc["dynamo"] = "skipped" if dynamo_skipped(c) else "traced"
-                    if served and doc["dynamo"] == "traced":
+                    if served and env and doc["dynamo"] == "traced":
                         doc["precompile_reason"] = ("the package did not load: the first "
                                                     "call ran Dynamo (a guard or source "
                                                     "check failed; it recompiled)")
@@ -70,7 +70,11 @@ def run(ctx: Context) -> int:
                     step.done(f"error: {resp.error}")
     hits = sum(d["status"] == "hit" for d in docs)
     packages = sum(d.get("precompile") == "served" for d in docs)
+    held = [d for d in docs if d.get("precompile") == "installed"]
     footer = f"{hits}/{len(results)} hit, cache dir {cache}"
+    if held:
+        footer += (f"; {len(held)} verified precompile package(s) installed but "
+                   f"{held[0]['precompile_reason']}")
     if packages:
         # the settings a separate service process needs to load them
         settings = " ".join(f"{k}={v}" for k, v in env.items())
