@@ -143,14 +143,17 @@ def main() -> None:
         c, e = COUNTERS.get("c", {}), COUNTERS.get("e", {})
         over = {k: med[k] - med["eager"] if med[k] is not None and med["eager"] is not None
                 else None for k in ("c", "e")}
-        imports = statistics.median(IMPORTS)
+        # a training step's probe does not time the import apart
+        imports = statistics.median(IMPORTS) if IMPORTS else None
         IMPORTS.clear()
         # the same without importing inductor, which every compiling process pays once
-        bare = {k: v - imports if v is not None else None for k, v in over.items()}
+        bare = {k: v - imports if v is not None and imports is not None else None
+                for k, v in over.items()}
         skipped = "-" if not package else \
             ("skipped" if dynamo_skipped(e) else "traced")
         rows.append([target.id, med["eager"], med["a"], med["b"], med["c"], med["d"],
-                     med["e"], med["a"] / med["c"] if med["a"] else None, med["c"] / med["d"], over["c"], over["e"],
+                     med["e"], med["a"] / med["c"] if med["a"] else None,
+                     med["c"] / med["d"], over["c"], over["e"],
                      over["e"] / over["c"] if over["e"] is not None and over["c"] else None,
                      imports,
                      bare["e"] / bare["c"] if bare["e"] is not None and bare["c"] else None,

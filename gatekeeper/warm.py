@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -215,16 +215,21 @@ def service_env(results: list[WarmResult]) -> dict[str, str]:
     without a package its warm start (the first changes AOTAutograd's keys, the second
     is in the FX graph key), and torch would hand a ``shadowed`` target the package of
     another target of its model; :func:`hold_packages` says so on the served ones."""
-    found = [r for r in results if r.status in ("hit", "partial")]
-    if found and all(r.precompile == "served" for r in found):
+    if any(r.precompile == "served" for r in results) and _unpackaged(results) is None:
         return {PRECOMPILE_ENV: "1", ISA_ENV: "1"}
     return {}
 
 
+def _unpackaged(results: list[WarmResult]) -> WarmResult | None:
+    """The first target warm found (``hit`` or ``partial``) that is not served from a
+    package of its own; None when every one is."""
+    return next((r for r in results if r.status in ("hit", "partial")
+                 and r.precompile != "served"), None)
+
+
 def hold_packages(results: list[WarmResult]) -> None:
     """When :func:`service_env` turns packages off, say why on each installed one."""
-    held = next((r for r in results if r.status in ("hit", "partial")
-                 and r.precompile != "served"), None)
+    held = _unpackaged(results)
     if held is None:
         return
     for r in results:

@@ -58,7 +58,7 @@ def run(ctx: Context) -> int:
                     doc["status"] = settle(doc["status"], c)  # a hit whose graphs all miss
                     # did the first call run Dynamo? (only a loaded package skips it)
                     doc["dynamo"] = "skipped" if dynamo_skipped(c) else "traced"
-                    if served and env and doc["dynamo"] == "traced":
+                    if served and doc["dynamo"] == "traced":
                         doc["precompile_reason"] = ("the package did not load: the first "
                                                     "call ran Dynamo (a guard or source "
                                                     "check failed; it recompiled)")
