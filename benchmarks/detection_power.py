@@ -25,6 +25,7 @@ test measured, seconds of timed rounds per target, and seconds per trial. Usage:
 A level without ``:N`` takes ``--trials``. Measurement settings are the defaults unless
 ``--min-time`` is given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-MODEL = textwrap.dedent('''
+MODEL = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -66,9 +67,9 @@ MODEL = textwrap.dedent('''
 
     def make():
         return Net()
-''')
+""")
 
-CONFIG = textwrap.dedent('''
+CONFIG = textwrap.dedent("""
     [tool.gatekeeper]
     store = "store"
     {measure}
@@ -77,12 +78,11 @@ CONFIG = textwrap.dedent('''
     factory = "knob_model:make"
     inputs = [{{ shape = ["batch", 256] }}]
     shapes = [{{ batch = 32 }}]
-''')
+""")
 
 
 def sh(*cmd: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if check and proc.returncode not in (0, 1):
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return proc
@@ -103,25 +103,35 @@ def set_slowdown(repo: Path, pct: int, knob: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--levels", default="0,5,10,20",
-                    help="slowdowns in percent, each optionally with its own trial count "
-                         "(0:100,10:60,5:20)")
+    ap.add_argument(
+        "--levels",
+        default="0,5,10,20",
+        help="slowdowns in percent, each optionally with its own trial count (0:100,10:60,5:20)",
+    )
     ap.add_argument("--modes", default="default,stored")
     ap.add_argument("--knob", choices=("compute", "layers"), default="compute")
-    ap.add_argument("--min-time", type=float,
-                    help="seconds of timed rounds per measurement (default: the config's "
-                         "default, measure.min_time)")
-    ap.add_argument("--baseline-runs", type=int, default=1,
-                    help="pushes to main measured before the trials (baseline history)")
+    ap.add_argument(
+        "--min-time",
+        type=float,
+        help="seconds of timed rounds per measurement (default: the config's "
+        "default, measure.min_time)",
+    )
+    ap.add_argument(
+        "--baseline-runs",
+        type=int,
+        default=1,
+        help="pushes to main measured before the trials (baseline history)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also write every trial here")
     args = ap.parse_args()
-    counts = {int(pct): int(n or args.trials)
-              for pct, _, n in (x.partition(":") for x in args.levels.split(","))}
+    counts = {
+        int(pct): int(n or args.trials)
+        for pct, _, n in (x.partition(":") for x in args.levels.split(","))
+    }
     modes = args.modes.split(",")
 
     repo = Path(tempfile.mkdtemp(prefix="gk-detect-"))
-    measure = (f"[tool.gatekeeper.measure]\nmin_time = {args.min_time}\n"
-               if args.min_time else "")
+    measure = f"[tool.gatekeeper.measure]\nmin_time = {args.min_time}\n" if args.min_time else ""
     (repo / "gatekeeper.toml").write_text(CONFIG.format(measure=measure))
     (repo / ".gitignore").write_text("store/\nbase/\ntrial/\n")
     set_slowdown(repo, 0, args.knob)
@@ -144,8 +154,16 @@ def main() -> None:
             for n in range(n_trials):
                 extra = ["--mode", "stored"] if mode == "stored" else []
                 start = time.monotonic()
-                proc = gk("run", "--json", "--base-ref", "main", "--out", f"trial/{mode}",
-                          *extra, cwd=repo)
+                proc = gk(
+                    "run",
+                    "--json",
+                    "--base-ref",
+                    "main",
+                    "--out",
+                    f"trial/{mode}",
+                    *extra,
+                    cwd=repo,
+                )
                 took = time.monotonic() - start
                 (t,) = json.loads(proc.stdout)["targets"]
                 results = json.loads((repo / f"trial/{mode}/results.json").read_text())
@@ -153,21 +171,30 @@ def main() -> None:
                 lat = t.get("latency") or {}
                 disturbance = (r.get("latency") or {}).get("disturbance") or {}
                 runs = (r.get("latency") or {}).get("runs") or [1]
-                trial = {"mode": mode, "decided_by": t.get("mode"), "slowdown": pct,
-                         "trial": n, "verdict": t["verdict"], "delta": lat.get("delta"),
-                         "latency_verdict": lat.get("verdict"),
-                         "by_latency": any(x.startswith("latency") and "(significant" in x
-                                           for x in t["reasons"]),
-                         "by_counters": any("FLOPs" in x or "bytes accessed" in x
-                                            for x in t["reasons"]),
-                         "remeasured": t.get("remeasured"), "seconds": took,
-                         "timed_seconds": (disturbance.get("seconds") or 0) * len(runs),
-                         "disturbed": t.get("disturbed")}
+                trial = {
+                    "mode": mode,
+                    "decided_by": t.get("mode"),
+                    "slowdown": pct,
+                    "trial": n,
+                    "verdict": t["verdict"],
+                    "delta": lat.get("delta"),
+                    "latency_verdict": lat.get("verdict"),
+                    "by_latency": any(
+                        x.startswith("latency") and "(significant" in x for x in t["reasons"]
+                    ),
+                    "by_counters": any("FLOPs" in x or "bytes accessed" in x for x in t["reasons"]),
+                    "remeasured": t.get("remeasured"),
+                    "seconds": took,
+                    "timed_seconds": (disturbance.get("seconds") or 0) * len(runs),
+                    "disturbed": t.get("disturbed"),
+                }
                 trials.append(trial)
                 delta = "-" if trial["delta"] is None else f"{trial['delta']:+.1%}"
-                print(f"{mode} {pct}% #{n + 1}: {t['verdict']} Δ {delta} "
-                      f"({took:.0f} s{', disturbed' if trial['disturbed'] else ''})",
-                      file=sys.stderr)
+                print(
+                    f"{mode} {pct}% #{n + 1}: {t['verdict']} Δ {delta} "
+                    f"({took:.0f} s{', disturbed' if trial['disturbed'] else ''})",
+                    file=sys.stderr,
+                )
 
     rows = []
     for mode in modes:
@@ -176,20 +203,47 @@ def main() -> None:
             flagged = sum(t["verdict"] == "regressed" for t in ts)
             deltas = [t["delta"] for t in ts if t["delta"] is not None]
             decided = sorted({t["decided_by"] for t in ts if t["decided_by"]})
-            rows.append([mode, "/".join(decided) or "-", f"{pct}%", len(ts),
-                         f"{flagged}/{len(ts)} ({flagged / len(ts):.0%})",
-                         sum(t["by_latency"] for t in ts), sum(t["by_counters"] for t in ts),
-                         sum(t["verdict"] == "inconclusive" for t in ts),
-                         f"{statistics.median(deltas):+.1%}" if deltas else "-",
-                         f"{statistics.median(t['timed_seconds'] for t in ts):.0f} s",
-                         f"{statistics.median(t['seconds'] for t in ts):.0f} s",
-                         sum(bool(t["remeasured"]) for t in ts),
-                         sum(bool(t["disturbed"]) for t in ts)])
-    print(tabulate(rows, headers=["mode", "decided by", "slowdown", "trials", "regressed",
-                                  "by latency", "by counters", "inconclusive", "median Δ",
-                                  "timed/target", "time/trial", "re-measured", "disturbed"]))
-    print(f"\nknob: {args.knob}; measure.min_time = {args.min_time or 'default'}; "
-          f"{args.baseline_runs} baseline run(s) of main; torch via {sys.executable}")
+            rows.append(
+                [
+                    mode,
+                    "/".join(decided) or "-",
+                    f"{pct}%",
+                    len(ts),
+                    f"{flagged}/{len(ts)} ({flagged / len(ts):.0%})",
+                    sum(t["by_latency"] for t in ts),
+                    sum(t["by_counters"] for t in ts),
+                    sum(t["verdict"] == "inconclusive" for t in ts),
+                    f"{statistics.median(deltas):+.1%}" if deltas else "-",
+                    f"{statistics.median(t['timed_seconds'] for t in ts):.0f} s",
+                    f"{statistics.median(t['seconds'] for t in ts):.0f} s",
+                    sum(bool(t["remeasured"]) for t in ts),
+                    sum(bool(t["disturbed"]) for t in ts),
+                ]
+            )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "mode",
+                "decided by",
+                "slowdown",
+                "trials",
+                "regressed",
+                "by latency",
+                "by counters",
+                "inconclusive",
+                "median Δ",
+                "timed/target",
+                "time/trial",
+                "re-measured",
+                "disturbed",
+            ],
+        )
+    )
+    print(
+        f"\nknob: {args.knob}; measure.min_time = {args.min_time or 'default'}; "
+        f"{args.baseline_runs} baseline run(s) of main; torch via {sys.executable}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(trials, indent=2))
 

@@ -16,6 +16,7 @@ store / boto3. Nothing leaves 127.0.0.1 and no real credentials are used.
 
     python benchmarks/store_throughput.py [--size-mb 64] [--repeats 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,17 +31,29 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # a fake account on a local server: shut out any real AWS configuration first
-for _name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-              "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-              "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
+for _name in (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+):
     os.environ.pop(_name, None)
-os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                  AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
-                  AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+os.environ.update(
+    AWS_ACCESS_KEY_ID="bench",
+    AWS_SECRET_ACCESS_KEY="bench",
+    AWS_DEFAULT_REGION="us-east-1",
+    AWS_EC2_METADATA_DISABLED="true",
+    AWS_CONFIG_FILE=os.devnull,
+    AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+)
 
 import boto3  # noqa: E402
 from tabulate import tabulate  # noqa: E402
@@ -62,8 +75,11 @@ def free_port() -> int:
 
 def start_moto() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -89,8 +105,16 @@ def make_bundle(work: Path, size: int) -> tuple[Path, bytes]:
         left -= chunk
         n += 1
     archive, manifest = bundle.pack(
-        cache, None, work, target=TARGET, key={"env_key": ENV_KEY, "code_hash": "0" * 16},
-        compile_info={"seconds": 0.0}, creator={}, version="bench", signing_key=None)
+        cache,
+        None,
+        work,
+        target=TARGET,
+        key={"env_key": ENV_KEY, "code_hash": "0" * 16},
+        compile_info={"seconds": 0.0},
+        creator={},
+        version="bench",
+        signing_key=None,
+    )
     shutil.rmtree(cache)
     return archive, manifest.to_bytes()
 
@@ -117,26 +141,30 @@ def main() -> None:
         client.create_bucket(Bucket=bucket)
         backend = S3Backend(f"s3://{bucket}/gk", endpoint_url=endpoint)
         store = Store(backend)
-        print(f"{args.size_mb} MiB bundle ({size / MB:.1f} MB), moto server at {endpoint}, "
-              f"{args.repeats} repeats each", file=sys.stderr)
+        print(
+            f"{args.size_mb} MiB bundle ({size / MB:.1f} MB), moto server at {endpoint}, "
+            f"{args.repeats} repeats each",
+            file=sys.stderr,
+        )
 
-        times: dict[str, list[float]] = {k: [] for k in ("store_up", "boto_up", "store_down",
-                                                          "boto_down")}
+        times: dict[str, list[float]] = {
+            k: [] for k in ("store_up", "boto_up", "store_down", "boto_down")
+        }
         for r in range(args.repeats):
             loc = BundleLocation(TARGET, ENV_KEY, f"{r:016x}")  # a new bundle each round
             plain_key = f"plain/{r}/{archive.name}"
 
-            def store_up() -> None:
+            def store_up(loc: BundleLocation = loc) -> None:
                 status = store.publish_bundle(loc, archive, archive.name, manifest)
                 assert status == "published", status
 
-            def boto_up() -> None:
+            def boto_up(plain_key: str = plain_key) -> None:
                 client.upload_file(str(archive), bucket, plain_key)
 
-            def store_down() -> None:
+            def store_down(loc: BundleLocation = loc) -> None:
                 store.download(loc.key(archive.name), work / "store.tar.zst")
 
-            def boto_down() -> None:
+            def boto_down(plain_key: str = plain_key) -> None:
                 client.download_file(bucket, plain_key, str(work / "boto.tar.zst"))
 
             ups = [("store_up", store_up), ("boto_up", boto_up)]
@@ -148,8 +176,11 @@ def main() -> None:
                 times[name].append(timed(fn))
             for name in ("store.tar.zst", "boto.tar.zst"):
                 assert (work / name).stat().st_size == size
-            print(f"round {r + 1}: " + "  ".join(f"{k}={size / MB / v[-1]:.0f} MB/s"
-                                                 for k, v in times.items()), file=sys.stderr)
+            print(
+                f"round {r + 1}: "
+                + "  ".join(f"{k}={size / MB / v[-1]:.0f} MB/s" for k, v in times.items()),
+                file=sys.stderr,
+            )
             for key in [loc.key(archive.name), loc.key("manifest.json")]:
                 backend.delete(key)
             client.delete_object(Bucket=bucket, Key=plain_key)
@@ -159,15 +190,30 @@ def main() -> None:
 
         rows = []
         for op, ours, theirs, how in (
-                ("upload", "store_up", "boto_up", "publish_bundle vs upload_file"),
-                ("download", "store_down", "boto_down", "Store.download vs download_file")):
-            rows.append([op, f"{rate(ours):.0f}", f"{rate(theirs):.0f}",
-                         f"{rate(ours) / rate(theirs):.2f}", how])
-        print(tabulate(rows, headers=["", "store MB/s", "boto3 MB/s", "ratio", "compared"],
-                       disable_numparse=True))
-        print(f"\n{args.size_mb} MiB ({size / MB:.1f} MB) object, median of {args.repeats}; "
-              f"moto server on 127.0.0.1; {platform.python_implementation()} "
-              f"{platform.python_version()}, boto3 {boto3.__version__}, {os.cpu_count()} CPUs")
+            ("upload", "store_up", "boto_up", "publish_bundle vs upload_file"),
+            ("download", "store_down", "boto_down", "Store.download vs download_file"),
+        ):
+            rows.append(
+                [
+                    op,
+                    f"{rate(ours):.0f}",
+                    f"{rate(theirs):.0f}",
+                    f"{rate(ours) / rate(theirs):.2f}",
+                    how,
+                ]
+            )
+        print(
+            tabulate(
+                rows,
+                headers=["", "store MB/s", "boto3 MB/s", "ratio", "compared"],
+                disable_numparse=True,
+            )
+        )
+        print(
+            f"\n{args.size_mb} MiB ({size / MB:.1f} MB) object, median of {args.repeats}; "
+            f"moto server on 127.0.0.1; {platform.python_implementation()} "
+            f"{platform.python_version()}, boto3 {boto3.__version__}, {os.cpu_count()} CPUs"
+        )
         backend.close()
     finally:
         server.terminate()

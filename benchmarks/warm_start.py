@@ -31,6 +31,7 @@ hits/misses (a warm training step: 3 FX hits, 2 AOT hits, no misses), and whethe
 first call ran Dynamo. A training step has no package (torch cannot package its
 optimizer graph): its (e) is "-".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,10 +48,10 @@ from gatekeeper import bundle
 from gatekeeper.compile import compile_all
 from gatekeeper.config import load_config
 from gatekeeper.key import find_bundle, target_key
-from gatekeeper.worker.launch import run_worker
-from gatekeeper.worker.protocol import Request, dynamo_skipped
 from gatekeeper.store import open_store
 from gatekeeper.targets import expand, select
+from gatekeeper.worker.launch import run_worker
+from gatekeeper.worker.protocol import Request, dynamo_skipped
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,10 +60,18 @@ COUNTERS: dict[str, dict] = {}  # the last probe's cache counters, per cache dir
 IMPORTS: list[float] = []  # every compiled first call's inductor import
 
 
-def first_call(target, config, cache_dir: Path, device: str, megacache: Path | None = None,
-               env: dict[str, str] | None = None, **flags):
-    req = Request.for_target("probe", target, config, device,
-                             megacache_in=str(megacache) if megacache else None, **flags)
+def first_call(
+    target,
+    config,
+    cache_dir: Path,
+    device: str,
+    megacache: Path | None = None,
+    env: dict[str, str] | None = None,
+    **flags,
+):
+    req = Request.for_target(
+        "probe", target, config, device, megacache_in=str(megacache) if megacache else None, **flags
+    )
     resp = run_worker(req, cache_dir=cache_dir, timeout=1800, label=target.id, env=env)
     if not resp.ok:
         raise SystemExit(f"{target.id}: {resp.error}")
@@ -73,8 +82,12 @@ def first_call(target, config, cache_dir: Path, device: str, megacache: Path | N
 
 
 def gk(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "gatekeeper", *args, "--json"], check=True,
-                         stdout=subprocess.PIPE, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", *args, "--json"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout
     return json.loads(out)
 
 
@@ -83,9 +96,12 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "examples" / "gatekeeper.toml"))
     ap.add_argument("--target", action="append")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-cold", action="store_true",
-                    help="skip (a) and (b), the cold compiles; (d) is then one hot dir, "
-                         "compiled by an unmeasured first process, for every repeat")
+    ap.add_argument(
+        "--no-cold",
+        action="store_true",
+        help="skip (a) and (b), the cold compiles; (d) is then one hot dir, "
+        "compiled by an unmeasured first process, for every repeat",
+    )
     args = ap.parse_args()
     config = load_config(args.config)
     targets = select(expand(config), args.target)
@@ -96,8 +112,16 @@ def main() -> None:
     packaged = [r.target for r in compiled if (r.precompile or {}).get("status") == "recorded"]
     if packaged:  # only a package a check verified is served
         print(f"checking {len(packaged)} targets to verify their packages", file=sys.stderr)
-        gk("check", "--config", args.config, "--store", store.uri,
-           *[a for t in packaged for a in ("--target", t)], "--out", str(work / "check"))
+        gk(
+            "check",
+            "--config",
+            args.config,
+            "--store",
+            store.uri,
+            *[a for t in packaged for a in ("--target", t)],
+            "--out",
+            str(work / "check"),
+        )
 
     rows = []
     for target in targets:
@@ -111,13 +135,13 @@ def main() -> None:
         bundle.extract(archive, manifest, unpacked)
         blob = unpacked / bundle.MEGACACHE
         package = target.id in packaged
-        times: dict[str, list[float]] = {"eager": [], "a": [], "b": [], "c": [], "d": [],
-                                         "e": []}
+        times: dict[str, list[float]] = {"eager": [], "a": [], "b": [], "c": [], "d": [], "e": []}
         for r in range(args.repeats):
             run = work / f"{target.id.replace('/', '_')}-{r}"
             if target.task == "infer":
-                times["eager"].append(first_call(target, config, run / "eager", key.device,
-                                                 eager=True))
+                times["eager"].append(
+                    first_call(target, config, run / "eager", key.device, eager=True)
+                )
             if args.no_cold:
                 hot = work / f"{target.id.replace('/', '_')}-hot"
                 if r == 0:
@@ -128,46 +152,97 @@ def main() -> None:
             times["d"].append(first_call(target, config, hot, key.device))
             if not args.no_cold:
                 times["b"].append(first_call(target, config, run / "b", key.device, blob))
-            env = {kind: gk("warm", "--config", args.config, "--store", store.uri,
-                            "--target", target.id, "--cache-dir", str(run / kind)
-                            ).get("service_env") for kind in (("c", "e") if package else ("c",))}
+            env = {
+                kind: gk(
+                    "warm",
+                    "--config",
+                    args.config,
+                    "--store",
+                    store.uri,
+                    "--target",
+                    target.id,
+                    "--cache-dir",
+                    str(run / kind),
+                ).get("service_env")
+                for kind in (("c", "e") if package else ("c",))
+            }
             times["c"].append(first_call(target, config, run / "c", key.device))
             if package:  # the same warm, with packages loading: only this one skips Dynamo
                 assert env["e"], "warm served no package"  # the env it says the service needs
-                times["e"].append(first_call(target, config, run / "e", key.device,
-                                             env=env["e"], precompile=True))
-            print(f"{target.id} #{r + 1}: " + "  ".join(f"{k}={v[-1]:.2f}s"
-                                                       for k, v in times.items() if v),
-                  file=sys.stderr)
+                times["e"].append(
+                    first_call(target, config, run / "e", key.device, env=env["e"], precompile=True)
+                )
+            print(
+                f"{target.id} #{r + 1}: "
+                + "  ".join(f"{k}={v[-1]:.2f}s" for k, v in times.items() if v),
+                file=sys.stderr,
+            )
         med = {k: statistics.median(v) if v else None for k, v in times.items()}
         c, e = COUNTERS.get("c", {}), COUNTERS.get("e", {})
-        over = {k: med[k] - med["eager"] if med[k] is not None and med["eager"] is not None
-                else None for k in ("c", "e")}
+        over = {
+            k: med[k] - med["eager"] if med[k] is not None and med["eager"] is not None else None
+            for k in ("c", "e")
+        }
         # a training step's probe does not time the import apart
         imports = statistics.median(IMPORTS) if IMPORTS else None
         IMPORTS.clear()
         # the same without importing inductor, which every compiling process pays once
-        bare = {k: v - imports if v is not None and imports is not None else None
-                for k, v in over.items()}
-        skipped = "-" if not package else \
-            ("skipped" if dynamo_skipped(e) else "traced")
-        rows.append([target.id, med["eager"], med["a"], med["b"], med["c"], med["d"],
-                     med["e"], med["a"] / med["c"] if med["a"] else None,
-                     med["c"] / med["d"], over["c"], over["e"],
-                     over["e"] / over["c"] if over["e"] is not None and over["c"] else None,
-                     imports,
-                     bare["e"] / bare["c"] if bare["e"] is not None and bare["c"] else None,
-                     f"{c.get('fxgraph_cache_hit', 0)}/{c.get('fxgraph_cache_miss', 0)}",
-                     f"{c.get('autograd_cache_hit', 0)}/{c.get('autograd_cache_miss', 0)}",
-                     skipped])
-    print(tabulate(rows, floatfmt=".2f", missingval="-", headers=[
-        "target", "eager s", "(a) cold s", "(b) mega-cache s", "(c) gatekeeper warm s",
-        "(d) hot s", "(e) precompiled s", "a/c speedup", "c/d (limit 1.15)",
-        "(c) overhead s", "(e) overhead s", "e/c overhead", "inductor import s",
-        "e/c without the import (goal 0.4)", "(c) FX hit/miss",
-        "(c) AOT hit/miss", "(e) Dynamo"]))
-    print(f"\nmedian of {args.repeats} fresh processes each; first compiled call, "
-          f"torch {manifest.key['env']['torch']}, {key.env_key}")
+        bare = {
+            k: v - imports if v is not None and imports is not None else None
+            for k, v in over.items()
+        }
+        skipped = "-" if not package else ("skipped" if dynamo_skipped(e) else "traced")
+        rows.append(
+            [
+                target.id,
+                med["eager"],
+                med["a"],
+                med["b"],
+                med["c"],
+                med["d"],
+                med["e"],
+                med["a"] / med["c"] if med["a"] else None,
+                med["c"] / med["d"],
+                over["c"],
+                over["e"],
+                over["e"] / over["c"] if over["e"] is not None and over["c"] else None,
+                imports,
+                bare["e"] / bare["c"] if bare["e"] is not None and bare["c"] else None,
+                f"{c.get('fxgraph_cache_hit', 0)}/{c.get('fxgraph_cache_miss', 0)}",
+                f"{c.get('autograd_cache_hit', 0)}/{c.get('autograd_cache_miss', 0)}",
+                skipped,
+            ]
+        )
+    print(
+        tabulate(
+            rows,
+            floatfmt=".2f",
+            missingval="-",
+            headers=[
+                "target",
+                "eager s",
+                "(a) cold s",
+                "(b) mega-cache s",
+                "(c) gatekeeper warm s",
+                "(d) hot s",
+                "(e) precompiled s",
+                "a/c speedup",
+                "c/d (limit 1.15)",
+                "(c) overhead s",
+                "(e) overhead s",
+                "e/c overhead",
+                "inductor import s",
+                "e/c without the import (goal 0.4)",
+                "(c) FX hit/miss",
+                "(c) AOT hit/miss",
+                "(e) Dynamo",
+            ],
+        )
+    )
+    print(
+        f"\nmedian of {args.repeats} fresh processes each; first compiled call, "
+        f"torch {manifest.key['env']['torch']}, {key.env_key}"
+    )
 
 
 if __name__ == "__main__":

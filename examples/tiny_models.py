@@ -1,5 +1,6 @@
 """Three tiny models, and one larger transformer, built in code with random weights
 (nothing is downloaded)."""
+
 from __future__ import annotations
 
 import torch
@@ -9,9 +10,13 @@ from torch import nn
 class MLP(nn.Module):
     def __init__(self, d_in: int = 64, d_hidden: int = 256, d_out: int = 10) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_in, d_hidden), nn.GELU(),
-                                 nn.Linear(d_hidden, d_hidden), nn.GELU(),
-                                 nn.Linear(d_hidden, d_out))
+        self.net = nn.Sequential(
+            nn.Linear(d_in, d_hidden),
+            nn.GELU(),
+            nn.Linear(d_hidden, d_hidden),
+            nn.GELU(),
+            nn.Linear(d_hidden, d_out),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -21,9 +26,14 @@ class SmallCNN(nn.Module):
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1))
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
         self.head = nn.Linear(32, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +57,8 @@ class TransformerBlock(nn.Module):
         b, s, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
         att = nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
         x = x + self.mlp(self.ln2(x))
         return self.out(x)
@@ -67,7 +78,8 @@ class Layer(nn.Module):
         b, s, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
         att = nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
         return x + self.mlp(self.ln2(x))
 
@@ -77,8 +89,7 @@ class Transformer(nn.Module):
     enough that what a warm start still pays for (Dynamo tracing every layer,
     AOTAutograd) shows."""
 
-    def __init__(self, vocab: int = 1024, d: int = 512, heads: int = 8,
-                 layers: int = 12) -> None:
+    def __init__(self, vocab: int = 1024, d: int = 512, heads: int = 8, layers: int = 12) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
         self.layers = nn.ModuleList(Layer(d, heads) for _ in range(layers))

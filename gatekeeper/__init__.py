@@ -1,4 +1,5 @@
 """gatekeeper: make torch.compile safe and fast to ship."""
+
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "warm_start"]

@@ -16,6 +16,7 @@ HMAC-SHA256 over everything else in it. Loading a bundle runs its code (pickles,
 objects), so nothing is extracted before the manifest, the archive hash and then every
 member verify, and nothing reaches the destination before the whole archive has.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -33,15 +34,17 @@ from typing import Any
 import zstandard
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .hashing import sha256_file
 from .errors import BundleError
+from .hashing import sha256_file
 
 FORMAT = 1
 MEGACACHE = "megacache.bin"
 CACHE_PREFIX = "cache/"
 PRECOMPILE_PREFIX = "precompile/"
 SKIP_DIRS = {"locks"}
-ARCHIVE_NAME = re.compile(r"bundle-[0-9a-f]{16}\.tar\.zst")  # inductor's lock files: meaningless in another process
+ARCHIVE_NAME = re.compile(
+    r"bundle-[0-9a-f]{16}\.tar\.zst"
+)  # inductor's lock files: meaningless in another process
 
 
 class FileEntry(BaseModel):
@@ -89,7 +92,7 @@ def _sign(data: bytes, key: bytes) -> str:
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 # -- packing ---------------------------------------------------------------------------
@@ -102,8 +105,11 @@ def changed_files(old_dir: Path, new_dir: Path) -> dict[str, Path]:
         if rel.parts[0] in SKIP_DIRS:
             continue
         old = old_dir / rel
-        if not old.is_file() or old.stat().st_size != path.stat().st_size \
-                or sha256_file(old) != sha256_file(path):
+        if (
+            not old.is_file()
+            or old.stat().st_size != path.stat().st_size
+            or sha256_file(old) != sha256_file(path)
+        ):
             files[rel.as_posix()] = path
     return files
 
@@ -112,8 +118,7 @@ def _members(cache_dir: Path, megacache: Path | None) -> dict[str, Path]:
     members: dict[str, Path] = {}
     for dirpath, dirnames, filenames in os.walk(cache_dir):
         rel_dir = Path(dirpath).relative_to(cache_dir)
-        dirnames[:] = sorted(d for d in dirnames
-                             if not (rel_dir == Path(".") and d in SKIP_DIRS))
+        dirnames[:] = sorted(d for d in dirnames if not (rel_dir == Path(".") and d in SKIP_DIRS))
         for name in sorted(filenames):
             full = Path(dirpath) / name
             if full.is_file() and not full.is_symlink():
@@ -123,10 +128,19 @@ def _members(cache_dir: Path, megacache: Path | None) -> dict[str, Path]:
     return members
 
 
-def pack(cache_dir: Path, megacache: Path | None, dest_dir: Path, *, target: str,
-         key: dict, compile_info: dict, creator: dict, version: str,
-         signing_key: bytes | None,
-         precompile: dict[str, Path] | None = None) -> tuple[Path, Manifest]:
+def pack(
+    cache_dir: Path,
+    megacache: Path | None,
+    dest_dir: Path,
+    *,
+    target: str,
+    key: dict,
+    compile_info: dict,
+    creator: dict,
+    version: str,
+    signing_key: bytes | None,
+    precompile: dict[str, Path] | None = None,
+) -> tuple[Path, Manifest]:
     """Pack a compile's cache dir (and Mega-Cache blob, and precompile files by their
     path in the cache dir) into ``dest_dir``.
 
@@ -134,12 +148,16 @@ def pack(cache_dir: Path, megacache: Path | None, dest_dir: Path, *, target: str
     """
     members = _members(cache_dir, megacache)
     members.update({PRECOMPILE_PREFIX + rel: p for rel, p in (precompile or {}).items()})
-    files = {name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size)
-             for name, p in members.items()}
+    files = {
+        name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size) for name, p in members.items()
+    }
     tmp = dest_dir / "bundle.tar.zst.part"
     cctx = zstandard.ZstdCompressor(level=3, threads=-1)
-    with open(tmp, "wb") as raw, cctx.stream_writer(raw) as zw, \
-            tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        open(tmp, "wb") as raw,
+        cctx.stream_writer(raw) as zw,
+        tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for name, path in members.items():
             info = tarfile.TarInfo(name)
             info.size = files[name].size
@@ -151,10 +169,15 @@ def pack(cache_dir: Path, megacache: Path | None, dest_dir: Path, *, target: str
     archive = dest_dir / f"bundle-{digest[:16]}.tar.zst"
     os.replace(tmp, archive)
     manifest = Manifest(
-        target=target, env_key=key["env_key"], code_hash=key["code_hash"], key=key,
-        files=files, archive=ArchiveEntry(name=archive.name, sha256=digest,
-                                          size=archive.stat().st_size),
-        compile=compile_info, creator=creator, created_at=now_iso(),
+        target=target,
+        env_key=key["env_key"],
+        code_hash=key["code_hash"],
+        key=key,
+        files=files,
+        archive=ArchiveEntry(name=archive.name, sha256=digest, size=archive.stat().st_size),
+        compile=compile_info,
+        creator=creator,
+        created_at=now_iso(),
         gatekeeper_version=version,
     )
     return archive, sign(manifest, signing_key)
@@ -175,8 +198,11 @@ def precompile_info(manifest: Manifest) -> dict:
 
 def precompile_entries(manifest: Manifest) -> set[str]:
     """The ``dynamo/<key>`` folders the bundle's package would install."""
-    return {"/".join(name.split("/")[1:3]) for name in manifest.files
-            if name.startswith(PRECOMPILE_PREFIX + "dynamo/") and name.count("/") >= 3}
+    return {
+        "/".join(name.split("/")[1:3])
+        for name in manifest.files
+        if name.startswith(PRECOMPILE_PREFIX + "dynamo/") and name.count("/") >= 3
+    }
 
 
 # -- verifying and extracting ----------------------------------------------------------
@@ -185,11 +211,13 @@ def verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> M
     try:
         manifest = Manifest.model_validate_json(data)
     except ValidationError as e:
-        raise BundleError(f"{target}: bundle refused: manifest is malformed "
-                          f"({e.errors()[0]['msg']})") from None
+        raise BundleError(
+            f"{target}: bundle refused: manifest is malformed ({e.errors()[0]['msg']})"
+        ) from None
     if manifest.format != FORMAT:
-        raise BundleError(f"{target}: bundle refused: manifest format {manifest.format} "
-                          f"is not {FORMAT}")
+        raise BundleError(
+            f"{target}: bundle refused: manifest format {manifest.format} is not {FORMAT}"
+        )
     if manifest.target != target:
         raise BundleError(f"{target}: bundle refused: manifest is for {manifest.target}")
     if signing_key:
@@ -199,16 +227,20 @@ def verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> M
         if not hmac.compare_digest(manifest.signature, expected):
             raise BundleError(f"{target}: bundle refused: signature does not verify")
     if not ARCHIVE_NAME.fullmatch(manifest.archive.name):
-        raise BundleError(f"{target}: bundle refused: bad archive name "
-                          f"{manifest.archive.name!r}")
+        raise BundleError(f"{target}: bundle refused: bad archive name {manifest.archive.name!r}")
     return manifest
 
 
 def _check_member(info: tarfile.TarInfo, target: str) -> None:
     name = info.name
     parts = PurePosixPath(name).parts
-    if name.startswith("/") or PurePosixPath(name).is_absolute() or ".." in parts \
-            or "\\" in name or not parts:
+    if (
+        name.startswith("/")
+        or PurePosixPath(name).is_absolute()
+        or ".." in parts
+        or "\\" in name
+        or not parts
+    ):
         raise BundleError(f"{target}: bundle refused: unsafe path {name!r} in archive")
     if info.issym() or info.islnk():
         raise BundleError(f"{target}: bundle refused: link {name!r} in archive")
@@ -224,20 +256,26 @@ def extract(archive: Path, manifest: Manifest, staging: Path) -> None:
     target = manifest.target
     try:
         if sha256_file(archive) != manifest.archive.sha256:
-            raise BundleError(f"{target}: bundle refused: archive sha256 does not match "
-                              "its manifest (corrupted or tampered)")
+            raise BundleError(
+                f"{target}: bundle refused: archive sha256 does not match "
+                "its manifest (corrupted or tampered)"
+            )
         seen: set[str] = set()
         dctx = zstandard.ZstdDecompressor()
-        with open(archive, "rb") as raw, dctx.stream_reader(raw) as zr, \
-                tarfile.open(fileobj=zr, mode="r|") as tar:
+        with (
+            open(archive, "rb") as raw,
+            dctx.stream_reader(raw) as zr,
+            tarfile.open(fileobj=zr, mode="r|") as tar,
+        ):
             for info in tar:
                 _check_member(info, target)
                 if info.isdir():
                     continue
                 entry = manifest.files.get(info.name)
                 if entry is None:
-                    raise BundleError(f"{target}: bundle refused: {info.name!r} is not "
-                                      "in the manifest")
+                    raise BundleError(
+                        f"{target}: bundle refused: {info.name!r} is not in the manifest"
+                    )
                 if info.name in seen:
                     raise BundleError(f"{target}: bundle refused: {info.name!r} twice")
                 seen.add(info.name)
@@ -247,15 +285,17 @@ def extract(archive: Path, manifest: Manifest, staging: Path) -> None:
                 src = tar.extractfile(info)
                 assert src is not None
                 with open(out, "wb") as f:
-                    for chunk in iter(lambda: src.read(1 << 20), b""):
+                    while chunk := src.read(1 << 20):
                         h.update(chunk)
                         f.write(chunk)
                 if h.hexdigest() != entry.sha256:
-                    raise BundleError(f"{target}: bundle refused: {info.name} sha256 does "
-                                      "not match the manifest")
+                    raise BundleError(
+                        f"{target}: bundle refused: {info.name} sha256 does not match the manifest"
+                    )
         if missing := set(manifest.files) - seen:
-            raise BundleError(f"{target}: bundle refused: {sorted(missing)[0]} is missing "
-                              "from the archive")
+            raise BundleError(
+                f"{target}: bundle refused: {sorted(missing)[0]} is missing from the archive"
+            )
     except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError) as e:
         shutil.rmtree(staging, ignore_errors=True)
         raise BundleError(f"{target}: bundle refused: unreadable archive ({e})") from None
@@ -281,8 +321,11 @@ def _install(src_root: Path, cache_dir: Path) -> int:
     written = 0
     for src in sorted(p for p in src_root.rglob("*") if p.is_file()):
         dest = cache_dir / src.relative_to(src_root)
-        if dest.is_file() and dest.stat().st_size == src.stat().st_size \
-                and sha256_file(dest) == sha256_file(src):
+        if (
+            dest.is_file()
+            and dest.stat().st_size == src.stat().st_size
+            and sha256_file(dest) == sha256_file(src)
+        ):
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest.parent)

@@ -1,5 +1,6 @@
 """``check``: measure each target in a worker (a fresh process), warm from the store when
 it can; paired mode measures the base commit's model beside it."""
+
 from __future__ import annotations
 
 import logging
@@ -48,21 +49,33 @@ class PairedBase:
     base_dir: Path  # the config's folder inside the base worktree
 
     @classmethod
-    def of(cls, mode: Mode, base_dir: Path) -> "PairedBase":
+    def of(cls, mode: Mode, base_dir: Path) -> PairedBase:
         return cls(mode.base_ref, mode.base_commit, base_dir)
 
 
 def siblings(target: Target, config: Config) -> list[Target]:
     """The same model, mode, task and precision at its other shape sets, each with its
     own bundle (a dynamic model's share one: none)."""
-    return [t for t in expand(config) if t.model.name == target.model.name
-            and t.bundle_id != target.bundle_id and (t.mode, t.task, t.precision) ==
-            (target.mode, target.task, target.precision)]
+    return [
+        t
+        for t in expand(config)
+        if t.model.name == target.model.name
+        and t.bundle_id != target.bundle_id
+        and (t.mode, t.task, t.precision) == (target.mode, target.task, target.precision)
+    ]
 
 
-def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
-                 base_ref: str, cold: bool = False, verbose: bool = False,
-                 paired: PairedBase | None = None) -> TargetResult:
+def check_target(
+    target: Target,
+    config: Config,
+    store: Store,
+    *,
+    out_dir: Path,
+    base_ref: str,
+    cold: bool = False,
+    verbose: bool = False,
+    paired: PairedBase | None = None,
+) -> TargetResult:
     key = target_key(target, config.base_dir)
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
         cache_dir = Path(tmp, "cache")
@@ -70,23 +83,37 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
         # the base version's dependencies are checked against the base checkout's files
         base_key = target_key(target, paired.base_dir) if paired else None
         if not cold:  # the measurement is of the ordinary warm start: no package
-            warmed = warm_target(target, config, store, cache_dir, megacache=False,
-                                 signing_key=signing_key(), cache_key=key,
-                                 precompile="never")
+            warmed = warm_target(
+                target,
+                config,
+                store,
+                cache_dir,
+                megacache=False,
+                signing_key=signing_key(),
+                cache_key=key,
+                precompile="never",
+            )
             cache_status = warmed.status
             if base_key is not None:  # the base version's artifacts, into the same cache
-                warm_target(target, config, store, cache_dir, megacache=False,
-                            signing_key=signing_key(), cache_key=base_key)
+                warm_target(
+                    target,
+                    config,
+                    store,
+                    cache_dir,
+                    megacache=False,
+                    signing_key=signing_key(),
+                    cache_key=base_key,
+                )
             if config.measure.shape_sweep:
                 # the shape sweep runs the model's other shape sets: their bundles too,
                 # so a recompile it counts is a cache hit, not a cold compile
                 for other in siblings(target, config):
-                    warm_target(other, config, store, cache_dir, megacache=False,
-                                signing_key=signing_key())
+                    warm_target(
+                        other, config, store, cache_dir, megacache=False, signing_key=signing_key()
+                    )
         base_reference = None
         try:
-            base = baselines.fetch(store, baselines.BaselineKey(target.id, key.env_key,
-                                                                base_ref))
+            base = baselines.fetch(store, baselines.BaselineKey(target.id, key.env_key, base_ref))
             if base is not None:
                 base_reference = baselines.fetch_reference(store, base, Path(tmp, "base.pt"))
         except StoreError as e:
@@ -96,57 +123,105 @@ def check_target(target: Target, config: Config, store: Store, *, out_dir: Path,
         trace = trace_path(out_dir, target.id)
         trace.parent.mkdir(parents=True, exist_ok=True)
         request = Request.for_target(
-            "measure", target, config, key.device, budget=config.measure,
+            "measure",
+            target,
+            config,
+            key.device,
+            budget=config.measure,
             parity=config.gate_for(target.model).parity,
             baseline_reference=str(base_reference) if base_reference else None,
             reference_out=str(ref_out),
-            paired_base_dir=str(paired.base_dir) if paired else None, trace_out=str(trace),
-            sweep=config.measure.shape_sweep)
-        resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
-                           verbose=verbose, label=target.id)
+            paired_base_dir=str(paired.base_dir) if paired else None,
+            trace_out=str(trace),
+            sweep=config.measure.shape_sweep,
+        )
+        resp = run_or_fail(
+            request,
+            cache_dir=cache_dir,
+            timeout=config.measure.timeout,
+            verbose=verbose,
+            label=target.id,
+        )
     # the code hash of what the worker built (its recorded dependencies)
-    code = key.with_deps(resp.deps).code_hash if resp.deps is not None else \
-        (warmed.code_hash if warmed and warmed.code_hash else "unknown")
-    ident = {"target": target.id, "model": target.model.name, "env_key": key.env_key,
-             "code_hash": code, "device": key.device}
+    code = (
+        key.with_deps(resp.deps).code_hash
+        if resp.deps is not None
+        else (warmed.code_hash if warmed and warmed.code_hash else "unknown")
+    )
+    ident = {
+        "target": target.id,
+        "model": target.model.name,
+        "env_key": key.env_key,
+        "code_hash": code,
+        "device": key.device,
+    }
     if not resp.ok:
         return TargetResult(**ident, status="error", error=resp.error)
     precompile = None
     if warmed is not None and all((v or {}).get("passed") for v in (resp.parity or {}).values()):
-        precompile = verify_precompile(target, config, store, key, warmed,
-                                       ref_out, verbose=verbose)
+        precompile = verify_precompile(target, config, store, key, warmed, ref_out, verbose=verbose)
     counters = resp.counters or {}
     cache_status = settle(cache_status, counters)
     data = ref_out.read_bytes()
     pair = None
     if paired and base_key and resp.paired:
         base_deps = resp.paired.pop("deps", None)
-        base_code = base_key.with_deps(base_deps).code_hash if base_deps is not None \
-            else "unknown"
-        pair = {"base_ref": paired.ref, "base_commit": paired.commit,
-                "code_hash": base_code, **resp.paired}
+        base_code = base_key.with_deps(base_deps).code_hash if base_deps is not None else "unknown"
+        pair = {
+            "base_ref": paired.ref,
+            "base_commit": paired.commit,
+            "code_hash": base_code,
+            **resp.paired,
+        }
         if pair.get("profile"):
             base_trace = trace.with_name(trace.name.replace(".json.gz", ".base.json.gz"))
             pair["profile"]["trace"] = os.path.relpath(base_trace, out_dir)
     return TargetResult(
-        **ident, status="ok", measured_at=now_iso(), mode="paired" if pair else "stored",
-        compile={"seconds": resp.compile_seconds,
-                 "warm": cache_status in ("hit", "partial", "stale"),
-                 "cache": cache_status,
-                 "cold_seconds": warmed.cold_compile_seconds if warmed else None,
-                 **{k: counters[k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss",
-                                             "autograd_cache_hit", "autograd_cache_miss")}},
-        graphs=resp.graphs, latency=resp.latency, memory=resp.memory,
-        parity=resp.parity, paired=pair, work=resp.work, precompile=precompile,
-        profile={**resp.profile, "trace": os.path.relpath(trace, out_dir)} if resp.profile
+        **ident,
+        status="ok",
+        measured_at=now_iso(),
+        mode="paired" if pair else "stored",
+        compile={
+            "seconds": resp.compile_seconds,
+            "warm": cache_status in ("hit", "partial", "stale"),
+            "cache": cache_status,
+            "cold_seconds": warmed.cold_compile_seconds if warmed else None,
+            **{
+                k: counters[k]
+                for k in (
+                    "fxgraph_cache_hit",
+                    "fxgraph_cache_miss",
+                    "autograd_cache_hit",
+                    "autograd_cache_miss",
+                )
+            },
+        },
+        graphs=resp.graphs,
+        latency=resp.latency,
+        memory=resp.memory,
+        parity=resp.parity,
+        paired=pair,
+        work=resp.work,
+        precompile=precompile,
+        profile={**resp.profile, "trace": os.path.relpath(trace, out_dir)}
+        if resp.profile
         else None,
-        reference=ReferenceOutputs(file=os.path.relpath(ref_out, out_dir),
-                                   sha256=sha256_bytes(data), size=len(data)))
+        reference=ReferenceOutputs(
+            file=os.path.relpath(ref_out, out_dir), sha256=sha256_bytes(data), size=len(data)
+        ),
+    )
 
 
-def verify_precompile(target: Target, config: Config, store: Store, key: CacheKey,
-                      warmed: WarmResult, reference: Path, *,
-                      verbose: bool = False) -> dict | None:
+def verify_precompile(
+    target: Target,
+    config: Config,
+    store: Store,
+    key: CacheKey,
+    warmed: WarmResult,
+    reference: Path,
+    *,
+    verbose: bool = False,
+) -> dict | None:
     """The check a precompile package must pass before ``warm`` serves it: a fresh
     worker loads it from the bundle (Dynamo should not run) and compares its first
     outputs with eager and with this check's own compiled outputs (``reference``).
@@ -160,38 +235,79 @@ def verify_precompile(target: Target, config: Config, store: Store, key: CacheKe
         return {"verified": info["verified"], **(info.get("check") or {}), "now": False}
     with tempfile.TemporaryDirectory(prefix="gk-precompile-") as tmp:
         cache_dir = Path(tmp, "cache")
-        again = warm_target(target, config, store, cache_dir, megacache=False,
-                            signing_key=signing_key(), cache_key=key, precompile="any")
+        again = warm_target(
+            target,
+            config,
+            store,
+            cache_dir,
+            megacache=False,
+            signing_key=signing_key(),
+            cache_key=key,
+            precompile="any",
+        )
         if again.precompile != "served" or again.manifest != manifest:
             return None  # replaced in between: the next check verifies the new one
-        request = Request.for_target("precompile", target, config, key.device,
-                                     parity=config.gate_for(target.model).parity,
-                                     reference_in=str(reference))
+        request = Request.for_target(
+            "precompile",
+            target,
+            config,
+            key.device,
+            parity=config.gate_for(target.model).parity,
+            reference_in=str(reference),
+        )
         # in the environment of the deploy that serves it (warm's service_env)
-        resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
-                           verbose=verbose, label=f"{target.id} (precompile)",
-                           env=service_env([again]))
-    verdict = resp.precompile if resp.ok and resp.precompile else \
-        {"verified": False, "reason": f"loading it failed: {resp.error}"}
-    check = {"dynamo": verdict.get("dynamo"), "reason": verdict.get("reason"),
-             "first_call_seconds": verdict.get("first_call_seconds"), "at": now_iso(),
-             "torch": resp.torch, "gatekeeper_version": __version__}
+        resp = run_or_fail(
+            request,
+            cache_dir=cache_dir,
+            timeout=config.measure.timeout,
+            verbose=verbose,
+            label=f"{target.id} (precompile)",
+            env=service_env([again]),
+        )
+    verdict = (
+        resp.precompile
+        if resp.ok and resp.precompile
+        else {"verified": False, "reason": f"loading it failed: {resp.error}"}
+    )
+    check = {
+        "dynamo": verdict.get("dynamo"),
+        "reason": verdict.get("reason"),
+        "first_call_seconds": verdict.get("first_call_seconds"),
+        "at": now_iso(),
+        "torch": resp.torch,
+        "gatekeeper_version": __version__,
+    }
     verified = bool(verdict.get("verified"))
     if not verified:
-        log.warning("%s: precompile package not verified, never served: %s", target.id,
-                    check["reason"])
+        log.warning(
+            "%s: precompile package not verified, never served: %s", target.id, check["reason"]
+        )
     if manifest.signature and not signing_key():
         # re-writing it unsigned would make every signed deploy refuse the bundle
-        log.warning("%s: precompile verdict not stored: the bundle is signed and "
-                    "GATEKEEPER_SIGNING_KEY is not set here", target.id)
+        log.warning(
+            "%s: precompile verdict not stored: the bundle is signed and "
+            "GATEKEEPER_SIGNING_KEY is not set here",
+            target.id,
+        )
         return {"verified": verified, **check, "now": True, "stored": "unsigned"}
-    updated = bundle.sign(manifest.model_copy(update={"compile": {
-        **manifest.compile, "precompile": {**info, "verified": verified, "check": check}}}),
-        signing_key())
+    updated = bundle.sign(
+        manifest.model_copy(
+            update={
+                "compile": {
+                    **manifest.compile,
+                    "precompile": {**info, "verified": verified, "check": check},
+                }
+            }
+        ),
+        signing_key(),
+    )
     try:
         old = store.read_manifest(warmed.location)
-        if old is not None and bundle.verify_manifest(
-                old, target=manifest.target, signing_key=signing_key()) == manifest:
+        if (
+            old is not None
+            and bundle.verify_manifest(old, target=manifest.target, signing_key=signing_key())
+            == manifest
+        ):
             written = store.update_manifest(warmed.location, old, updated.to_bytes())
         else:
             written = "changed"
@@ -201,19 +317,43 @@ def verify_precompile(target: Target, config: Config, store: Store, key: CacheKe
     return {"verified": verified, **check, "now": True, "stored": written}
 
 
-def check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
-              base_ref: str, mode: Mode, cold: bool = False, verbose: bool = False,
-              shard: str | None = None) -> Results:
+def check_all(
+    targets: list[Target],
+    config: Config,
+    store: Store,
+    *,
+    out_dir: Path,
+    base_ref: str,
+    mode: Mode,
+    cold: bool = False,
+    verbose: bool = False,
+    shard: str | None = None,
+) -> Results:
     """Measure ``targets`` in ``mode`` (see gatekeeper.paired.choose_mode)."""
     sys.stderr.write(f"gatekeeper: {mode.reason}\n")
     if mode.name == "paired":
         with checkout(mode.base_commit, config.base_dir) as base_dir:
-            results = _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
-                                 cold=cold, verbose=verbose,
-                                 paired=PairedBase.of(mode, base_dir))
+            results = _check_all(
+                targets,
+                config,
+                store,
+                out_dir=out_dir,
+                base_ref=base_ref,
+                cold=cold,
+                verbose=verbose,
+                paired=PairedBase.of(mode, base_dir),
+            )
     else:
-        results = _check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
-                             cold=cold, verbose=verbose, paired=None)
+        results = _check_all(
+            targets,
+            config,
+            store,
+            out_dir=out_dir,
+            base_ref=base_ref,
+            cold=cold,
+            verbose=verbose,
+            paired=None,
+        )
     results.shard = shard
     results.mode, results.mode_reason = mode.name, mode.reason
     return results
@@ -227,8 +367,9 @@ def _runnable_others() -> int | None:
             text = Path("/proc/stat").read_text()
         except OSError:
             return None
-        running = next((int(ln.split()[1]) for ln in text.splitlines()
-                        if ln.startswith("procs_running")), None)
+        running = next(
+            (int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("procs_running")), None
+        )
         if running is None:
             return None
         counts.append(running - 1)
@@ -241,25 +382,52 @@ def warn_if_busy() -> None:
     for a thread the OS has descheduled (a 30 µs op became 4 ms on 2 busy cores here)."""
     others, cores = _runnable_others(), os.cpu_count() or 1
     if others:
-        log.warning("%d other process(es) are using the CPU (%d cores): latency will be "
-                    "noisy; run one measurement per runner at a time", others, cores)
+        log.warning(
+            "%d other process(es) are using the CPU (%d cores): latency will be "
+            "noisy; run one measurement per runner at a time",
+            others,
+            cores,
+        )
 
 
-def _check_all(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
-               base_ref: str, cold: bool, verbose: bool,
-               paired: PairedBase | None) -> Results:
+def _check_all(
+    targets: list[Target],
+    config: Config,
+    store: Store,
+    *,
+    out_dir: Path,
+    base_ref: str,
+    cold: bool,
+    verbose: bool,
+    paired: PairedBase | None,
+) -> Results:
     warn_if_busy()
     progress = Progress(len(targets))
     results = []
     for target in targets:
         with progress.step(target.id, "measuring" + (" paired" if paired else "")) as step:
-            r = check_target(target, config, store, out_dir=out_dir, base_ref=base_ref,
-                             cold=cold, verbose=verbose, paired=paired)
+            r = check_target(
+                target,
+                config,
+                store,
+                out_dir=out_dir,
+                base_ref=base_ref,
+                cold=cold,
+                verbose=verbose,
+                paired=paired,
+            )
             results.append(r)
             if r.status == "error":
                 step.done(f"error: {r.error}")
             else:
-                step.done(f"p50 {r.latency.compiled.p50 * 1e3:.3f} ms, "  # type: ignore
-                          f"speedup {r.latency.speedup:.2f}x, cache {r.compile.cache}")  # type: ignore
-    return Results(created_at=now_iso(), gatekeeper_version=__version__, creator=creator(),
-                   base_ref=base_ref, targets=results)
+                step.done(
+                    f"p50 {r.latency.compiled.p50 * 1e3:.3f} ms, "  # type: ignore
+                    f"speedup {r.latency.speedup:.2f}x, cache {r.compile.cache}"
+                )  # type: ignore
+    return Results(
+        created_at=now_iso(),
+        gatekeeper_version=__version__,
+        creator=creator(),
+        base_ref=base_ref,
+        targets=results,
+    )

@@ -1,5 +1,6 @@
 """The command line: parse, dispatch to one module per verb, and turn every expected
 failure into one line on stderr and its exit code (0 pass, 1 failed gate, 2 error)."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,14 +10,35 @@ import sys
 import traceback
 
 from . import __version__
-from .commands import (baseline, check, comment, common, dashboard, gate, key, merge, run,
-                       store, warm)
+from .commands import (
+    baseline,
+    check,
+    comment,
+    common,
+    dashboard,
+    gate,
+    key,
+    merge,
+    run,
+    store,
+    warm,
+)
 from .commands import compile as compile_
 from .errors import EXIT_ERROR, GatekeeperError
 
-COMMANDS = {"compile": compile_, "warm": warm, "key": key, "check": check,
-            "baseline": baseline, "gate": gate, "run": run, "comment": comment,
-            "merge": merge, "store": store, "dashboard": dashboard}
+COMMANDS = {
+    "compile": compile_,
+    "warm": warm,
+    "key": key,
+    "check": check,
+    "baseline": baseline,
+    "gate": gate,
+    "run": run,
+    "comment": comment,
+    "merge": merge,
+    "store": store,
+    "dashboard": dashboard,
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,11 +48,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gatekeeper", description="Make torch.compile safe and fast to "
-                     "ship: precompiled, verified bundles; warm starts; a PR gate.")
+    parser = _Parser(
+        prog="gatekeeper",
+        description="Make torch.compile safe and fast to "
+        "ship: precompiled, verified bundles; warm starts; a PR gate.",
+    )
     parser.add_argument("--version", action="version", version=f"gatekeeper {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
-                                parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
     parents = [common.common_flags()]
     for module in COMMANDS.values():
         module.register(sub, parents)
@@ -110,8 +136,10 @@ def _main(argv: list[str] | None) -> int:
     except Exception as e:  # a bug of ours: still exit 2, never 1 (which means "regressed")
         if args.verbose:
             traceback.print_exc()
-        sys.stderr.write(f"gatekeeper: internal error: {type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:300]} (run with -v for the traceback)\n")
+        sys.stderr.write(
+            f"gatekeeper: internal error: {type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]} (run with -v for the traceback)\n"
+        )
         return EXIT_ERROR
 
 

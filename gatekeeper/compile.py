@@ -6,6 +6,7 @@ A target whose stored bundle still matches every dependency its worker recorded 
 is computed from what it recorded while building the model. ``--force`` replaces the
 bundle at that key atomically (new archive first, then the manifest in one conditional
 write; the old archive is left for ``store prune``)."""
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,6 @@ from .store import BundleLocation, Store
 from .targets import Target, one_per_bundle
 from .worker.launch import run_or_fail
 from .worker.protocol import Request
-
 
 log = logging.getLogger("gatekeeper.compile")
 
@@ -65,17 +65,22 @@ class CompileResult:
 def _cannot_package(target: Target) -> str | None:
     """Why torch (2.13) cannot give ``target`` a package that loads; None when it can."""
     if target.task != "infer":
-        return ("a training step cannot be packaged (torch bypasses packaging for the "
-                "optimizer step's graph)")
+        return (
+            "a training step cannot be packaged (torch bypasses packaging for the "
+            "optimizer step's graph)"
+        )
     if target.precision != "fp32":
         # measured: the package loads, and its guards fail on every call under autocast
-        return ("a package recorded under autocast never loads (torch records its input "
-                "guards without the Autocast dispatch key, so every call misses them)")
+        return (
+            "a package recorded under autocast never loads (torch records its input "
+            "guards without the Autocast dispatch key, so every call misses them)"
+        )
     return None
 
 
-def _precompile(target: Target, config: Config, recorded: dict | None, cache_dir: Path,
-                precompile_dir: Path) -> tuple[dict | None, dict[str, Path]]:
+def _precompile(
+    target: Target, config: Config, recorded: dict | None, cache_dir: Path, precompile_dir: Path
+) -> tuple[dict | None, dict[str, Path]]:
     """The manifest's ``precompile`` section and the files the package adds to the
     cache dir. ``verified`` stays null until a ``check`` has loaded it and compared."""
     if not config.precompile_for(target.model):
@@ -89,8 +94,9 @@ def _precompile(target: Target, config: Config, recorded: dict | None, cache_dir
     return {**recorded, "files": len(files), "verified": None}, files
 
 
-def compile_target(target: Target, config: Config, store: Store, *, force: bool = False,
-                   verbose: bool = False) -> CompileResult:
+def compile_target(
+    target: Target, config: Config, store: Store, *, force: bool = False, verbose: bool = False
+) -> CompileResult:
     key = target_key(target, config.base_dir)
     result = CompileResult(target.id, "error", key.env_key)
     try:
@@ -106,11 +112,21 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         cache_dir, megacache = Path(tmp, "cache"), Path(tmp, "megacache.bin")
         record = config.precompile_for(target.model) and _cannot_package(target) is None
         precompile_dir = Path(tmp, "precompile")
-        request = Request.for_target("compile", target, config, key.device,
-                                     megacache_out=str(megacache),
-                                     precompile_out=str(precompile_dir) if record else None)
-        resp = run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
-                           verbose=verbose, label=target.id)
+        request = Request.for_target(
+            "compile",
+            target,
+            config,
+            key.device,
+            megacache_out=str(megacache),
+            precompile_out=str(precompile_dir) if record else None,
+        )
+        resp = run_or_fail(
+            request,
+            cache_dir=cache_dir,
+            timeout=config.measure.timeout,
+            verbose=verbose,
+            label=target.id,
+        )
         if not resp.ok:
             result.error, result.error_kind = resp.error, resp.kind
             return result
@@ -119,33 +135,51 @@ def compile_target(target: Target, config: Config, store: Store, *, force: bool 
         loc = BundleLocation(key.target_id, key.env_key, key.code_hash)
         result.compile_seconds = resp.compile_seconds
         result.counters = resp.counters or {}
-        precompile, package = _precompile(target, config, resp.precompile, cache_dir,
-                                          precompile_dir)
+        precompile, package = _precompile(
+            target, config, resp.precompile, cache_dir, precompile_dir
+        )
         result.precompile = precompile
         if record and precompile and precompile.get("reason"):  # it tried and failed
             log.warning("%s: no precompile package: %s", target.id, precompile["reason"])
         archive, manifest = bundle.pack(
-            cache_dir, megacache if megacache.is_file() else None, Path(tmp),
-            target=key.target_id, key=key.as_dict(),
-            compile_info={"seconds": resp.compile_seconds, "counters": resp.counters,
-                          "torch": resp.torch,
-                          **({"precompile": precompile} if precompile else {})},
-            creator=creator(), version=__version__, signing_key=signing_key(),
-            precompile=package)
+            cache_dir,
+            megacache if megacache.is_file() else None,
+            Path(tmp),
+            target=key.target_id,
+            key=key.as_dict(),
+            compile_info={
+                "seconds": resp.compile_seconds,
+                "counters": resp.counters,
+                "torch": resp.torch,
+                **({"precompile": precompile} if precompile else {}),
+            },
+            creator=creator(),
+            version=__version__,
+            signing_key=signing_key(),
+            precompile=package,
+        )
         result.bundle_bytes = manifest.archive.size
         try:
-            result.status = store.publish_bundle(loc, archive, archive.name,
-                                                 manifest.to_bytes(), replace=force)
+            result.status = store.publish_bundle(
+                loc, archive, archive.name, manifest.to_bytes(), replace=force
+            )
             if result.status == "exists" and not _usable(store, loc):
-                result.status = store.publish_bundle(loc, archive, archive.name,
-                                                     manifest.to_bytes(), replace=True)
+                result.status = store.publish_bundle(
+                    loc, archive, archive.name, manifest.to_bytes(), replace=True
+                )
         except StoreError as e:
             result.status, result.error, result.error_kind = "error", str(e), "store"
     return result
 
 
-def compile_all(targets: list[Target], config: Config, store: Store, *, force: bool = False,
-                verbose: bool = False) -> list[CompileResult]:
+def compile_all(
+    targets: list[Target],
+    config: Config,
+    store: Store,
+    *,
+    force: bool = False,
+    verbose: bool = False,
+) -> list[CompileResult]:
     targets = one_per_bundle(targets)  # a dynamic model compiles once for its shape sets
     progress = Progress(len(targets))
     results = []

@@ -3,6 +3,7 @@
 Validated with pydantic; every error names the file, the field and what was expected,
 on one line. Expansion into targets lives in :mod:`gatekeeper.targets`.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 
 DEFAULT_STORE = ".gatekeeper/store"
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
-          "uint8", "bool")
+DTYPES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
@@ -25,8 +36,21 @@ PRECOMPILE = ("auto", "off")  # record torch's caching-precompile package with e
 PRECISIONS = ("fp32", "bf16", "fp16")  # fp32: no autocast; bf16/fp16: torch.autocast
 # torch.optim classes a training step can use by name (LBFGS needs a closure, SparseAdam
 # sparse gradients: neither fits one compiled step)
-OPTIMIZERS = ("Adafactor", "Adadelta", "Adagrad", "Adam", "Adamax", "AdamW", "ASGD", "Muon",
-              "NAdam", "RAdam", "RMSprop", "Rprop", "SGD")
+OPTIMIZERS = (
+    "Adafactor",
+    "Adadelta",
+    "Adagrad",
+    "Adam",
+    "Adamax",
+    "AdamW",
+    "ASGD",
+    "Muon",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "SGD",
+)
 
 
 class _Strict(BaseModel):
@@ -53,7 +77,7 @@ class InputSpec(_Strict):
         return dims
 
     @model_validator(mode="after")
-    def _bounds(self) -> "InputSpec":
+    def _bounds(self) -> InputSpec:
         if self.low is not None and self.high is not None and self.low >= self.high:
             raise ValueError(f"low ({self.low}) must be below high ({self.high})")
         return self
@@ -101,8 +125,9 @@ class TrainConfig(BaseModel):
     @classmethod
     def _known(cls, name: str) -> str:
         if name not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {name!r} (expected one of "
-                             f"{', '.join(OPTIMIZERS)})")
+            raise ValueError(
+                f"unknown optimizer {name!r} (expected one of {', '.join(OPTIMIZERS)})"
+            )
         return name
 
     @property
@@ -112,8 +137,12 @@ class TrainConfig(BaseModel):
 
     def spec(self) -> dict[str, Any]:
         """What the key records (everything that changes the compiled step)."""
-        return {"optimizer": self.optimizer, "lr": self.lr, "loss": self.loss,
-                "kwargs": self.kwargs}
+        return {
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "loss": self.loss,
+            "kwargs": self.kwargs,
+        }
 
 
 class ModelConfig(_Strict):
@@ -141,7 +170,7 @@ class ModelConfig(_Strict):
         return self.train or TrainConfig()
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ModelConfig":
+    def _consistent(self) -> ModelConfig:
         if (self.inputs is None) == (self.inputs_factory is None):
             raise ValueError("give exactly one of 'inputs' or 'inputs_factory'")
         if not self.shapes:
@@ -153,11 +182,14 @@ class ModelConfig(_Strict):
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"'{name}' must list distinct values, at least one")
         if self.train is not None and "train" not in self.tasks:
-            raise ValueError("'train' is set but 'tasks' has no \"train\" (add it: "
-                             "tasks = [\"infer\", \"train\"])")
+            raise ValueError(
+                '\'train\' is set but \'tasks\' has no "train" (add it: tasks = ["infer", "train"])'
+            )
         if self.options and self.modes != ["default"]:
-            raise ValueError("'options' cannot be combined with modes other than 'default' "
-                             "(torch.compile takes either mode or options)")
+            raise ValueError(
+                "'options' cannot be combined with modes other than 'default' "
+                "(torch.compile takes either mode or options)"
+            )
         used = set().union(*(i.names() for i in self.inputs or []))
         for n, shape_set in enumerate(self.shapes):
             for k, v in shape_set.items():
@@ -169,8 +201,9 @@ class ModelConfig(_Strict):
                 if missing := used - shape_set.keys():
                     raise ValueError(f"shapes[{n}] does not bind {', '.join(sorted(missing))}")
                 if unused := shape_set.keys() - used:
-                    raise ValueError(f"shapes[{n}] binds {', '.join(sorted(unused))}, "
-                                     "which no input uses")
+                    raise ValueError(
+                        f"shapes[{n}] binds {', '.join(sorted(unused))}, which no input uses"
+                    )
         return self
 
 
@@ -200,7 +233,7 @@ class Config(_Strict):
     precompile: Literal[PRECOMPILE] = "auto"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
-    def _unique(self) -> "Config":
+    def _unique(self) -> Config:
         names = [m.name for m in self.models]
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"model names must be unique: {', '.join(dupes)} repeats")
@@ -266,8 +299,10 @@ def find_config(explicit: str | Path | None, cwd: Path | None = None) -> Path:
         path = cwd / name
         if path.is_file() and (name != "pyproject.toml" or _has_section(path)):
             return path
-    raise ConfigError("no config: create gatekeeper.toml or add [tool.gatekeeper] to "
-                      "pyproject.toml, or pass --config PATH")
+    raise ConfigError(
+        "no config: create gatekeeper.toml or add [tool.gatekeeper] to "
+        "pyproject.toml, or pass --config PATH"
+    )
 
 
 def _has_section(path: Path) -> bool:

@@ -3,6 +3,7 @@
 Every expected failure is raised as a :class:`GatekeeperError`; ``cli.main`` is the one
 place that turns them into a one-line message on stderr and an exit code.
 """
+
 from __future__ import annotations
 
 EXIT_OK = 0

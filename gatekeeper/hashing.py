@@ -1,4 +1,5 @@
 """sha256 of bytes and of files: the one way every module hashes content."""
+
 from __future__ import annotations
 
 import hashlib

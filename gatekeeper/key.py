@@ -32,6 +32,7 @@ whose manifest recorded no dependencies (written before this) is only ever ``par
 
 torch is imported here only to read versions and the device, never to compile.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -58,28 +59,37 @@ from .worker.deps import locate, search_path
 log = logging.getLogger("gatekeeper.key")
 
 # instruction-set extensions in /proc/cpuinfo "flags" that change what -march=native emits
-_ISA_FLAG = re.compile(r"^(sse\w*|ssse3|avx\w*|amx\w*|fma\w*|f16c|bmi\w*|adx|aes|vaes|"
-                       r"vpclmulqdq|gfni|sha_ni|movbe|popcnt|lzcnt|abm|xsave\w*|"
-                       r"fp\w*|asimd\w*|sve\w*|sme\w*|i8mm|bf16|dotprod)$")
+_ISA_FLAG = re.compile(
+    r"^(sse\w*|ssse3|avx\w*|amx\w*|fma\w*|f16c|bmi\w*|adx|aes|vaes|"
+    r"vpclmulqdq|gfni|sha_ni|movbe|popcnt|lzcnt|abm|xsave\w*|"
+    r"fp\w*|asimd\w*|sve\w*|sme\w*|i8mm|bf16|dotprod)$"
+)
 
 
 # environment variables torch reads to configure compilation; cache locations and
 # switches, logging and tracing, and the compile worker pool change no compiled code
-_COMPILE_ENV = re.compile(r"^(TORCHINDUCTOR_|TORCHDYNAMO_|TORCH_COMPILE_|TORCH_INDUCTOR_|TRITON_|"
-                          r"CUTEDSL_|INDUCTOR_)|^(CXX|CC|CFLAGS|CXXFLAGS|LDFLAGS|"
-                          r"TORCH_CUDA_ARCH_LIST|TORCH_BLAS_PREFER_HIPBLASLT)$")
-_NOT_COMPILE_ENV = re.compile(r"CACHE_DIR$|_HOME$|_DUMP_DIR$|LOG|TRACE|VERBOSE|DEBUG_DIR|"
-                              r"^TORCHINDUCTOR_(FX_GRAPH|AUTOGRAD|BUNDLED_AUTOTUNE)_CACHE$|"
-                              r"REMOTE_CACHE|^TORCHINDUCTOR_FORCE_DISABLE_CACHES$|"
-                              r"^TORCH_COMPILE_DEBUG$|^TORCHINDUCTOR_COMPILE_THREADS$|"
-                              r"^TORCHINDUCTOR_WORKER_START$|^TRITON_PRINT_AUTOTUNING$")
+_COMPILE_ENV = re.compile(
+    r"^(TORCHINDUCTOR_|TORCHDYNAMO_|TORCH_COMPILE_|TORCH_INDUCTOR_|TRITON_|"
+    r"CUTEDSL_|INDUCTOR_)|^(CXX|CC|CFLAGS|CXXFLAGS|LDFLAGS|"
+    r"TORCH_CUDA_ARCH_LIST|TORCH_BLAS_PREFER_HIPBLASLT)$"
+)
+_NOT_COMPILE_ENV = re.compile(
+    r"CACHE_DIR$|_HOME$|_DUMP_DIR$|LOG|TRACE|VERBOSE|DEBUG_DIR|"
+    r"^TORCHINDUCTOR_(FX_GRAPH|AUTOGRAD|BUNDLED_AUTOTUNE)_CACHE$|"
+    r"REMOTE_CACHE|^TORCHINDUCTOR_FORCE_DISABLE_CACHES$|"
+    r"^TORCH_COMPILE_DEBUG$|^TORCHINDUCTOR_COMPILE_THREADS$|"
+    r"^TORCHINDUCTOR_WORKER_START$|^TRITON_PRINT_AUTOTUNING$"
+)
 
 
 def compile_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The set environment variables that change what torch.compile produces."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(environ.items())
-            if _COMPILE_ENV.search(k) and not _NOT_COMPILE_ENV.search(k)}
+    return {
+        k: v
+        for k, v in sorted(environ.items())
+        if _COMPILE_ENV.search(k) and not _NOT_COMPILE_ENV.search(k)
+    }
 
 
 def _canonical(obj: object) -> bytes:
@@ -133,20 +143,24 @@ def env_facts(device: str) -> dict:
     if device.startswith("cuda"):
         index = torch.device(device).index or 0
         props = torch.cuda.get_device_properties(index)
-        facts.update({
-            "device": "cuda",
-            "gpu": props.name,
-            "capability": f"{props.major}.{props.minor}",
-            "cuda": torch.version.cuda,
-            "hip": torch.version.hip,
-        })
+        facts.update(
+            {
+                "device": "cuda",
+                "gpu": props.name,
+                "capability": f"{props.major}.{props.minor}",
+                "cuda": torch.version.cuda,
+                "hip": torch.version.hip,
+            }
+        )
     else:
-        facts.update({
-            "device": "cpu",
-            "cpu_capability": torch.backends.cpu.get_cpu_capability().lower(),
-            "threads": torch.get_num_threads(),
-            "isa_flags": _cpu_isa_flags(),
-        })
+        facts.update(
+            {
+                "device": "cpu",
+                "cpu_capability": torch.backends.cpu.get_cpu_capability().lower(),
+                "threads": torch.get_num_threads(),
+                "isa_flags": _cpu_isa_flags(),
+            }
+        )
     if env := compile_env():  # only when set: unset, the env key is what it always was
         facts["compile_env"] = env
     return facts
@@ -163,7 +177,9 @@ def env_key(facts: dict) -> str:
         where = f"{runtime}-sm{facts['capability'].replace('.', '')}-{gpu}"
     else:
         where = f"cpu-{facts['arch']}-{facts['cpu_capability']}-t{facts['threads']}"
-    return f"torch{facts['torch']}-py{facts['python']}-{where}-{sha256_bytes(_canonical(facts))[:6]}"
+    return (
+        f"torch{facts['torch']}-py{facts['python']}-{where}-{sha256_bytes(_canonical(facts))[:6]}"
+    )
 
 
 def compile_spec(target: Target) -> dict:
@@ -177,20 +193,39 @@ def compile_spec(target: Target) -> dict:
         inputs = []
         for spec in m.inputs:
             if target.dynamic:
-                inputs.append({"shape": list(spec.shape), "dtype": spec.dtype,
-                               "low": spec.low, "high": spec.high})
+                inputs.append(
+                    {
+                        "shape": list(spec.shape),
+                        "dtype": spec.dtype,
+                        "low": spec.low,
+                        "high": spec.high,
+                    }
+                )
                 continue
             shape = [shape_set[d] if isinstance(d, str) else d for d in spec.shape]
             strides, acc = [], 1
             for d in reversed(shape):
                 strides.insert(0, acc)
                 acc *= max(d, 1)
-            inputs.append({"shape": shape, "stride": strides, "dtype": spec.dtype,
-                           "low": spec.low, "high": spec.high})
+            inputs.append(
+                {
+                    "shape": shape,
+                    "stride": strides,
+                    "dtype": spec.dtype,
+                    "low": spec.low,
+                    "high": spec.high,
+                }
+            )
     spec_doc = {
-        "backend": m.backend, "mode": target.mode, "dynamic": target.dynamic,
-        "fullgraph": m.fullgraph, "options": m.options, "inputs": inputs,
-        "inputs_factory": m.inputs_factory, "shapes": shape_set, "seed": m.seed,
+        "backend": m.backend,
+        "mode": target.mode,
+        "dynamic": target.dynamic,
+        "fullgraph": m.fullgraph,
+        "options": m.options,
+        "inputs": inputs,
+        "inputs_factory": m.inputs_factory,
+        "shapes": shape_set,
+        "seed": m.seed,
     }
     if target.dynamic:
         spec_doc["shape_sets"] = m.shapes
@@ -203,16 +238,17 @@ def compile_spec(target: Target) -> dict:
     return spec_doc
 
 
-
-
 def refs_of(model: ModelConfig) -> list[str]:
     return [model.factory] + ([model.inputs_factory] if model.inputs_factory else [])
 
 
 def code_hash(refs: list[str], spec: dict, deps: dict) -> str:
     """The code hash: the factories, the compile spec and the recorded dependencies."""
-    body = {"refs": refs, "spec": spec,
-            "deps": {k: deps.get(k) for k in ("modules", "files", "distributions", "absent")}}
+    body = {
+        "refs": refs,
+        "spec": spec,
+        "deps": {k: deps.get(k) for k in ("modules", "files", "distributions", "absent")},
+    }
     return sha256_bytes(_canonical(body))[:16]
 
 
@@ -231,21 +267,35 @@ class CacheKey:
     code_hash: str | None = None
     deps: dict | None = None
 
-    def with_deps(self, deps: dict) -> "CacheKey":
+    def with_deps(self, deps: dict) -> CacheKey:
         return replace(self, deps=deps, code_hash=code_hash(self.refs, self.spec, deps))
 
     def as_dict(self) -> dict:
-        return {"target": self.target_id, "env_key": self.env_key, "code_hash": self.code_hash,
-                "device": self.device, "env": self.env, "spec": self.spec, "refs": self.refs,
-                "deps": self.deps}
+        return {
+            "target": self.target_id,
+            "env_key": self.env_key,
+            "code_hash": self.code_hash,
+            "device": self.device,
+            "env": self.env,
+            "spec": self.spec,
+            "refs": self.refs,
+            "deps": self.deps,
+        }
 
 
 def target_key(target: Target, base_dir: Path) -> CacheKey:
     """The env part of ``target``'s key and its compile spec; no code hash yet."""
     device = resolve_device(target.model.device)
     facts = env_facts(device)
-    return CacheKey(target.bundle_id, env_key(facts), device, facts, compile_spec(target),
-                    refs_of(target.model), Path(base_dir))
+    return CacheKey(
+        target.bundle_id,
+        env_key(facts),
+        device,
+        facts,
+        compile_spec(target),
+        refs_of(target.model),
+        Path(base_dir),
+    )
 
 
 # -- re-checking recorded dependencies here (no import) ------------------------------------
@@ -256,8 +306,7 @@ def _current_sha(path: str | None, memo: dict[str, str | None]) -> str | None:
         return None
     if path not in memo:
         try:  # regular files only: a manifest naming /dev/zero must not hang a deploy
-            memo[path] = sha256_file(Path(path)) if stat.S_ISREG(os.stat(path).st_mode) \
-                else None
+            memo[path] = sha256_file(Path(path)) if stat.S_ISREG(os.stat(path).st_mode) else None
         except OSError:
             memo[path] = None
     return memo[path]
@@ -276,16 +325,22 @@ def resolve_deps(recorded: dict, base_dir: Path, memo: dict | None = None) -> di
     memo = {} if memo is None else memo
     importlib.invalidate_caches()
     search = search_path(base_dir)
-    modules = {name: _current_sha(locate(name, search)[1], memo)
-               for name in recorded.get("modules", {})}
+    modules = {
+        name: _current_sha(locate(name, search)[1], memo) for name in recorded.get("modules", {})
+    }
     files = {}
     for name in recorded.get("files", {}):
         path = Path(name) if Path(name).is_absolute() else base_dir / name
         files[name] = _current_sha(str(path), memo)
     dists = {name: _installed_version(name, search) for name in recorded.get("distributions", {})}
     absent = [n for n in recorded.get("absent", []) if not locate(n, search)[0]]
-    return {"format": recorded.get("format"), "modules": modules, "files": files,
-            "distributions": dists, "absent": absent}
+    return {
+        "format": recorded.get("format"),
+        "modules": modules,
+        "files": files,
+        "distributions": dists,
+        "absent": absent,
+    }
 
 
 def valid_deps(deps: object) -> bool:
@@ -295,15 +350,20 @@ def valid_deps(deps: object) -> bool:
         return False
     maps = [deps.get(k, {}) for k in ("modules", "files", "distributions")]
     absent = deps.get("absent", [])
-    return all(isinstance(m, dict) and all(isinstance(k, str) and isinstance(v, str)
-                                           for k, v in m.items()) for m in maps) \
-        and isinstance(absent, list) and all(isinstance(n, str) for n in absent)
+    return (
+        all(
+            isinstance(m, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in m.items())
+            for m in maps
+        )
+        and isinstance(absent, list)
+        and all(isinstance(n, str) for n in absent)
+    )
 
 
 def first_difference(recorded: dict, current: dict) -> str | None:
     """What no longer matches, in words (None when everything does)."""
-    for kind, what in (("modules", "module"), ("files", "file"),
-                       ("distributions", "distribution")):
+    for kind, what in (("modules", "module"), ("files", "file"), ("distributions", "distribution")):
         for name, value in recorded.get(kind, {}).items():
             now = current.get(kind, {}).get(name)
             if now != value:
@@ -328,13 +388,16 @@ def check_location(manifest: bundle.Manifest, loc: BundleLocation) -> None:
     """A manifest is only valid under the key it names (a copied one is refused)."""
     named = (manifest.target, manifest.env_key, manifest.code_hash)
     if named != (loc.target_id, loc.env_key, loc.code_hash):
-        raise BundleError(f"{loc.target_id}: bundle refused: its manifest names "
-                          f"{manifest.target}/{manifest.env_key}/{manifest.code_hash} but was "
-                          f"found under {loc.target_id}/{loc.env_key}/{loc.code_hash}")
+        raise BundleError(
+            f"{loc.target_id}: bundle refused: its manifest names "
+            f"{manifest.target}/{manifest.env_key}/{manifest.code_hash} but was "
+            f"found under {loc.target_id}/{loc.env_key}/{loc.code_hash}"
+        )
 
 
-def find_bundle(store: Store, key: CacheKey, *, signing_key: bytes | None
-                ) -> tuple[Match | None, str | None]:
+def find_bundle(
+    store: Store, key: CacheKey, *, signing_key: bytes | None
+) -> tuple[Match | None, str | None]:
     """This checkout's bundle (``hit``: every recorded dependency still matches), else the
     newest valid one of the target and env (``partial``), else None and why.
 
@@ -365,11 +428,14 @@ def find_bundle(store: Store, key: CacheKey, *, signing_key: bytes | None
             if found.code_hash == manifest.code_hash:
                 return Match("hit", loc, manifest, found), None
             why = first_difference(recorded, current) or (
-                "the factory or the compile spec changed" if manifest.key.get("refs") != key.refs
-                or manifest.key.get("spec") != key.spec else "the code hash differs")
+                "the factory or the compile spec changed"
+                if manifest.key.get("refs") != key.refs or manifest.key.get("spec") != key.spec
+                else "the code hash differs"
+            )
         if partial is None:
-            partial = Match("partial", loc, manifest, key, f"code changed since bundle "
-                            f"{loc.code_hash}: {why}")
+            partial = Match(
+                "partial", loc, manifest, key, f"code changed since bundle {loc.code_hash}: {why}"
+            )
     if partial is not None:
         return partial, None
     return None, reason or "no bundle for this target and environment"

@@ -7,16 +7,18 @@ or the pull request event's ``base.sha`` (the Action fetches it into a shallow c
 When none of them resolves, ``auto`` falls back to stored mode (the baseline's recorded
 runs) and says why in one line.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 from .errors import UsageError
 
@@ -26,8 +28,13 @@ ModeName = Literal["auto", "paired", "stored"]
 
 
 def _git(cwd: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=120)
+    proc = subprocess.run(
+        ["git", "-C", str(cwd), *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["git failed"])[-1]
         raise UsageError(f"git {' '.join(args[:2])}: {last}")
@@ -76,8 +83,10 @@ def resolve_base(ref: str, config_dir: Path) -> tuple[str | None, str]:
         commit = _try_git(Path(root), "rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}")
         if commit:
             return commit, how
-    return None, (f"the base {ref!r} is not in this checkout (fetch it, e.g. "
-                  f"`git fetch --depth=1 origin {ref}`)")
+    return None, (
+        f"the base {ref!r} is not in this checkout (fetch it, e.g. "
+        f"`git fetch --depth=1 origin {ref}`)"
+    )
 
 
 def choose_mode(requested: ModeName, base_ref: str, config_dir: Path) -> Mode:
@@ -95,8 +104,11 @@ def choose_mode(requested: ModeName, base_ref: str, config_dir: Path) -> Mode:
         head = _try_git(root, "rev-parse", "HEAD")
         dirty = _try_git(root, "status", "--porcelain", "--untracked-files=no")
         if head == commit and not dirty:
-            return Mode("stored", f"stored mode: the checkout is the base commit "
-                                  f"{commit[:12]} ({how}), nothing to pair with")
+            return Mode(
+                "stored",
+                f"stored mode: the checkout is the base commit "
+                f"{commit[:12]} ({how}), nothing to pair with",
+            )
     return Mode("paired", f"paired with {how} at {commit[:12]}", base_ref, commit)
 
 
@@ -107,13 +119,16 @@ def checkout(commit: str, config_dir: Path) -> Iterator[Path]:
     try:
         root = Path(_git(config_dir, "rev-parse", "--show-toplevel"))
     except (UsageError, OSError):
-        raise UsageError(f"paired mode needs a git checkout: {config_dir} is not in one") \
-            from None
+        raise UsageError(f"paired mode needs a git checkout: {config_dir} is not in one") from None
     with tempfile.TemporaryDirectory(prefix="gk-paired-") as tmp:
         tree = Path(tmp) / "base"
         _git(root, "worktree", "add", "--detach", str(tree), commit)
         try:
             yield tree / config_dir.resolve().relative_to(root.resolve())
         finally:
-            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
-                           capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+            subprocess.run(
+                ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=120,
+            )

@@ -1,5 +1,6 @@
 """``run``: the whole job of a pull request (or of a push to the base branch) in one call:
 compile, check, gate, re-measure what was borderline, and publish when asked."""
+
 from __future__ import annotations
 
 import shutil
@@ -29,10 +30,20 @@ class RunOutcome:
     report: GateReport
 
 
-def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
-        base_ref: str, mode: Mode, cold: bool = False, verbose: bool = False,
-        shard: str | None = None, require_baseline: bool = False,
-        accept: list[str] | None = None) -> RunOutcome:
+def run(
+    targets: list[Target],
+    config: Config,
+    store: Store,
+    *,
+    out_dir: Path,
+    base_ref: str,
+    mode: Mode,
+    cold: bool = False,
+    verbose: bool = False,
+    shard: str | None = None,
+    require_baseline: bool = False,
+    accept: list[str] | None = None,
+) -> RunOutcome:
     """Compile every target (publishing bundles the store lacks), measure, gate. A target
     whose timing is borderline is measured once more in a new process and gated again on
     both runs; a stored-mode one is re-measured paired when the base commit is there.
@@ -44,13 +55,24 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
     """
     for compiled in compile_all(targets, config, store, verbose=verbose):
         if compiled.error_kind == "store":
-            raise store_error(store.uri, StoreError(compiled.error or "failed"),
-                              f"{compiled.target}: compile")
-    results = check_all(targets, config, store, out_dir=out_dir, base_ref=base_ref,
-                        mode=mode, cold=cold, verbose=verbose, shard=shard)
+            raise store_error(
+                store.uri, StoreError(compiled.error or "failed"), f"{compiled.target}: compile"
+            )
+    results = check_all(
+        targets,
+        config,
+        store,
+        out_dir=out_dir,
+        base_ref=base_ref,
+        mode=mode,
+        cold=cold,
+        verbose=verbose,
+        shard=shard,
+    )
     path = write_results(results, out_dir)
-    report = judge(results, config, store, base_ref=base_ref,
-                   require_baseline=require_baseline, accept=accept)
+    report = judge(
+        results, config, store, base_ref=base_ref, require_baseline=require_baseline, accept=accept
+    )
     borderline = [row for row in report.rows if row.verdict.borderline]
     if borderline:
         by_id = {t.id: t for t in targets}
@@ -62,9 +84,16 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
             # the second run's outputs go to a scratch folder: only its timings are kept,
             # unless it was paired where the first was not (pairing decides from then on)
             with tempfile.TemporaryDirectory(prefix="gk-remeasure-") as scratch:
-                (again,) = check_all([by_id[row.result.target]], config, store,
-                                     out_dir=Path(scratch), base_ref=base_ref,
-                                     mode=again_mode, cold=cold, verbose=verbose).targets
+                (again,) = check_all(
+                    [by_id[row.result.target]],
+                    config,
+                    store,
+                    out_dir=Path(scratch),
+                    base_ref=base_ref,
+                    mode=again_mode,
+                    cold=cold,
+                    verbose=verbose,
+                ).targets
                 if again.status != "ok" or not row.result.latency or not again.latency:
                     continue
                 if again.paired and not row.result.paired:
@@ -75,8 +104,14 @@ def run(targets: list[Target], config: Config, store: Store, *, out_dir: Path,
             if row.result.paired and again.paired:
                 row.result.paired.samples += again.paired.samples
         write_results(results, out_dir)
-        report = judge(results, config, store, base_ref=base_ref,
-                       require_baseline=require_baseline, accept=accept)
+        report = judge(
+            results,
+            config,
+            store,
+            base_ref=base_ref,
+            require_baseline=require_baseline,
+            accept=accept,
+        )
         report.remeasured = [row.result.target for row in borderline]
     return RunOutcome(results, path, report)
 
@@ -97,6 +132,10 @@ def _keep_files(result: TargetResult, scratch: Path, out_dir: Path) -> None:
 
 def publish(outcome: RunOutcome, store: Store, ref: str) -> list[dict]:
     """``run --publish``: the results become ``ref``'s baseline."""
-    return publish_results(outcome.results, outcome.results_path.parent, store, ref,
-                           {row.result.target: row.verdict.verdict
-                            for row in outcome.report.rows})
+    return publish_results(
+        outcome.results,
+        outcome.results_path.parent,
+        store,
+        ref,
+        {row.result.target: row.verdict.verdict for row in outcome.report.rows},
+    )

@@ -1,12 +1,14 @@
 """Progress on stderr for long per-target work: a ticking line on a terminal, plain
 start and end lines in CI logs. stdout stays free for results (and ``--json``)."""
+
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO
 
 
 class Progress:
@@ -21,7 +23,7 @@ class Progress:
         self.stream.flush()
 
     @contextmanager
-    def step(self, label: str, doing: str) -> Iterator["_Step"]:
+    def step(self, label: str, doing: str) -> Iterator[_Step]:
         self.n += 1
         head = f"[{self.n}/{self.total}] {label}"
         step = _Step()
@@ -29,9 +31,11 @@ class Progress:
         stop = threading.Event()
         ticker = None
         if self.tty:
+
             def tick() -> None:
                 while not stop.wait(1.0):
                     self._write(f"\r{head}: {doing} {time.monotonic() - start:4.0f} s\x1b[K")
+
             self._write(f"{head}: {doing}")
             ticker = threading.Thread(target=tick, daemon=True)
             ticker.start()

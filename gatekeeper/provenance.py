@@ -1,4 +1,5 @@
 """Who made an artifact: commit, ref and workflow run (from GitHub Actions or git)."""
+
 from __future__ import annotations
 
 import os
@@ -8,8 +9,9 @@ import subprocess
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                             stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            ["git", *args], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -18,8 +20,12 @@ def _git(*args: str) -> str | None:
 def current_ref() -> str:
     """The branch a run belongs to: the PR's head branch, the pushed branch, or git's."""
     env = os.environ
-    return (env.get("GITHUB_HEAD_REF") or env.get("GITHUB_REF_NAME")
-            or _git("rev-parse", "--abbrev-ref", "HEAD") or "local")
+    return (
+        env.get("GITHUB_HEAD_REF")
+        or env.get("GITHUB_REF_NAME")
+        or _git("rev-parse", "--abbrev-ref", "HEAD")
+        or "local"
+    )
 
 
 def base_ref() -> str:

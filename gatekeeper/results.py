@@ -7,6 +7,7 @@
 
 No torch here: tensors never appear in these documents, only numbers and file hashes.
 """
+
 from __future__ import annotations
 
 import os
@@ -94,7 +95,9 @@ class Graphs(_Doc):
 class CompileStats(_Doc):
     seconds: float  # first compiled call, wall time
     warm: bool  # the cache dir was restored from a bundle before compiling
-    cache: Literal["hit", "partial", "miss", "cold", "stale"]  # stale: a key hit, every FX graph missed
+    cache: Literal[
+        "hit", "partial", "miss", "cold", "stale"
+    ]  # stale: a key hit, every FX graph missed
     fxgraph_cache_hit: int = 0
     fxgraph_cache_miss: int = 0
     autograd_cache_hit: int = 0
@@ -281,13 +284,15 @@ def load_results(path: str | Path) -> Results:
     try:
         return Results.model_validate_json(path.read_bytes())
     except FileNotFoundError:
-        raise GatekeeperError(f"{path}: results file not found "
-                              "(run 'gatekeeper check' first)") from None
+        raise GatekeeperError(
+            f"{path}: results file not found (run 'gatekeeper check' first)"
+        ) from None
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise GatekeeperError(f"{path}: not a gatekeeper results file: {where}: "
-                              f"{err['msg']}") from None
+        raise GatekeeperError(
+            f"{path}: not a gatekeeper results file: {where}: {err['msg']}"
+        ) from None
 
 
 def write_results(results: Results, out_dir: Path) -> Path:
@@ -322,8 +327,12 @@ def merge_results(paths: list[Path], out_dir: Path) -> Results:
     bases = {d.base_ref for _, d in docs}
     if len(bases) > 1:
         raise UsageError(f"shards were gated against different base refs: {sorted(bases)}")
-    return first.model_copy(update={"targets": sorted(targets, key=lambda t: t.target),
-                                    "created_at": max(d.created_at for _, d in docs)})
+    return first.model_copy(
+        update={
+            "targets": sorted(targets, key=lambda t: t.target),
+            "created_at": max(d.created_at for _, d in docs),
+        }
+    )
 
 
 def check_shards(shards: list[str | None]) -> None:

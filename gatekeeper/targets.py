@@ -12,6 +12,7 @@ A ``dynamic`` model compiles once for all its shape sets: its targets share one 
 stored under :attr:`Target.bundle_id` (``<model>/dynamic/<variant>``), while each shape
 set is still measured and reported under its own id.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -49,9 +50,12 @@ class Target:
 
     @property
     def variant(self) -> str:
-        return self.mode + ("+dynamic" if self.dynamic else "") + \
-            ("+train" if self.task == "train" else "") + \
-            (f"+{self.precision}" if self.precision != "fp32" else "")
+        return (
+            self.mode
+            + ("+dynamic" if self.dynamic else "")
+            + ("+train" if self.task == "train" else "")
+            + (f"+{self.precision}" if self.precision != "fp32" else "")
+        )
 
     @property
     def id(self) -> str:
@@ -67,8 +71,14 @@ class Target:
 
     def describe(self) -> dict:
         """What is compiled, as plain data (goes into manifests and results)."""
-        d = {"id": self.id, "model": self.model.name, "shapes": self.shape_set,
-             "mode": self.mode, "dynamic": self.dynamic, "device": self.model.device}
+        d = {
+            "id": self.id,
+            "model": self.model.name,
+            "shapes": self.shape_set,
+            "mode": self.mode,
+            "dynamic": self.dynamic,
+            "device": self.model.device,
+        }
         if self.task != "infer":
             d["task"] = self.task
         if self.precision != "fp32":
@@ -89,8 +99,7 @@ def expand(config: Config) -> list[Target]:
     if dupes := sorted({i for i in ids if ids.count(i) > 1}):
         from .errors import ConfigError
 
-        raise ConfigError(f"{config.path}: two shape sets give the same target id "
-                          f"{dupes[0]}")
+        raise ConfigError(f"{config.path}: two shape sets give the same target id {dupes[0]}")
     return targets
 
 
@@ -100,19 +109,22 @@ def one_per_bundle(targets: list[Target]) -> list[Target]:
     return [t for t in targets if not (t.bundle_id in seen or seen.add(t.bundle_id))]
 
 
-def select(targets: list[Target], globs: list[str] | None = None,
-           shard: str | None = None) -> list[Target]:
+def select(
+    targets: list[Target], globs: list[str] | None = None, shard: str | None = None
+) -> list[Target]:
     """Filter by ``--target`` globs (any may match), then keep one ``--shard i/n``."""
     if globs:
         chosen = [t for t in targets if any(fnmatch.fnmatchcase(t.id, g) for g in globs)]
         if not chosen:
-            raise UsageError(f"no target matches {' '.join(globs)} "
-                             f"(targets: {', '.join(t.id for t in targets)})")
+            raise UsageError(
+                f"no target matches {' '.join(globs)} (targets: {', '.join(t.id for t in targets)})"
+            )
         targets = chosen
     if shard is not None:
         index, count = parse_shard(shard)
-        targets = [t for n, t in enumerate(sorted(targets, key=lambda t: t.id))
-                   if n % count == index - 1]
+        targets = [
+            t for n, t in enumerate(sorted(targets, key=lambda t: t.id)) if n % count == index - 1
+        ]
     return targets
 
 

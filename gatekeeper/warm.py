@@ -15,6 +15,7 @@ is installed only when the bundle is an exact ``hit`` and a ``check`` verified t
 package; otherwise the plain cache is installed and any package a previous warm left at
 the same place is removed, so the deploy can never load one that was not verified.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,11 @@ class WarmResult:
     location: Any = field(default=None, repr=False)  # where it was found, not output
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()
-                if v is not None and k not in ("manifest", "location")}
+        return {
+            k: v
+            for k, v in self.__dict__.items()
+            if v is not None and k not in ("manifest", "location")
+        }
 
 
 def default_cache_dir() -> Path:
@@ -78,8 +82,11 @@ def load_megacache(blob: bytes) -> None:
 def settle(status: str, counters: dict | None) -> str:
     """A key ``hit`` whose FX graphs all missed in inductor is ``stale``."""
     c = counters or {}
-    if status == "hit" and c.get("fxgraph_cache_hit", 0) == 0 \
-            and c.get("fxgraph_cache_miss", 0) > 0:
+    if (
+        status == "hit"
+        and c.get("fxgraph_cache_hit", 0) == 0
+        and c.get("fxgraph_cache_miss", 0) > 0
+    ):
         return "stale"
     return status
 
@@ -87,8 +94,14 @@ def settle(status: str, counters: dict | None) -> str:
 Precompile = Literal["verified", "any", "never"]
 
 
-def _precompile(result: WarmResult, manifest: bundle.Manifest, entries: set[str], hit: bool,
-                want: Precompile, served: set[str]) -> bool:
+def _precompile(
+    result: WarmResult,
+    manifest: bundle.Manifest,
+    entries: set[str],
+    hit: bool,
+    want: Precompile,
+    served: set[str],
+) -> bool:
     """Whether to install the bundle's precompile package (its ``entries``, the
     ``dynamo/<key>`` folders); says why in ``result``."""
     info = bundle.precompile_info(manifest)
@@ -110,17 +123,26 @@ def _precompile(result: WarmResult, manifest: bundle.Manifest, entries: set[str]
             return False
     if taken := entries & served:
         result.precompile = "shadowed"
-        result.precompile_reason = (f"another target's package already serves "
-                                    f"{sorted(taken)[0]} in this cache dir")
+        result.precompile_reason = (
+            f"another target's package already serves {sorted(taken)[0]} in this cache dir"
+        )
         return False
     result.precompile = "served"
     return True
 
 
-def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *,
-                signing_key: bytes | None, megacache: bool = True,
-                cache_key: CacheKey | None = None, precompile: Precompile = "verified",
-                served: set[str] | None = None) -> WarmResult:
+def warm_target(
+    target: Target,
+    config: Config,
+    store: Store,
+    cache_dir: Path,
+    *,
+    signing_key: bytes | None,
+    megacache: bool = True,
+    cache_key: CacheKey | None = None,
+    precompile: Precompile = "verified",
+    served: set[str] | None = None,
+) -> WarmResult:
     """Restore one target's bundle into ``cache_dir``; ``megacache`` also loads the
     Mega-Cache blob into this process (skip it when another process will compile).
     ``cache_key`` (default: the target's from the config's folder) also says which
@@ -146,8 +168,9 @@ def warm_target(target: Target, config: Config, store: Store, cache_dir: Path, *
             bundle.extract(archive, manifest, staging)
             served = set() if served is None else served
             entries = bundle.precompile_entries(manifest)
-            serve = _precompile(result, manifest, entries, match.status == "hit", precompile,
-                                served)
+            serve = _precompile(
+                result, manifest, entries, match.status == "hit", precompile, served
+            )
             if not serve:  # never leave a package of another version where torch looks
                 for entry in entries - served:
                     shutil.rmtree(cache_dir / entry, ignore_errors=True)
@@ -182,8 +205,9 @@ def _reason(e: BaseException) -> str:
     return text if isinstance(e, (StoreError, BundleError)) else f"{type(e).__name__}: {text}"
 
 
-def warm_targets(targets: list[Target], config: Config, store: Store,
-                 cache_dir: Path | None = None) -> list[WarmResult]:
+def warm_targets(
+    targets: list[Target], config: Config, store: Store, cache_dir: Path | None = None
+) -> list[WarmResult]:
     """Warm every target; best effort: any failure (the store, the network, a full or
     unwritable cache disk, a bug) is a warning and a ``miss``, never an exception."""
     try:
@@ -197,8 +221,7 @@ def warm_targets(targets: list[Target], config: Config, store: Store,
     results, served = [], set()
     for t in targets:
         try:
-            results.append(warm_target(t, config, store, cache, signing_key=key,
-                                       served=served))
+            results.append(warm_target(t, config, store, cache, signing_key=key, served=served))
         except Exception as e:  # noqa: BLE001 - best effort: the deploy compiles cold
             log.warning("%s; %s will compile cold", _reason(e), t.id)
             results.append(WarmResult(t.id, "miss", reason=_reason(e)))
@@ -223,8 +246,9 @@ def service_env(results: list[WarmResult]) -> dict[str, str]:
 def _unpackaged(results: list[WarmResult]) -> WarmResult | None:
     """The first target warm found (``hit`` or ``partial``) that is not served from a
     package of its own; None when every one is."""
-    return next((r for r in results if r.status in ("hit", "partial")
-                 and r.precompile != "served"), None)
+    return next(
+        (r for r in results if r.status in ("hit", "partial") and r.precompile != "served"), None
+    )
 
 
 def hold_packages(results: list[WarmResult]) -> None:
@@ -238,26 +262,48 @@ def hold_packages(results: list[WarmResult]) -> None:
             r.precompile_reason = (
                 f"not loaded: {held.target} is warmed too and has no package of its own "
                 f"({held.precompile or 'none'}); turning packages on would cost it its "
-                "cache hits (warm it for a service of its own to load this one)")
+                "cache hits (warm it for a service of its own to load this one)"
+            )
 
 
-def probe(target: Target, config: Config, cache_dir: Path, *, verbose: bool = False,
-          env: dict[str, str] | None = None):
+def probe(
+    target: Target,
+    config: Config,
+    cache_dir: Path,
+    *,
+    verbose: bool = False,
+    env: dict[str, str] | None = None,
+):
     """The first compiled call of ``target`` in a new process on ``cache_dir``: its time
     and FX graph cache hits show whether the warm start really is warm. ``env``: the
     service's (:func:`service_env`); with packages loading, did Dynamo run?"""
     from .worker.launch import run_or_fail
     from .worker.protocol import Request
 
-    request = Request.for_target("probe", target, config, resolve_device(target.model.device),
-                                 precompile=(env or {}).get(PRECOMPILE_ENV) == "1")
-    return run_or_fail(request, cache_dir=cache_dir, timeout=config.measure.timeout,
-                       verbose=verbose, label=target.id, env=env)
+    request = Request.for_target(
+        "probe",
+        target,
+        config,
+        resolve_device(target.model.device),
+        precompile=(env or {}).get(PRECOMPILE_ENV) == "1",
+    )
+    return run_or_fail(
+        request,
+        cache_dir=cache_dir,
+        timeout=config.measure.timeout,
+        verbose=verbose,
+        label=target.id,
+        env=env,
+    )
 
 
-def warm_start(config: Config | str | os.PathLike | None = None, *,
-               store: Store | str | None = None, targets: list[str] | None = None,
-               cache_dir: str | os.PathLike | None = None) -> list[WarmResult]:
+def warm_start(
+    config: Config | str | os.PathLike | None = None,
+    *,
+    store: Store | str | None = None,
+    targets: list[str] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> list[WarmResult]:
     """Restore this process's inductor cache from the store before compiling.
 
     Call it at the top of a service entrypoint, before the first ``torch.compile``d
@@ -278,8 +324,12 @@ def warm_start(config: Config | str | os.PathLike | None = None, *,
     selected = select(expand(cfg), targets)
     if not isinstance(store, Store):
         try:
-            store = open_store(store or cfg.store, read_only=True,
-                               endpoint_url=cfg.endpoint_url, base_dir=cfg.base_dir)
+            store = open_store(
+                store or cfg.store,
+                read_only=True,
+                endpoint_url=cfg.endpoint_url,
+                base_dir=cfg.base_dir,
+            )
         except Exception as e:  # noqa: BLE001 - best effort
             return cold(selected, e)
     results = warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)

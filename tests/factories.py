@@ -1,5 +1,6 @@
 """Realistic documents for tests of the gate and the report: measured targets with
 log-normal timing noise, and baselines with a history of runs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,25 +29,50 @@ RULES = GateConfig()
 
 def _summary(x: np.ndarray) -> LatencySummary:
     s = summarize(x)
-    return LatencySummary(n=s.n, mean=s.mean, p50=s.median, p95=s.p95, p99=s.p99,
-                          min=s.min, max=s.max, stdev=s.stdev)
+    return LatencySummary(
+        n=s.n, mean=s.mean, p50=s.median, p95=s.p95, p99=s.p99, min=s.min, max=s.max, stdev=s.stdev
+    )
 
 
-def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
-                eager_s: float = 2e-3, reference_s: float = 2e-4, noise: float = 0.02,
-                n: int = 40, breaks: list[GraphBreak] | None = None, recompiles: int = 0,
-                compile_s: float = 6.0, warm: bool = False, cache: str = "miss",
-                peak: int = 40 << 20, parity_ok: bool = True, baseline_parity: bool = True,
-                code_hash: str = "c0de1234", error: str | None = None,
-                work: Work | None = None, others_cores: float | None = 0.0,
-                own_cores: float = 1.0, cores: int = 2,
-                cold_s: float | None = None, mode: str | None = None) -> TargetResult:
+def make_result(
+    target: str,
+    *,
+    seed: int = 0,
+    compiled_s: float = 1e-3,
+    eager_s: float = 2e-3,
+    reference_s: float = 2e-4,
+    noise: float = 0.02,
+    n: int = 40,
+    breaks: list[GraphBreak] | None = None,
+    recompiles: int = 0,
+    compile_s: float = 6.0,
+    warm: bool = False,
+    cache: str = "miss",
+    peak: int = 40 << 20,
+    parity_ok: bool = True,
+    baseline_parity: bool = True,
+    code_hash: str = "c0de1234",
+    error: str | None = None,
+    work: Work | None = None,
+    others_cores: float | None = 0.0,
+    own_cores: float = 1.0,
+    cores: int = 2,
+    cold_s: float | None = None,
+    mode: str | None = None,
+) -> TargetResult:
     """A realistic measured target: interleaved eager/compiled/reference samples with
     log-normal noise, summaries computed from them, counters, memory and parity."""
     model = target.split("/")[0]
     if error is not None:
-        return TargetResult(target=target, model=model, env_key=ENV, code_hash=code_hash,
-                            device="cpu", status="error", error=error)
+        return TargetResult(
+            target=target,
+            model=model,
+            env_key=ENV,
+            code_hash=code_hash,
+            device="cpu",
+            status="error",
+            error=error,
+        )
     rng = np.random.default_rng(seed)
     drift = rng.lognormal(0.0, noise, n)  # shared by the three of one round
     eager = eager_s * drift * rng.lognormal(0.0, noise / 2, n)
@@ -54,32 +80,58 @@ def make_result(target: str, *, seed: int = 0, compiled_s: float = 1e-3,
     ref = reference_s * drift * rng.lognormal(0.0, noise / 2, n)
     breaks = breaks or []
     return TargetResult(
-        target=target, model=model, env_key=ENV, code_hash=code_hash, device="cpu",
+        target=target,
+        model=model,
+        env_key=ENV,
+        code_hash=code_hash,
+        device="cpu",
         status="ok",
-        compile=CompileStats(seconds=compile_s, warm=warm, cache=cache,
-                             fxgraph_cache_hit=3 if warm else 0,
-                             fxgraph_cache_miss=0 if warm else 3,
-                             autograd_cache_hit=0, autograd_cache_miss=0,
-                             cold_seconds=cold_s),
-        graphs=Graphs(count=len(breaks) + 1, breaks=len(breaks), break_reasons=breaks,
-                      recompiles=recompiles),
-        latency=Latency(eager=_summary(eager), compiled=_summary(compiled),
-                        reference=_summary(ref),
-                        speedup=float(np.median(eager) / np.median(compiled)),
-                        throughput=float(1 / np.median(compiled)), inner_loops=4,
-                        samples={"eager": eager.tolist(), "compiled": compiled.tolist(),
-                                 "reference": ref.tolist()},
-                        disturbance=Disturbance(others_cores=others_cores, own_cores=own_cores,
-                                                cores=cores,
-                                                reference_noise=summarize(ref).noise)),
-        work=work, mode=mode,
+        compile=CompileStats(
+            seconds=compile_s,
+            warm=warm,
+            cache=cache,
+            fxgraph_cache_hit=3 if warm else 0,
+            fxgraph_cache_miss=0 if warm else 3,
+            autograd_cache_hit=0,
+            autograd_cache_miss=0,
+            cold_seconds=cold_s,
+        ),
+        graphs=Graphs(
+            count=len(breaks) + 1, breaks=len(breaks), break_reasons=breaks, recompiles=recompiles
+        ),
+        latency=Latency(
+            eager=_summary(eager),
+            compiled=_summary(compiled),
+            reference=_summary(ref),
+            speedup=float(np.median(eager) / np.median(compiled)),
+            throughput=float(1 / np.median(compiled)),
+            inner_loops=4,
+            samples={
+                "eager": eager.tolist(),
+                "compiled": compiled.tolist(),
+                "reference": ref.tolist(),
+            },
+            disturbance=Disturbance(
+                others_cores=others_cores,
+                own_cores=own_cores,
+                cores=cores,
+                reference_noise=summarize(ref).noise,
+            ),
+        ),
+        work=work,
+        mode=mode,
         memory=Memory(kind="rss", eager_peak_bytes=30 << 20, compiled_peak_bytes=peak),
         parity=Parity(
-            vs_eager=ParityCheck(passed=parity_ok, method="allclose" if parity_ok else "failed",
-                                 max_abs_err=2.4e-7 if parity_ok else 0.31,
-                                 detail=None if parity_ok else "max abs err 0.31 > atol 1e-4"),
+            vs_eager=ParityCheck(
+                passed=parity_ok,
+                method="allclose" if parity_ok else "failed",
+                max_abs_err=2.4e-7 if parity_ok else 0.31,
+                detail=None if parity_ok else "max abs err 0.31 > atol 1e-4",
+            ),
             vs_baseline=ParityCheck(passed=True, method="allclose", max_abs_err=1.2e-7)
-            if baseline_parity else None),
+            if baseline_parity
+            else None,
+        ),
         measured_at="2025-01-01T00:00:00Z",
     )
 
@@ -92,9 +144,13 @@ def make_baseline(result: TargetResult, ref: str = "main", history: int = 0) -> 
         r = make_result(result.target, seed=1000 + i, code_hash=result.code_hash)
         r.measured_at = f"2024-12-{i + 1:02d}T00:00:00Z"
         runs.append(r)
-    return Baseline(target=result.target, env_key=result.env_key, ref=ref,
-                    commit="a1b2c3d4e5f6a7b8", created_at="2025-01-01T00:00:00Z",
-                    published_at="2025-01-01T00:05:00Z", result=result,
-                    noise=drift.measure_noise(result, runs) if history else None)
-
-
+    return Baseline(
+        target=result.target,
+        env_key=result.env_key,
+        ref=ref,
+        commit="a1b2c3d4e5f6a7b8",
+        created_at="2025-01-01T00:00:00Z",
+        published_at="2025-01-01T00:05:00Z",
+        result=result,
+        noise=drift.measure_noise(result, runs) if history else None,
+    )

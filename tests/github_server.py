@@ -23,6 +23,7 @@ On demand, per test, it also answers the way GitHub limits and fails:
 * :meth:`FakeGitHub.fail_after_apply`: the request takes effect (a POST creates its
   comment), then the connection is dropped (or a 5xx sent): the ambiguous failure.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,18 +32,21 @@ import re
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 ACTIONS_BOT_LOGIN = "github-actions[bot]"
 NOT_ACCESSIBLE = "Resource not accessible by integration"
 PRIMARY_LIMITED = "API rate limit exceeded for installation ID 4242."
-SECONDARY_LIMITED = ("You have exceeded a secondary rate limit. Please wait a few minutes before you "
-                     "try again. If you reach out to GitHub Support for help, please include the "
-                     "request ID 0000:1111:2222.")
+SECONDARY_LIMITED = (
+    "You have exceeded a secondary rate limit. Please wait a few minutes before you "
+    "try again. If you reach out to GitHub Support for help, please include the "
+    "request ID 0000:1111:2222."
+)
 RATE_LIMIT_DOCS = "https://docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api"
 DROP = -1  # a scripted "status": close the connection without an answer
 
@@ -92,7 +96,9 @@ class FakeGitHub:
     limited_status: int = 403
     _next_id: int = 1000
 
-    def add_token(self, token: str, login: str, write: bool = True, can_read_user: bool = True) -> None:
+    def add_token(
+        self, token: str, login: str, write: bool = True, can_read_user: bool = True
+    ) -> None:
         self.tokens[token] = Token(login, write, can_read_user)
 
     def add_actions_token(self, token: str, write: bool = True) -> None:
@@ -121,8 +127,14 @@ class FakeGitHub:
         self.budget, self.limited_status = after, status
         self.reset_at = math.ceil(time.time() + reset_in)
 
-    def secondary_rate_limit(self, count: int = 1, *, retry_after: int | None = 1, status: int = 403,
-                             method: str | None = None) -> None:
+    def secondary_rate_limit(
+        self,
+        count: int = 1,
+        *,
+        retry_after: int | None = 1,
+        status: int = 403,
+        method: str | None = None,
+    ) -> None:
         """The next ``count`` requests (of ``method``) hit a secondary rate limit."""
         headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
         body = {"message": SECONDARY_LIMITED, "documentation_url": RATE_LIMIT_DOCS}
@@ -130,7 +142,9 @@ class FakeGitHub:
 
     def fail_after_apply(self, method: str = "POST", status: int = DROP) -> None:
         """The next ``method`` request takes effect, then the connection drops (or ``status``)."""
-        self.script.append(Scripted(status, {"message": "Server Error"}, {}, method, after_apply=True))
+        self.script.append(
+            Scripted(status, {"message": "Server Error"}, {}, method, after_apply=True)
+        )
 
     def writes(self) -> list[LoggedRequest]:
         return [r for r in self.requests if r.method in ("POST", "PATCH")]
@@ -181,7 +195,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         body = json.loads(raw) if raw else None
         with state.lock:
-            state.requests.append(LoggedRequest(self.command, split.path, query, dict(self.headers), body))
+            state.requests.append(
+                LoggedRequest(self.command, split.path, query, dict(self.headers), body)
+            )
             scripted = self._scripted(state)
             if scripted is not None and not scripted.after_apply:
                 status, data, headers = scripted.status, scripted.body, scripted.headers
@@ -200,8 +216,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return state.script.pop(i)
         return None
 
-    def _limited(self, state: FakeGitHub, path: str, query: dict[str, str],
-                 body: Any) -> tuple[int, Any, dict[str, str]]:
+    def _limited(
+        self, state: FakeGitHub, path: str, query: dict[str, str], body: Any
+    ) -> tuple[int, Any, dict[str, str]]:
         """The primary rate limit around :meth:`_route`, with GitHub's x-ratelimit headers."""
         if state.budget is not None and time.time() >= state.reset_at:
             state.budget = None  # a new window
@@ -209,16 +226,25 @@ class _Handler(BaseHTTPRequestHandler):
             return self._route(state, path, query, body)
         limited = state.budget == 0
         state.budget = max(state.budget - 1, 0)
-        headers = {"x-ratelimit-limit": "5000", "x-ratelimit-remaining": str(state.budget),
-                   "x-ratelimit-used": str(5000 - state.budget), "x-ratelimit-resource": "core",
-                   "x-ratelimit-reset": str(state.reset_at)}
+        headers = {
+            "x-ratelimit-limit": "5000",
+            "x-ratelimit-remaining": str(state.budget),
+            "x-ratelimit-used": str(5000 - state.budget),
+            "x-ratelimit-resource": "core",
+            "x-ratelimit-reset": str(state.reset_at),
+        }
         if limited:
-            return state.limited_status, {"message": PRIMARY_LIMITED, "documentation_url": RATE_LIMIT_DOCS}, headers
+            return (
+                state.limited_status,
+                {"message": PRIMARY_LIMITED, "documentation_url": RATE_LIMIT_DOCS},
+                headers,
+            )
         status, data, extra = self._route(state, path, query, body)
         return status, data, {**extra, **headers}
 
-    def _route(self, state: FakeGitHub, path: str, query: dict[str, str],
-               body: Any) -> tuple[int, Any, dict[str, str]]:
+    def _route(
+        self, state: FakeGitHub, path: str, query: dict[str, str], body: Any
+    ) -> tuple[int, Any, dict[str, str]]:
         token = self._token(state)
         if token is None:
             return 401, {"message": "Bad credentials"}, {}
@@ -250,13 +276,14 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return state.tokens.get(value.strip())
 
-    def _list(self, state: FakeGitHub, repo: str, issue: int,
-              query: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
+    def _list(
+        self, state: FakeGitHub, repo: str, issue: int, query: dict[str, str]
+    ) -> tuple[int, Any, dict[str, str]]:
         per_page = min(int(query.get("per_page", 30)), 100)
         page = max(int(query.get("page", 1)), 1)
         comments = state.comments.get((repo, issue), [])
         last = max((len(comments) + per_page - 1) // per_page, 1)
-        items = comments[(page - 1) * per_page: page * per_page]
+        items = comments[(page - 1) * per_page : page * per_page]
         base = f"{state.url}/repos/{repo}/issues/{issue}/comments?per_page={per_page}&page="
         rels: dict[str, int] = {}
         if page < last:

@@ -1,4 +1,5 @@
 """Helpers for tests that run the real CLI and real compiles in subprocesses."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-TINY_MODEL = textwrap.dedent('''
+TINY_MODEL = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -25,9 +27,9 @@ TINY_MODEL = textwrap.dedent('''
 
     def make():
         return Tiny()
-''')
+""")
 
-TINY_CONFIG = textwrap.dedent('''
+TINY_CONFIG = textwrap.dedent("""
     [tool.gatekeeper]
     store = "store"
     precompile = "off"  # packages: tests/e2e/test_precompile.py
@@ -37,13 +39,14 @@ TINY_CONFIG = textwrap.dedent('''
     factory = "tinymodel:make"
     inputs = [{ shape = ["batch", 16] }]
     shapes = [{ batch = 4 }]
-''')
+""")
+
 
 def parity_only_config(shapes: str, precompile: bool = False) -> str:
     """The tiny model's config with timing rules so wide that only parity and errors
     decide a verdict (tests of plumbing, not of detection rates). Precompile packages
     are off unless asked for (then the default setting records them)."""
-    text = textwrap.dedent('''
+    text = textwrap.dedent("""
         [tool.gatekeeper]
         store = "store"
         precompile = "off"  # packages: tests/e2e/test_precompile.py
@@ -62,7 +65,7 @@ def parity_only_config(shapes: str, precompile: bool = False) -> str:
         name = "tiny"
         factory = "tinymodel:make"
         inputs = [{ shape = ["batch", 16] }]
-    ''')
+    """)
     if precompile:  # not set at all: the default records them
         text = text.replace('precompile = "off"', "# precompile: the default")
     return text + f"shapes = {shapes}\n"
@@ -75,16 +78,24 @@ def write_project(root: Path, model: str = TINY_MODEL, config: str = TINY_CONFIG
     return root
 
 
-def gk(*args: str, cwd: Path, env: dict | None = None, check: bool = False,
-       timeout: float = 600) -> subprocess.CompletedProcess:
+def gk(
+    *args: str, cwd: Path, env: dict | None = None, check: bool = False, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run the real CLI in a new process."""
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "gatekeeper", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"gatekeeper {' '.join(args)} exited {proc.returncode}:\n"
-                             f"{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"gatekeeper {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 

@@ -1,4 +1,5 @@
 """The e2e tests' shared project: a base model and its config, and PR versions of it."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from helpers import gk
 
-BASE_MODEL = textwrap.dedent('''
+BASE_MODEL = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -24,9 +25,9 @@ BASE_MODEL = textwrap.dedent('''
 
     def make():
         return Net()
-''')
+""")
 
-CONFIG = textwrap.dedent('''
+CONFIG = textwrap.dedent("""
     [tool.gatekeeper]
     store = "store"
     precompile = "off"  # packages: tests/e2e/test_precompile.py
@@ -47,7 +48,7 @@ CONFIG = textwrap.dedent('''
     factory = "tinymodel:make"
     inputs = [{ shape = ["batch", 256] }]
     shapes = [{ batch = 64 }]
-''')
+""")
 
 TARGET = "net/b64/default"
 
@@ -56,8 +57,11 @@ def pr_version(body: str) -> str:
     """The base model with a new forward()."""
     head, found, _ = BASE_MODEL.partition("    def forward(self, x):")
     assert found
-    return head + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 4) + \
-        "\n\ndef make():\n    return Net()\n"
+    return (
+        head
+        + textwrap.indent(textwrap.dedent(body).lstrip("\n"), " " * 4)
+        + "\n\ndef make():\n    return Net()\n"
+    )
 
 
 # One OpenMP thread: on a 2-core runner, a second thread that the OS deschedules turns
@@ -67,8 +71,9 @@ QUIET = {"OMP_NUM_THREADS": "1"}
 
 def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:
     """``gatekeeper run --json --base-ref main`` on one thread: exit code, JSON, stderr."""
-    proc = gk("run", "--json", "--base-ref", "main", *extra, cwd=project,
-              env={**QUIET, **(env or {})})
+    proc = gk(
+        "run", "--json", "--base-ref", "main", *extra, cwd=project, env={**QUIET, **(env or {})}
+    )
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, json.loads(proc.stdout), proc.stderr

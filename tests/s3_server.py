@@ -21,6 +21,7 @@ two racing conditional writes could both pass. Real S3 decides them atomically; 
 client against those semantics, the server handles one request at a time (see
 :class:`_OneAtATime`).
 """
+
 from __future__ import annotations
 
 import io
@@ -28,8 +29,9 @@ import socket
 import struct
 import threading
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
@@ -75,8 +77,13 @@ class S3Server:
 
     def client(self) -> Any:
         """A boto3 S3 client with the fake credentials, independent of the environment."""
-        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=REGION,
-                            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
 
     def create_bucket(self) -> str:
         name = f"gk-test-{uuid.uuid4().hex[:16]}"
@@ -89,8 +96,9 @@ class S3Server:
             for obj in page.get("Contents", ()):
                 client.delete_object(Bucket=name, Key=obj["Key"])
         for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", ()):
-            client.abort_multipart_upload(Bucket=name, Key=upload["Key"],
-                                          UploadId=upload["UploadId"])
+            client.abort_multipart_upload(
+                Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"]
+            )
         client.delete_bucket(Bucket=name)
 
 
@@ -123,12 +131,20 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @pytest.fixture
-def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch,
-           tmp_path_factory: pytest.TempPathFactory) -> S3Server:
+def s3_env(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> S3Server:
     nowhere = tmp_path_factory.mktemp("aws") / "absent"
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_ENDPOINT_URL",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
@@ -157,8 +173,10 @@ def unreachable_endpoint() -> str:
 
 # -- a faulty network ------------------------------------------------------------------
 
-_SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-              b"<Message>Please reduce your request rate.</Message></Error>")
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 
 
 def _close(sock: socket.socket, reset: bool = False) -> None:
@@ -222,8 +240,15 @@ class FaultProxy:
 
     MODES = ("503", "drop", "drop-reply", "truncate")
 
-    def __init__(self, upstream_url: str, *, fail_first: int = 0, mode: str = "503",
-                 idle_timeout: float = 10.0, lifetime: float = 120.0) -> None:
+    def __init__(
+        self,
+        upstream_url: str,
+        *,
+        fail_first: int = 0,
+        mode: str = "503",
+        idle_timeout: float = 10.0,
+        lifetime: float = 120.0,
+    ) -> None:
         if mode not in self.MODES:
             raise ValueError(f"mode must be one of {self.MODES}, not {mode!r}")
         up = urlsplit(upstream_url)
@@ -287,8 +312,9 @@ class FaultProxy:
                 if spoil:
                     self.faults_left -= 1
                     self.faults += 1
-            threading.Thread(target=self._serve, args=(self._track(client), spoil),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(self._track(client), spoil), daemon=True
+            ).start()
 
     def _connect_upstream(self) -> socket.socket:
         return self._track(socket.create_connection(self._upstream, timeout=self._idle_timeout))
@@ -303,9 +329,10 @@ class FaultProxy:
             elif self.mode == "503":
                 head, _ = _read_head(client)
                 body = b"" if head.startswith(b"HEAD ") else _SLOW_DOWN
-                client.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
-                               b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
-                               + body)
+                client.sendall(
+                    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                    b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+                )
                 client.shutdown(socket.SHUT_WR)
                 while client.recv(65536):  # let the client finish sending, so no RST
                     pass

@@ -1,11 +1,13 @@
 """Stores for tests that run on both backends: a local directory and S3 on moto's
 server (the ``stores`` fixture, one new client per call, as a new runner's), and real
 bundles of small synthetic inductor cache dirs to publish into them."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from gatekeeper.store.s3 import S3Backend
 
 TARGET = "tiny/b4/default"
 ENV = "torch2.13.0+cpu-py3.11-cpu-x86_64-avx512-t2-a1b1b8"
+
 
 class StoreFactory:
     """Opens Stores on one backend root; every call is a new client, as a new runner's."""
@@ -79,8 +82,15 @@ def flip_byte(data: bytes) -> bytes:
 
 # -- bundles and results ---------------------------------------------------------------
 
-def make_bundle(tmp: Path, seed: int | str, *, target: str = TARGET, env_key: str = ENV,
-                code_hash: str = "c0de0000c0de0000") -> tuple[BundleLocation, Path, bytes]:
+
+def make_bundle(
+    tmp: Path,
+    seed: int | str,
+    *,
+    target: str = TARGET,
+    env_key: str = ENV,
+    code_hash: str = "c0de0000c0de0000",
+) -> tuple[BundleLocation, Path, bytes]:
     """A real bundle of a small synthetic inductor cache dir; distinct content per seed."""
     work = tmp / f"bundle-{seed}-{code_hash}-{env_key[-6:]}"
     cache = work / "cache"
@@ -92,10 +102,16 @@ def make_bundle(tmp: Path, seed: int | str, *, target: str = TARGET, env_key: st
     megacache = work / "megacache.bin"
     megacache.write_bytes(os.urandom(512))
     archive, manifest = bundle.pack(
-        cache, megacache, work, target=target,
+        cache,
+        megacache,
+        work,
+        target=target,
         key={"env_key": env_key, "code_hash": code_hash},
         compile_info={"seconds": 1.5, "counters": {"fxgraph_cache_miss": 1}},
-        creator={"commit": f"{seed}", "ref": "main"}, version="test", signing_key=None)
+        creator={"commit": f"{seed}", "ref": "main"},
+        version="test",
+        signing_key=None,
+    )
     return BundleLocation(target, env_key, code_hash), archive, manifest.to_bytes()
 
 

@@ -22,6 +22,7 @@ shows that the pip constraint, not luck, keeps the runner's torch.
 The flow test talks to moto's S3 server (``s3_bucket_uri``) and the fake GitHub API
 (``github_api``) and compiles a tiny model for real.
 """
+
 from __future__ import annotations
 
 import base64
@@ -61,14 +62,17 @@ SIGNING_KEY = "sk-test-5f1e0c2b9a7d4e63"
 CONFIG = parity_only_config("[{ batch = 4 }]")
 
 # the PR's version of the model: the same weights, outputs 1% off
-DRIFTED_MODEL = TINY_MODEL.replace("return self.fc2(torch.relu(self.fc1(x)))",
-                                   "return self.fc2(torch.relu(self.fc1(x))) * 1.01")
+DRIFTED_MODEL = TINY_MODEL.replace(
+    "return self.fc2(torch.relu(self.fc1(x)))", "return self.fc2(torch.relu(self.fc1(x))) * 1.01"
+)
 assert DRIFTED_MODEL != TINY_MODEL
 
 # a PR's model that does fc1's work twice for the same outputs: FLOPs per call +80%, which
 # the gate's work rule (FLOPs grew beyond 5%) calls a regression, deterministically
-HEAVIER_MODEL = TINY_MODEL.replace("return self.fc2(torch.relu(self.fc1(x)))",
-                                   "return self.fc2(torch.relu((self.fc1(x) + self.fc1(x)) / 2))")
+HEAVIER_MODEL = TINY_MODEL.replace(
+    "return self.fc2(torch.relu(self.fc1(x)))",
+    "return self.fc2(torch.relu((self.fc1(x) + self.fc1(x)) / 2))",
+)
 assert HEAVIER_MODEL != TINY_MODEL
 
 
@@ -79,12 +83,15 @@ class ExprError(Exception):
     pass
 
 
-_TOKEN = re.compile(r"""\s*(?:
+_TOKEN = re.compile(
+    r"""\s*(?:
     (?P<str>'(?:[^']|'')*')
   | (?P<num>\d+(?:\.\d+)?)
   | (?P<op>==|!=|&&|\|\||!|\(|\)|,)
   | (?P<name>[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*)
-)""", re.VERBOSE)
+)""",
+    re.VERBOSE,
+)
 _STATUS_FUNCTIONS = ("success", "failure", "always", "cancelled")
 
 
@@ -153,14 +160,16 @@ def to_string(v: Any) -> str:
 class Expr:
     """A recursive-descent evaluator of one expression against ``contexts``."""
 
-    def __init__(self, text: str, contexts: dict[str, Any],
-                 functions: dict[str, Callable[[], Any]]) -> None:
+    def __init__(
+        self, text: str, contexts: dict[str, Any], functions: dict[str, Callable[[], Any]]
+    ) -> None:
         self.text, self.contexts, self.functions = text, contexts, functions
         self.toks, self.i = _tokens(text), 0
 
     @classmethod
-    def evaluate(cls, text: str, contexts: dict[str, Any],
-                 functions: dict[str, Callable[[], Any]]) -> Any:
+    def evaluate(
+        cls, text: str, contexts: dict[str, Any], functions: dict[str, Callable[[], Any]]
+    ) -> Any:
         e = cls(text, contexts, functions)
         value = e._or()
         if e.i != len(e.toks):
@@ -248,17 +257,14 @@ class Expr:
 _TEMPLATE = re.compile(r"\$\{\{(.*?)\}\}", re.DOTALL)
 
 
-def render(value: Any, contexts: dict[str, Any],
-           functions: dict[str, Callable[[], Any]]) -> str:
+def render(value: Any, contexts: dict[str, Any], functions: dict[str, Callable[[], Any]]) -> str:
     """A ``with:``/``env:``/default value with its ``${{ }}`` parts evaluated, as a string."""
     if not isinstance(value, str):
         return to_string(value)
-    return _TEMPLATE.sub(lambda m: to_string(Expr.evaluate(m.group(1), contexts, functions)),
-                         value)
+    return _TEMPLATE.sub(lambda m: to_string(Expr.evaluate(m.group(1), contexts, functions)), value)
 
 
-def condition(text: Any, contexts: dict[str, Any],
-              functions: dict[str, Callable[[], Any]]) -> bool:
+def condition(text: Any, contexts: dict[str, Any], functions: dict[str, Callable[[], Any]]) -> bool:
     """An ``if:``: ``${{ }}`` optional; without a status function, ``success() && (…)``."""
     if isinstance(text, bool):
         return text and functions["success"]()
@@ -273,11 +279,17 @@ def condition(text: Any, contexts: dict[str, Any],
 
 
 def test_expression_subset_follows_github_rules() -> None:
-    ctx = {"inputs": {"comment": "true", "fail-on-regression": "False"},
-           "steps": {"gk": {"outputs": {"report": "/tmp/r.md", "cache-hit": "true"}}},
-           "github": {"event_name": "pull_request"}}
-    fns = {"success": lambda: True, "failure": lambda: False, "always": lambda: True,
-           "cancelled": lambda: False}
+    ctx = {
+        "inputs": {"comment": "true", "fail-on-regression": "False"},
+        "steps": {"gk": {"outputs": {"report": "/tmp/r.md", "cache-hit": "true"}}},
+        "github": {"event_name": "pull_request"},
+    }
+    fns = {
+        "success": lambda: True,
+        "failure": lambda: False,
+        "always": lambda: True,
+        "cancelled": lambda: False,
+    }
 
     def ev(text: str) -> Any:
         return Expr.evaluate(text, ctx, fns)
@@ -292,8 +304,12 @@ def test_expression_subset_follows_github_rules() -> None:
     assert ev("'it''s'") == "it's"
     assert ev("1 == '1'") is True and ev("null == 0") is True
     assert condition("inputs.comment == 'true'", ctx, {**fns, "success": lambda: False}) is False
-    assert condition("${{ always() && inputs.comment == 'true' }}", ctx,
-                     {**fns, "success": lambda: False}) is True
+    assert (
+        condition(
+            "${{ always() && inputs.comment == 'true' }}", ctx, {**fns, "success": lambda: False}
+        )
+        is True
+    )
     assert render("a ${{ inputs.comment }} b ${{ null }}", ctx, fns) == "a true b "
     with pytest.raises(ExprError):
         ev("contains(inputs.comment, 't')")  # not in the subset: refused, not guessed
@@ -332,8 +348,9 @@ class ActionRun:
         return found
 
     def annotations(self, level: str) -> list[str]:
-        return [line for s in self.steps for line in s.log.splitlines()
-                if line.startswith(f"::{level}")]
+        return [
+            line for s in self.steps for line in s.log.splitlines() if line.startswith(f"::{level}")
+        ]
 
 
 def parse_file_commands(text: str) -> dict[str, str]:
@@ -363,14 +380,20 @@ def parse_file_commands(text: str) -> dict[str, str]:
 class CompositeRunner:
     """Runs action.yml's composite steps as the Actions runner does (see the module doc)."""
 
-    def __init__(self, action_path: Path, workspace: Path, temp: Path,
-                 base_env: dict[str, str]) -> None:
+    def __init__(
+        self, action_path: Path, workspace: Path, temp: Path, base_env: dict[str, str]
+    ) -> None:
         self.action_path, self.workspace, self.temp = action_path, workspace, temp
         self.base_env = base_env
         self.action = yaml.safe_load((action_path / "action.yml").read_text())
 
-    def run(self, inputs: dict[str, str], *, github: dict[str, Any],
-            job_env: dict[str, str] | None = None) -> ActionRun:
+    def run(
+        self,
+        inputs: dict[str, str],
+        *,
+        github: dict[str, Any],
+        job_env: dict[str, str] | None = None,
+    ) -> ActionRun:
         declared = self.action.get("inputs", {})
         unknown = set(inputs) - set(declared)
         assert not unknown, f"not inputs of action.yml: {unknown}"
@@ -378,18 +401,25 @@ class CompositeRunner:
         run_dir = self.temp / f"run-{uuid.uuid4().hex[:8]}"
         runner_temp = run_dir / "runner-temp"
         runner_temp.mkdir(parents=True)
-        github = {**github, "action_path": str(self.action_path),
-                  "workspace": str(self.workspace)}
-        contexts: dict[str, Any] = {"github": github, "env": job_env, "steps": {},
-                                    "runner": {"temp": str(runner_temp), "os": "Linux"},
-                                    "inputs": {}}
+        github = {**github, "action_path": str(self.action_path), "workspace": str(self.workspace)}
+        contexts: dict[str, Any] = {
+            "github": github,
+            "env": job_env,
+            "steps": {},
+            "runner": {"temp": str(runner_temp), "os": "Linux"},
+            "inputs": {},
+        }
         failed = False
         fns: dict[str, Callable[[], Any]] = {
-            "success": lambda: not failed, "failure": lambda: failed,
-            "always": lambda: True, "cancelled": lambda: False}
+            "success": lambda: not failed,
+            "failure": lambda: failed,
+            "always": lambda: True,
+            "cancelled": lambda: False,
+        }
         for name, spec in declared.items():  # defaults may use github.*, never inputs.*
-            contexts["inputs"][name] = (inputs[name] if name in inputs
-                                        else render(spec.get("default", ""), contexts, fns))
+            contexts["inputs"][name] = (
+                inputs[name] if name in inputs else render(spec.get("default", ""), contexts, fns)
+            )
         env_file, path_file = run_dir / "env", run_dir / "path"
         env_file.touch()
         path_file.touch()
@@ -403,52 +433,100 @@ class CompositeRunner:
             if not condition(step.get("if", "success()"), contexts, fns):
                 steps.append(StepRun(step_id, name, "skipped", None, "", {}))
                 if step_id:
-                    contexts["steps"][step_id] = {"outputs": {}, "outcome": "skipped",
-                                                  "conclusion": "skipped"}
+                    contexts["steps"][step_id] = {
+                        "outputs": {},
+                        "outcome": "skipped",
+                        "conclusion": "skipped",
+                    }
                 continue
             output_file, summary_file = run_dir / f"output-{n}", run_dir / f"summary-{n}"
             output_file.touch()
             summary_file.touch()
             script = run_dir / f"step-{n}.sh"
             script.write_text(step["run"])
-            env = {**self.base_env, **self._github_env(github, runner_temp), **job_env,
-                   **{k: render(v, contexts, fns) for k, v in (step.get("env") or {}).items()},
-                   "GITHUB_OUTPUT": str(output_file), "GITHUB_STEP_SUMMARY": str(summary_file),
-                   "GITHUB_ENV": str(env_file), "GITHUB_PATH": str(path_file)}
+            env = {
+                **self.base_env,
+                **self._github_env(github, runner_temp),
+                **job_env,
+                **{k: render(v, contexts, fns) for k, v in (step.get("env") or {}).items()},
+                "GITHUB_OUTPUT": str(output_file),
+                "GITHUB_STEP_SUMMARY": str(summary_file),
+                "GITHUB_ENV": str(env_file),
+                "GITHUB_PATH": str(path_file),
+            }
             extra_path = [p for p in path_file.read_text().splitlines() if p.strip()]
             if extra_path:
                 env["PATH"] = os.pathsep.join([*reversed(extra_path), env["PATH"]])
             started = time.monotonic()
-            proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail",
-                                   str(script)], check=False, cwd=self.workspace, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  stdin=subprocess.DEVNULL, timeout=600)
+            proc = subprocess.run(
+                ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+                check=False,
+                cwd=self.workspace,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=600,
+            )
             outputs = parse_file_commands(output_file.read_text())
             outcome = "success" if proc.returncode == 0 else "failure"
             failed = failed or outcome == "failure"
-            masks += [line.split("::add-mask::", 1)[1] for line in proc.stdout.splitlines()
-                      if line.startswith("::add-mask::")]
+            masks += [
+                line.split("::add-mask::", 1)[1]
+                for line in proc.stdout.splitlines()
+                if line.startswith("::add-mask::")
+            ]
             summary.append(summary_file.read_text())
             job_env.update(parse_file_commands(env_file.read_text()))
             env_file.write_text("")
-            steps.append(StepRun(step_id, name, outcome, proc.returncode, proc.stdout, outputs,
-                                 time.monotonic() - started))
+            steps.append(
+                StepRun(
+                    step_id,
+                    name,
+                    outcome,
+                    proc.returncode,
+                    proc.stdout,
+                    outputs,
+                    time.monotonic() - started,
+                )
+            )
             print(f"action step {name!r}: {outcome} in {steps[-1].seconds:.1f} s")
             if step_id:
-                contexts["steps"][step_id] = {"outputs": outputs, "outcome": outcome,
-                                              "conclusion": outcome}
-        outputs = {k: render(v["value"], contexts, fns)
-                   for k, v in self.action.get("outputs", {}).items()}
-        return ActionRun("failure" if failed else "success", outputs, steps, "".join(summary),
-                         masks)
+                contexts["steps"][step_id] = {
+                    "outputs": outputs,
+                    "outcome": outcome,
+                    "conclusion": outcome,
+                }
+        outputs = {
+            k: render(v["value"], contexts, fns) for k, v in self.action.get("outputs", {}).items()
+        }
+        return ActionRun(
+            "failure" if failed else "success", outputs, steps, "".join(summary), masks
+        )
 
     def _github_env(self, github: dict[str, Any], runner_temp: Path) -> dict[str, str]:
         """The variables the runner sets for every step (GITHUB_* and RUNNER_*)."""
-        env = {"CI": "true", "GITHUB_ACTIONS": "true", "RUNNER_TEMP": str(runner_temp),
-               "RUNNER_OS": "Linux", "GITHUB_ACTION_PATH": github["action_path"],
-               "GITHUB_WORKSPACE": github["workspace"]}
-        for key in ("event_name", "event_path", "repository", "api_url", "server_url",
-                    "ref_name", "base_ref", "head_ref", "sha", "run_id"):
+        env = {
+            "CI": "true",
+            "GITHUB_ACTIONS": "true",
+            "RUNNER_TEMP": str(runner_temp),
+            "RUNNER_OS": "Linux",
+            "GITHUB_ACTION_PATH": github["action_path"],
+            "GITHUB_WORKSPACE": github["workspace"],
+        }
+        for key in (
+            "event_name",
+            "event_path",
+            "repository",
+            "api_url",
+            "server_url",
+            "ref_name",
+            "base_ref",
+            "head_ref",
+            "sha",
+            "run_id",
+        ):
             if github.get(key) is not None:
                 env[f"GITHUB_{key.upper()}"] = str(github[key])
         return env
@@ -461,9 +539,24 @@ class CompositeRunner:
 def action_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This repository as the runner downloads an action: its files, without build state."""
     dest = tmp_path_factory.mktemp("action") / "gatekeeper"
-    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache",
-        ".mypy_cache", ".ruff_cache", ".gatekeeper", "results.json", "report.md"))
+    shutil.copytree(
+        ROOT,
+        dest,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv",
+            "__pycache__",
+            "*.egg-info",
+            "build",
+            "dist",
+            ".pytest_cache",
+            ".mypy_cache",
+            ".ruff_cache",
+            ".gatekeeper",
+            "results.json",
+            "report.md",
+        ),
+    )
     return dest
 
 
@@ -472,9 +565,16 @@ def _layered_venv(root: Path, with_parent_packages: bool) -> Path:
     visible in it, so that it plays a runner's Python with torch already installed."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     if with_parent_packages:
-        purelib = Path(subprocess.check_output(
-            [str(root / "bin" / "python"), "-c",
-             "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+        purelib = Path(
+            subprocess.check_output(
+                [
+                    str(root / "bin" / "python"),
+                    "-c",
+                    "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                ],
+                text=True,
+            ).strip()
+        )
         dirs = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
         (purelib / "runner-packages.pth").write_text("".join(f"{d}\n" for d in dirs))
     return root / "bin"
@@ -486,18 +586,26 @@ def runner_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _layered_venv(tmp_path_factory.mktemp("runner") / "venv", with_parent_packages=True)
 
 
-def _pull_request_event(head_repo: str, number: int = PR, *, base_sha: str = "b" * 40,
-                        head_sha: str = "a" * 40, labels: tuple[str, ...] = (),
-                        action: str = "synchronize") -> dict[str, Any]:
-    return {"action": action, "number": number,
-            "repository": {"full_name": REPO},
-            "pull_request": {"number": number,
-                             "labels": [{"id": i, "name": name, "color": "ededed"}
-                                        for i, name in enumerate(labels)],
-                             "base": {"ref": "main", "sha": base_sha,
-                                      "repo": {"full_name": REPO}},
-                             "head": {"ref": "feature", "sha": head_sha,
-                                      "repo": {"full_name": head_repo}}}}
+def _pull_request_event(
+    head_repo: str,
+    number: int = PR,
+    *,
+    base_sha: str = "b" * 40,
+    head_sha: str = "a" * 40,
+    labels: tuple[str, ...] = (),
+    action: str = "synchronize",
+) -> dict[str, Any]:
+    return {
+        "action": action,
+        "number": number,
+        "repository": {"full_name": REPO},
+        "pull_request": {
+            "number": number,
+            "labels": [{"id": i, "name": name, "color": "ededed"} for i, name in enumerate(labels)],
+            "base": {"ref": "main", "sha": base_sha, "repo": {"full_name": REPO}},
+            "head": {"ref": "feature", "sha": head_sha, "repo": {"full_name": head_repo}},
+        },
+    }
 
 
 @dataclass
@@ -510,39 +618,77 @@ class Harness:
     def at(self, workspace: Path) -> Harness:
         """The same runner, playing a job whose workspace is ``workspace``."""
         r = self.runner
-        return Harness(CompositeRunner(r.action_path, workspace, r.temp, r.base_env),
-                       self.github_api, self.events, self.job_env)
+        return Harness(
+            CompositeRunner(r.action_path, workspace, r.temp, r.base_env),
+            self.github_api,
+            self.events,
+            self.job_env,
+        )
 
-    def pull_request(self, inputs: dict[str, str], *, head_repo: str = REPO,
-                     token: str = WRITE_TOKEN, event: dict[str, Any] | None = None,
-                     server_url: str = "https://github.example", **kw: Any) -> ActionRun:
+    def pull_request(
+        self,
+        inputs: dict[str, str],
+        *,
+        head_repo: str = REPO,
+        token: str = WRITE_TOKEN,
+        event: dict[str, Any] | None = None,
+        server_url: str = "https://github.example",
+        **kw: Any,
+    ) -> ActionRun:
         """A pull_request run; ``event`` (default: a synchronize of PR 7) is the payload."""
         path = self.events / f"pr-{uuid.uuid4().hex[:6]}.json"
         path.write_text(json.dumps(event or _pull_request_event(head_repo)))
-        return self.runner.run(inputs, github={
-            "event_name": "pull_request", "event_path": str(path),
-            "event": json.loads(path.read_text()), "repository": REPO,
-            "api_url": self.github_api.url, "server_url": server_url,
-            "token": token, "ref_name": f"{PR}/merge", "base_ref": "main",
-            "head_ref": "feature", "sha": "c" * 40, "run_id": "1001"},
-            job_env={**self.job_env, **kw.pop("job_env", {})}, **kw)
+        return self.runner.run(
+            inputs,
+            github={
+                "event_name": "pull_request",
+                "event_path": str(path),
+                "event": json.loads(path.read_text()),
+                "repository": REPO,
+                "api_url": self.github_api.url,
+                "server_url": server_url,
+                "token": token,
+                "ref_name": f"{PR}/merge",
+                "base_ref": "main",
+                "head_ref": "feature",
+                "sha": "c" * 40,
+                "run_id": "1001",
+            },
+            job_env={**self.job_env, **kw.pop("job_env", {})},
+            **kw,
+        )
 
     def push(self, inputs: dict[str, str], **kw: Any) -> ActionRun:
         path = self.events / f"push-{uuid.uuid4().hex[:6]}.json"
         path.write_text(json.dumps({"ref": "refs/heads/main", "repository": {"full_name": REPO}}))
-        return self.runner.run(inputs, github={
-            "event_name": "push", "event_path": str(path), "event": {}, "repository": REPO,
-            "api_url": self.github_api.url, "server_url": "https://github.example",
-            "token": WRITE_TOKEN, "ref_name": "main", "sha": "d" * 40, "run_id": "1000"},
-            job_env={**self.job_env, **kw.pop("job_env", {})}, **kw)
+        return self.runner.run(
+            inputs,
+            github={
+                "event_name": "push",
+                "event_path": str(path),
+                "event": {},
+                "repository": REPO,
+                "api_url": self.github_api.url,
+                "server_url": "https://github.example",
+                "token": WRITE_TOKEN,
+                "ref_name": "main",
+                "sha": "d" * 40,
+                "run_id": "1000",
+            },
+            job_env={**self.job_env, **kw.pop("job_env", {})},
+            **kw,
+        )
 
 
 def _runner_env(bin_dir: Path) -> dict[str, str]:
     """This process's environment (S3 settings included) as the runner's, minus any
     GitHub Actions variables of an outer run, with the runner's Python first on PATH."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GITHUB_", "RUNNER_", "GATEKEEPER_"))
-           and k not in ("GH_TOKEN", "VIRTUAL_ENV", "PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GITHUB_", "RUNNER_", "GATEKEEPER_"))
+        and k not in ("GH_TOKEN", "VIRTUAL_ENV", "PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")
+    }
     env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", "")])
     # one thread: a busy 2-core machine then slows the tiny model a little, not 50x
     # (an OpenMP team waiting for a descheduled thread); every run uses the same env key
@@ -551,8 +697,13 @@ def _runner_env(bin_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def harness(action_dir: Path, installed: Installed, tmp_path: Path, s3_bucket_uri: str,
-            github_api: FakeGitHub) -> Harness:
+def harness(
+    action_dir: Path,
+    installed: Installed,
+    tmp_path: Path,
+    s3_bucket_uri: str,
+    github_api: FakeGitHub,
+) -> Harness:
     github_api.add_actions_token(WRITE_TOKEN, write=True)
     github_api.add_actions_token(READ_TOKEN, write=False)
     workspace = write_project(tmp_path / "workspace", TINY_MODEL, CONFIG)
@@ -566,8 +717,16 @@ def harness(action_dir: Path, installed: Installed, tmp_path: Path, s3_bucket_ur
 
 def _torch_of(python: Path) -> tuple[str, str]:
     out = subprocess.check_output(
-        [str(python), "-c", ("import importlib.metadata as m, torch; "
-                             "print(m.version('torch')); print(torch.__file__)")], text=True)
+        [
+            str(python),
+            "-c",
+            (
+                "import importlib.metadata as m, torch; "
+                "print(m.version('torch')); print(torch.__file__)"
+            ),
+        ],
+        text=True,
+    )
     version, file = out.split()
     return version, file
 
@@ -592,8 +751,11 @@ def test_run_scripts_take_inputs_only_through_env() -> None:
     docs |= {p: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "workflows").glob("*.yml"))}
     scripts = 0
     for path, doc in docs.items():
-        steps = doc["runs"]["steps"] if path == ACTION else [
-            s for job in doc["jobs"].values() for s in job.get("steps", [])]
+        steps = (
+            doc["runs"]["steps"]
+            if path == ACTION
+            else [s for job in doc["jobs"].values() for s in job.get("steps", [])]
+        )
         for step in steps:
             if "run" in step:
                 scripts += 1
@@ -611,14 +773,17 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def installed(action_dir: Path, runner_python: Path,
-              tmp_path_factory: pytest.TempPathFactory) -> Installed:
+def installed(
+    action_dir: Path, runner_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Installed:
     before = _torch_of(runner_python / "python")
     tmp = tmp_path_factory.mktemp("install")
     runner = CompositeRunner(action_dir, tmp, tmp, _runner_env(runner_python))
     # a quick command: the config is absent, so gatekeeper stops with a usage error
-    run = runner.run({"command": "compile", "config": "absent.toml", "comment": "false"},
-                     github={"event_name": "push", "repository": REPO, "token": ""})
+    run = runner.run(
+        {"command": "compile", "config": "absent.toml", "comment": "false"},
+        github={"event_name": "push", "repository": REPO, "token": ""},
+    )
     return Installed(runner_python, before, run)
 
 
@@ -629,13 +794,18 @@ def test_install_keeps_the_runners_torch(installed: Installed, tmp_path: Path) -
     assert "Successfully installed gatekeeper" in install.log
     assert f"torch: {installed.torch_before[0]}" in install.log
     assert _torch_of(python) == installed.torch_before  # same version, same files
-    site = Path(subprocess.check_output(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        text=True).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+        ).strip()
+    )
     assert not list(site.glob("torch*")), "pip installed a torch of its own"
-    where = subprocess.check_output([str(python), "-c",
-                                     "import gatekeeper; print(gatekeeper.__file__)"],
-                                    text=True, cwd=tmp_path)  # not this repository's folder
+    where = subprocess.check_output(
+        [str(python), "-c", "import gatekeeper; print(gatekeeper.__file__)"],
+        text=True,
+        cwd=tmp_path,
+    )  # not this repository's folder
     assert Path(where.strip()).is_relative_to(site)  # the action's copy, not the editable one
     assert install.outputs["python"] == str(python)
     # the absent config is a usage error: exit 2, and the step fails
@@ -648,10 +818,12 @@ def _fake_torch_wheel(folder: Path, version: str) -> Path:
     """A wheel that calls itself torch ``version``: bait for a pip that would upgrade."""
     folder.mkdir(parents=True, exist_ok=True)
     dist = f"torch-{version}.dist-info"
-    files = {"torch/__init__.py": f"__version__ = {version!r}\n",
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                              "Tag: py3-none-any\n"}
+    files = {
+        "torch/__init__.py": f"__version__ = {version!r}\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
     record = []
     for name, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
@@ -678,11 +850,15 @@ def test_install_refuses_to_replace_torch(action_dir: Path, tmp_path: Path) -> N
     before = _torch_of(bin_dir / "python")
     env = _runner_env(bin_dir) | {
         "PIP_CONFIG_FILE": os.devnull,  # no machine-wide pip settings (or constraints)
-        "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(offers),  # only the bait on offer
-        "PIP_NO_BUILD_ISOLATION": "0"}  # build with this venv's setuptools: no network
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(offers),  # only the bait on offer
+        "PIP_NO_BUILD_ISOLATION": "0",
+    }  # build with this venv's setuptools: no network
     runner = CompositeRunner(action, tmp_path, tmp_path, env)
-    run = runner.run({"command": "compile", "config": "absent.toml", "comment": "false"},
-                     github={"event_name": "push", "repository": REPO, "token": ""})
+    run = runner.run(
+        {"command": "compile", "config": "absent.toml", "comment": "false"},
+        github={"event_name": "push", "repository": REPO, "token": ""},
+    )
     install = run.step("setup")
     assert install.returncode == 2, install.log
     assert f"without changing torch {before[0]}" in install.log
@@ -694,8 +870,9 @@ def test_install_refuses_to_replace_torch(action_dir: Path, tmp_path: Path) -> N
 def test_install_without_torch_fails_clearly(action_dir: Path, tmp_path: Path) -> None:
     bare = _layered_venv(tmp_path / "bare", with_parent_packages=False)
     runner = CompositeRunner(action_dir, tmp_path, tmp_path, _runner_env(bare))
-    run = runner.run({"command": "run"}, github={"event_name": "push", "repository": REPO,
-                                                 "token": ""})
+    run = runner.run(
+        {"command": "run"}, github={"event_name": "push", "repository": REPO, "token": ""}
+    )
     assert run.outcome == "failure"
     install = run.step("setup")
     assert install.returncode == 2
@@ -705,7 +882,8 @@ def test_install_without_torch_fails_clearly(action_dir: Path, tmp_path: Path) -
 
 
 def test_a_gatekeeper_folder_in_the_workspace_does_not_shadow_the_tool(
-        installed: Installed, action_dir: Path, tmp_path: Path) -> None:
+    installed: Installed, action_dir: Path, tmp_path: Path
+) -> None:
     workspace = write_project(tmp_path / "workspace", TINY_MODEL, CONFIG)
     decoy = workspace / "gatekeeper"
     decoy.mkdir()
@@ -713,8 +891,9 @@ def test_a_gatekeeper_folder_in_the_workspace_does_not_shadow_the_tool(
     (decoy / "github.py").write_text("raise SystemExit('the decoy gatekeeper ran')\n")
     env = _runner_env(installed.bin) | {"GATEKEEPER_ACTION_SKIP_INSTALL": "true"}
     runner = CompositeRunner(action_dir, workspace, tmp_path, env)
-    run = runner.run({"command": "warm"}, github={"event_name": "push", "repository": REPO,
-                                                  "token": ""})
+    run = runner.run(
+        {"command": "warm"}, github={"event_name": "push", "repository": REPO, "token": ""}
+    )
     assert run.outcome == "success", run.log
     assert "decoy" not in run.log
     assert "read-only: auto -> false" in run.log  # the event was read by the real module
@@ -722,7 +901,8 @@ def test_a_gatekeeper_folder_in_the_workspace_does_not_shadow_the_tool(
 
 
 def test_gate_flow_outputs_summary_sticky_comment_and_failures(
-        harness: Harness, github_api: FakeGitHub, s3_bucket_uri: Any, tmp_path: Path) -> None:
+    harness: Harness, github_api: FakeGitHub, s3_bucket_uri: Any, tmp_path: Path
+) -> None:
     store = str(s3_bucket_uri)
     workspace = harness.runner.workspace
 
@@ -734,19 +914,26 @@ def test_gate_flow_outputs_summary_sticky_comment_and_failures(
     assert Path(base.outputs["results"]).is_file() and Path(base.outputs["report"]).is_file()
     assert "gatekeeper: no-baseline" in base.summary
     assert SIGNING_KEY in base.masks and WRITE_TOKEN in base.masks
-    assert not [line for line in base.log.splitlines()
-                if SIGNING_KEY in line and not line.startswith("::add-mask::")]
+    assert not [
+        line
+        for line in base.log.splitlines()
+        if SIGNING_KEY in line and not line.startswith("::add-mask::")
+    ]
     keys = _bucket_keys(s3_bucket_uri)
     assert any(k.startswith("gk/bundles/tiny/b4/default/") for k in keys)
-    assert any(k.startswith("gk/baselines/tiny/b4/default/") and k.endswith("/main/latest.json")
-               for k in keys)
+    assert any(
+        k.startswith("gk/baselines/tiny/b4/default/") and k.endswith("/main/latest.json")
+        for k in keys
+    )
     assert "not a pull request event" in base.step("Comment on the pull request").log
     assert "GATEKEEPER_ACTION_SKIP_INSTALL=true" in base.step("setup").log
 
     # 2. a deploy warms its cache from the signed bundles
     cache = tmp_path / "inductor-cache"
-    warm = harness.push({"command": "warm", "store": store, "signing-key": SIGNING_KEY,
-                         "read-only": "true"}, job_env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    warm = harness.push(
+        {"command": "warm", "store": store, "signing-key": SIGNING_KEY, "read-only": "true"},
+        job_env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+    )
     assert warm.outcome == "success", warm.log
     assert warm.outputs["cache-hit"] == "true"
     assert warm.outputs["verdict"] == "" and warm.outputs["report"] == ""
@@ -771,16 +958,25 @@ def test_gate_flow_outputs_summary_sticky_comment_and_failures(
     #     laid out as download-artifact lays out several artifacts)
     shards = tmp_path / "shards"
     shutil.copytree(Path(first.outputs["results"]).parent, shards / "gatekeeper-shard-1")
-    merged = harness.pull_request({"command": "merge", "merge-from": str(shards),
-                                   "store": store, "comment": "false"})
+    merged = harness.pull_request(
+        {"command": "merge", "merge-from": str(shards), "store": store, "comment": "false"}
+    )
     assert merged.outcome == "success", merged.log
     assert "merging 1 shard(s)" in merged.step("gatekeeper").log
     assert merged.outputs["verdict"] == first.outputs["verdict"]
-    assert json.loads(Path(merged.outputs["results"]).read_text())["targets"][0]["target"] \
+    assert (
+        json.loads(Path(merged.outputs["results"]).read_text())["targets"][0]["target"]
         == "tiny/b4/default"
+    )
     (shards / "empty").mkdir()
-    nothing = harness.pull_request({"command": "merge", "merge-from": str(shards / "empty"),
-                                    "comment": "false", "fail-on-regression": "false"})
+    nothing = harness.pull_request(
+        {
+            "command": "merge",
+            "merge-from": str(shards / "empty"),
+            "comment": "false",
+            "fail-on-regression": "false",
+        }
+    )
     assert nothing.outcome == "failure"
     assert "no shard results" in nothing.step("gatekeeper").log
 
@@ -804,8 +1000,11 @@ def test_gate_flow_outputs_summary_sticky_comment_and_failures(
     # 5. the same from a fork: read-only token and store; fail-on-regression false keeps
     #    exit 1 from failing the step; the comment is skipped, saying who will post it
     keys_before = _bucket_keys(s3_bucket_uri)
-    fork = harness.pull_request({"store": store, "fail-on-regression": "false"},
-                                head_repo="mallory/models", token=READ_TOKEN)
+    fork = harness.pull_request(
+        {"store": store, "fail-on-regression": "false"},
+        head_repo="mallory/models",
+        token=READ_TOKEN,
+    )
     assert fork.outcome == "success", fork.log
     assert fork.outputs["verdict"] == "parity-failed"
     assert "read-only: auto -> true" in fork.step("gatekeeper").log
@@ -817,8 +1016,9 @@ def test_gate_flow_outputs_summary_sticky_comment_and_failures(
     assert _bucket_keys(s3_bucket_uri) == keys_before
 
     # 6. an error (exit 2) fails the step even with fail-on-regression false
-    broken = harness.pull_request({"store": store, "config": "missing.toml",
-                                   "fail-on-regression": "false"})
+    broken = harness.pull_request(
+        {"store": store, "config": "missing.toml", "fail-on-regression": "false"}
+    )
     assert broken.outcome == "failure"
     assert broken.step("gatekeeper").outputs["exit-code"] == "2"
     assert broken.step("Verdict").returncode == 2
@@ -831,14 +1031,24 @@ def test_gate_flow_outputs_summary_sticky_comment_and_failures(
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), "-c", "user.name=t", "-c", "user.email=t@t",
-                           *args], check=True, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(cwd), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    ).stdout.strip()
 
 
 def _has_commit(repo: Path, sha: str) -> bool:
-    return subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{sha}^{{commit}}"],
-                          check=False, capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["git", "-C", str(repo), "cat-file", "-e", f"{sha}^{{commit}}"],
+            check=False,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
 
 @dataclass
@@ -852,8 +1062,17 @@ class Origin:
 
     def clone(self, dest: Path, branch: str) -> Path:
         """What actions/checkout does by default: depth 1, that one commit only."""
-        git(dest.parent, "clone", "-q", "--depth=1", "--branch", branch, "--single-branch",
-            self.url, str(dest))
+        git(
+            dest.parent,
+            "clone",
+            "-q",
+            "--depth=1",
+            "--branch",
+            branch,
+            "--single-branch",
+            self.url,
+            str(dest),
+        )
         return dest
 
 
@@ -869,12 +1088,14 @@ def origin(tmp_path: Path) -> Origin:
     git(src, "commit", "-qm", "feature")
     bare = tmp_path / "origin.git"
     git(tmp_path, "clone", "-q", "--bare", str(src), str(bare))
-    return Origin(f"file://{bare}", git(bare, "rev-parse", "main"),
-                  git(bare, "rev-parse", "feature"))
+    return Origin(
+        f"file://{bare}", git(bare, "rev-parse", "main"), git(bare, "rev-parse", "feature")
+    )
 
 
 def test_a_depth_1_pull_request_checkout_pairs_with_the_fetched_base(
-        harness: Harness, origin: Origin, tmp_path: Path) -> None:
+    harness: Harness, origin: Origin, tmp_path: Path
+) -> None:
     """What a default actions/checkout leaves (the PR's commit, depth 1) is enough: the
     action fetches the event's base.sha, and gatekeeper measures base and PR in one
     process (paired), against a store that holds main's baseline."""
@@ -909,7 +1130,8 @@ def test_a_depth_1_pull_request_checkout_pairs_with_the_fetched_base(
 
 
 def test_the_gatekeeper_accept_label_accepts_a_regression(
-        harness: Harness, github_api: FakeGitHub, tmp_path: Path) -> None:
+    harness: Harness, github_api: FakeGitHub, tmp_path: Path
+) -> None:
     """A PR whose model does more FLOPs (the deterministic work rule) and carries the label
     gatekeeper:accept: verdict accepted, exit 0, the comment says so. Re-gated (merge)
     without the label it is regressed again; gatekeeper:accept:<glob> and the `accept`
@@ -921,8 +1143,10 @@ def test_the_gatekeeper_accept_label_accepts_a_regression(
     assert base.outcome == "success", base.log
 
     (workspace / "tinymodel.py").write_text(HEAVIER_MODEL)
-    accepted = harness.pull_request({"store": store}, event=_pull_request_event(
-        REPO, labels=("perf", "gatekeeper:accept"), action="labeled"))
+    accepted = harness.pull_request(
+        {"store": store},
+        event=_pull_request_event(REPO, labels=("perf", "gatekeeper:accept"), action="labeled"),
+    )
     assert accepted.outcome == "success", accepted.log
     assert accepted.outputs["verdict"] == "accepted"
     assert accepted.step("gatekeeper").outputs["exit-code"] == "0"
@@ -943,8 +1167,15 @@ def test_the_gatekeeper_accept_label_accepts_a_regression(
 
     def merge(labels: tuple[str, ...], **inputs: str) -> ActionRun:
         return harness.pull_request(
-            {"command": "merge", "merge-from": str(shards), "store": store,
-             "comment": "false", **inputs}, event=_pull_request_event(REPO, labels=labels))
+            {
+                "command": "merge",
+                "merge-from": str(shards),
+                "store": store,
+                "comment": "false",
+                **inputs,
+            },
+            event=_pull_request_event(REPO, labels=labels),
+        )
 
     unlabelled = merge(())
     assert unlabelled.outcome == "failure"
@@ -974,14 +1205,16 @@ class _Recorder(BaseHTTPRequestHandler):
         pass
 
 
-def test_the_base_fetch_never_fails_the_job(harness: Harness, origin: Origin,
-                                            tmp_path: Path) -> None:
+def test_the_base_fetch_never_fails_the_job(
+    harness: Harness, origin: Origin, tmp_path: Path
+) -> None:
     """Each way the fetch can fail is one warning line, and the run goes on (here to a
     quick usage error: the config is absent, so nothing is compiled)."""
     quick = {"config": "absent.toml", "comment": "false"}
 
-    def fetch_step(workspace: Path, event: dict[str, Any], inputs: dict[str, str] = quick,
-                   **kw: Any) -> StepRun:
+    def fetch_step(
+        workspace: Path, event: dict[str, Any], inputs: dict[str, str] = quick, **kw: Any
+    ) -> StepRun:
         run = harness.at(workspace).pull_request(inputs, event=event, **kw)
         assert run.step("gatekeeper").outputs["exit-code"] == "2", run.log  # it went on
         return run.step("base")
@@ -1008,8 +1241,9 @@ def test_the_base_fetch_never_fails_the_job(harness: Harness, origin: Origin,
     assert "is not a commit id" in step.log and not (shallow / "x").exists()
 
     # mode stored: nothing is fetched
-    run = harness.at(shallow).pull_request({**quick, "mode": "stored"},
-                                           event=_pull_request_event(REPO, base_sha=origin.main))
+    run = harness.at(shallow).pull_request(
+        {**quick, "mode": "stored"}, event=_pull_request_event(REPO, base_sha=origin.main)
+    )
     assert run.step("base").outcome == "skipped"
     assert "--mode stored" in run.step("gatekeeper").log
     assert not _has_commit(shallow, origin.main)
@@ -1022,8 +1256,7 @@ def test_the_base_fetch_never_fails_the_job(harness: Harness, origin: Origin,
         url = f"http://127.0.0.1:{server.server_port}"
         git(shallow, "remote", "set-url", "origin", f"{url}/{REPO}.git")
         config_before = (shallow / ".git" / "config").read_text()
-        step = fetch_step(shallow, _pull_request_event(REPO, base_sha=origin.main),
-                          server_url=url)
+        step = fetch_step(shallow, _pull_request_event(REPO, base_sha=origin.main), server_url=url)
     finally:
         server.shutdown()
         server.server_close()

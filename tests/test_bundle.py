@@ -4,6 +4,7 @@ No torch: every cache dir is synthetic, and every hostile archive is crafted her
 tarfile + zstandard, with a manifest that is right about everything but the one thing
 under test, so each refusal is the reason named and not an earlier check.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,12 @@ from gatekeeper.bundle import ArchiveEntry, FileEntry, Manifest
 from gatekeeper.errors import BundleError
 
 TARGET = "mlp/b8/default"
-KEY = {"env_key": "torch2.6.0+cpu-py3.11-cpu-x86_64-avx2-t2-3f9c1a",
-       "code_hash": "0123456789abcdef", "env": {"torch": "2.6.0"}, "spec": {"mode": "default"}}
+KEY = {
+    "env_key": "torch2.6.0+cpu-py3.11-cpu-x86_64-avx2-t2-3f9c1a",
+    "code_hash": "0123456789abcdef",
+    "env": {"torch": "2.6.0"},
+    "spec": {"mode": "default"},
+}
 KEY_A = b"key-A-0123456789"
 KEY_B = b"key-B-9876543210"
 
@@ -59,13 +64,25 @@ def make_megacache(root: Path) -> Path:
     return p
 
 
-def do_pack(cache: Path, mega: Path | None, dest: Path, signing_key: bytes | None = None,
-            target: str = TARGET):
+def do_pack(
+    cache: Path,
+    mega: Path | None,
+    dest: Path,
+    signing_key: bytes | None = None,
+    target: str = TARGET,
+):
     dest.mkdir(parents=True, exist_ok=True)
-    return bundle.pack(cache, mega, dest, target=target, key=KEY,
-                       compile_info={"seconds": 1.5, "graphs": 1, "graph_breaks": 0},
-                       creator={"commit": "deadbeef", "ref": "main"}, version="0.1.0",
-                       signing_key=signing_key)
+    return bundle.pack(
+        cache,
+        mega,
+        dest,
+        target=target,
+        key=KEY,
+        compile_info={"seconds": 1.5, "graphs": 1, "graph_breaks": 0},
+        creator={"commit": "deadbeef", "ref": "main"},
+        version="0.1.0",
+        signing_key=signing_key,
+    )
 
 
 @pytest.fixture
@@ -104,23 +121,34 @@ def special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo
     return info, None
 
 
-def manifest_for(archive: Path, files: dict[str, bytes], target: str = TARGET,
-                 signing_key: bytes | None = None) -> Manifest:
+def manifest_for(
+    archive: Path, files: dict[str, bytes], target: str = TARGET, signing_key: bytes | None = None
+) -> Manifest:
     """A manifest that is right about ``archive`` and lists exactly ``files``."""
     data = archive.read_bytes()
     m = Manifest(
-        target=target, env_key=KEY["env_key"], code_hash=KEY["code_hash"], key=KEY,
+        target=target,
+        env_key=KEY["env_key"],
+        code_hash=KEY["code_hash"],
+        key=KEY,
         files={n: FileEntry(sha256=sha(b), size=len(b)) for n, b in files.items()},
         archive=ArchiveEntry(name=archive.name, sha256=sha(data), size=len(data)),
-        compile={}, creator={}, created_at=bundle.now_iso(), gatekeeper_version="0.1.0")
+        compile={},
+        creator={},
+        created_at=bundle.now_iso(),
+        gatekeeper_version="0.1.0",
+    )
     if signing_key:
         m = m.model_copy(update={"signature": bundle._sign(m.signed_bytes(), signing_key)})
     return m
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def assert_one_line(e: BaseException) -> str:
@@ -157,8 +185,10 @@ def test_manifest_lists_every_member_and_not_locks(packed):
         entry = manifest.files["cache/" + rel]
         assert (entry.sha256, entry.size) == (sha(data), len(data))
     assert manifest.files["megacache.bin"].sha256 == sha(MEGACACHE_BYTES)
-    with zstandard.ZstdDecompressor().stream_reader(archive.open("rb")) as zr, \
-            tarfile.open(fileobj=zr, mode="r|") as tar:
+    with (
+        zstandard.ZstdDecompressor().stream_reader(archive.open("rb")) as zr,
+        tarfile.open(fileobj=zr, mode="r|") as tar,
+    ):
         names = [i.name for i in tar]
     assert set(names) == expected
     assert not any("locks" in n for n in names)
@@ -197,8 +227,10 @@ def test_packing_twice_gives_identical_archives(tmp_path):
     assert a1.read_bytes() == a2.read_bytes()
     assert a1.name == a2.name
     assert m1.files == m2.files and m1.archive == m2.archive
-    with zstandard.ZstdDecompressor().stream_reader(a1.open("rb")) as zr, \
-            tarfile.open(fileobj=zr, mode="r|") as tar:
+    with (
+        zstandard.ZstdDecompressor().stream_reader(a1.open("rb")) as zr,
+        tarfile.open(fileobj=zr, mode="r|") as tar,
+    ):
         assert {i.mtime for i in tar} == {0}
 
 
@@ -242,9 +274,15 @@ def test_wrong_file_hash_in_manifest_refused_naming_the_file(tmp_path):
     (cache / "cpp/kernel.so").write_bytes(b"\x7fELF evil payload")
     evil_archive, _ = do_pack(cache, None, tmp_path / "evil")
     # ...given the original manifest (file hashes) with the new archive's hash
-    forged = manifest.model_copy(update={"archive": ArchiveEntry(
-        name=evil_archive.name, sha256=sha(evil_archive.read_bytes()),
-        size=evil_archive.stat().st_size)})
+    forged = manifest.model_copy(
+        update={
+            "archive": ArchiveEntry(
+                name=evil_archive.name,
+                sha256=sha(evil_archive.read_bytes()),
+                size=evil_archive.stat().st_size,
+            )
+        }
+    )
     staging = tmp_path / "staging"
     with pytest.raises(BundleError) as ei:
         bundle.extract(evil_archive, forged, staging)
@@ -280,8 +318,9 @@ def test_truncated_archive_is_unreadable_not_a_traceback(tmp_path, packed, cut):
     short = tmp_path / "short.tar.zst"
     short.write_bytes(data[:n])
     # the manifest agrees with the truncated bytes: only the content can fail
-    m = manifest.model_copy(update={"archive": ArchiveEntry(
-        name=short.name, sha256=sha(data[:n]), size=n)})
+    m = manifest.model_copy(
+        update={"archive": ArchiveEntry(name=short.name, sha256=sha(data[:n]), size=n)}
+    )
     staging = tmp_path / "staging"
     with pytest.raises(BundleError) as ei:
         bundle.extract(short, m, staging)
@@ -295,8 +334,13 @@ def test_not_zstd_at_all_is_unreadable(tmp_path, packed):
     _, manifest = packed
     junk = tmp_path / "junk.tar.zst"
     junk.write_bytes(b"this is not a zstd frame" * 20)
-    m = manifest.model_copy(update={"archive": ArchiveEntry(
-        name=junk.name, sha256=sha(junk.read_bytes()), size=junk.stat().st_size)})
+    m = manifest.model_copy(
+        update={
+            "archive": ArchiveEntry(
+                name=junk.name, sha256=sha(junk.read_bytes()), size=junk.stat().st_size
+            )
+        }
+    )
     with pytest.raises(BundleError, match="unreadable archive"):
         bundle.extract(junk, m, tmp_path / "staging")
     assert not (tmp_path / "staging").exists()
@@ -318,29 +362,49 @@ def hostile_cases(tmp_path: Path):
     abs_target = tmp_path / "abs_evil"
     return {
         "dotdot": ([reg("../evil", b"pwned")], {"../evil": b"pwned"}, "unsafe path"),
-        "nested-dotdot": ([reg("cache/../../evil", b"pwned")],
-                          {"cache/../../evil": b"pwned"}, "unsafe path"),
-        "absolute": ([reg(str(abs_target), b"pwned")], {str(abs_target): b"pwned"},
-                     "unsafe path"),
-        "absolute-tmp": ([reg(TMP_EVIL, b"pwned")], {TMP_EVIL: b"pwned"},
-                         "unsafe path"),
+        "nested-dotdot": (
+            [reg("cache/../../evil", b"pwned")],
+            {"cache/../../evil": b"pwned"},
+            "unsafe path",
+        ),
+        "absolute": ([reg(str(abs_target), b"pwned")], {str(abs_target): b"pwned"}, "unsafe path"),
+        "absolute-tmp": ([reg(TMP_EVIL, b"pwned")], {TMP_EVIL: b"pwned"}, "unsafe path"),
         "symlink": ([special("cache/sym", tarfile.SYMTYPE, "/etc/passwd")], {}, "link"),
-        "symlink-relative": ([special("cache/sym", tarfile.SYMTYPE, "../../..")], {},
-                             "link"),
+        "symlink-relative": ([special("cache/sym", tarfile.SYMTYPE, "../../..")], {}, "link"),
         "hardlink": ([special("cache/hard", tarfile.LNKTYPE, "cache/good")], {}, "link"),
         "chardev": ([special("cache/null", tarfile.CHRTYPE)], {}, "special file"),
         "blockdev": ([special("cache/sda", tarfile.BLKTYPE)], {}, "special file"),
         "fifo": ([special("cache/fifo", tarfile.FIFOTYPE)], {}, "special file"),
-        "unlisted": ([reg("cache/extra.so", b"\x7fELF sneaky")], {},
-                     "'cache/extra.so' is not in the manifest"),
-        "backslash": ([reg("cache\\..\\..\\evil", b"pwned")],
-                      {"cache\\..\\..\\evil": b"pwned"}, "unsafe path"),
+        "unlisted": (
+            [reg("cache/extra.so", b"\x7fELF sneaky")],
+            {},
+            "'cache/extra.so' is not in the manifest",
+        ),
+        "backslash": (
+            [reg("cache\\..\\..\\evil", b"pwned")],
+            {"cache\\..\\..\\evil": b"pwned"},
+            "unsafe path",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["dotdot", "nested-dotdot", "absolute", "absolute-tmp",
-                                  "symlink", "symlink-relative", "hardlink", "chardev",
-                                  "blockdev", "fifo", "unlisted", "backslash"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dotdot",
+        "nested-dotdot",
+        "absolute",
+        "absolute-tmp",
+        "symlink",
+        "symlink-relative",
+        "hardlink",
+        "chardev",
+        "blockdev",
+        "fifo",
+        "unlisted",
+        "backslash",
+    ],
+)
 def test_hostile_archive_refused(tmp_path, case):
     members, listed, reason = hostile_cases(tmp_path)[case]
     archive = tmp_path / "arch" / "bundle-hostile.tar.zst"
@@ -381,8 +445,9 @@ def test_directory_members_are_fine(tmp_path):
 @pytest.fixture
 def signed(tmp_path):
     cache = make_cache(tmp_path / "src-signed")
-    return do_pack(cache, make_megacache(tmp_path / "src-signed"), tmp_path / "signed",
-                   signing_key=KEY_A)
+    return do_pack(
+        cache, make_megacache(tmp_path / "src-signed"), tmp_path / "signed", signing_key=KEY_A
+    )
 
 
 @pytest.fixture
@@ -413,8 +478,9 @@ def test_unsigned_refused_when_a_key_is_set(unsigned):
     assert TARGET in msg and "unsigned" in msg
 
 
-@pytest.mark.parametrize("edit", ["env_key", "code_hash", "file_sha", "archive_sha",
-                                  "creator", "key", "add_file"])
+@pytest.mark.parametrize(
+    "edit", ["env_key", "code_hash", "file_sha", "archive_sha", "creator", "key", "add_file"]
+)
 def test_edited_signed_manifest_refused(signed, edit):
     _, manifest = signed
     doc = json.loads(manifest.to_bytes())
@@ -482,8 +548,9 @@ def test_future_format_refused(packed):
         bundle.verify_manifest(json.dumps(doc).encode(), target=TARGET, signing_key=None)
 
 
-@pytest.mark.parametrize("name", ["../bundle.tar.zst", "sub/bundle.tar.zst",
-                                  "/abs/bundle.tar.zst", "."])
+@pytest.mark.parametrize(
+    "name", ["../bundle.tar.zst", "sub/bundle.tar.zst", "/abs/bundle.tar.zst", "."]
+)
 def test_archive_name_with_a_path_refused(packed, name):
     _, manifest = packed
     doc = json.loads(manifest.to_bytes())
@@ -513,8 +580,9 @@ def staged(tmp_path: Path, files: dict[str, bytes]) -> Path:
 
 
 def test_install_into_existing_cache(tmp_path):
-    staging = staged(tmp_path, {"same/a": b"same", "diff/b": b"new content",
-                                "fresh/c.so": b"\x7fELF"})
+    staging = staged(
+        tmp_path, {"same/a": b"same", "diff/b": b"new content", "fresh/c.so": b"\x7fELF"}
+    )
     dest = tmp_path / "cache"
     (dest / "same").mkdir(parents=True)
     (dest / "diff").mkdir()
@@ -533,9 +601,13 @@ def test_install_into_existing_cache(tmp_path):
         assert reader.read() == b"old content"  # replaced by rename, not rewritten in place
 
     assert written == 2  # diff/b and fresh/c.so; same/a is skipped
-    assert tree(dest) == {"same/a": b"same", "diff/b": b"new content",
-                          "fresh/c.so": b"\x7fELF", "other/keep": b"someone else's entry",
-                          "diff/neighbour": b"neighbour"}
+    assert tree(dest) == {
+        "same/a": b"same",
+        "diff/b": b"new content",
+        "fresh/c.so": b"\x7fELF",
+        "other/keep": b"someone else's entry",
+        "diff/neighbour": b"neighbour",
+    }
     # the identical file is untouched
     st = os.stat(dest / "same" / "a")
     assert st.st_ino == ino["same/a"] and st.st_mtime == old
@@ -587,9 +659,18 @@ def pack_with_package(tmp_path: Path, info: dict, name: str = "pkg") -> tuple[Pa
     assert sorted(gained) == ["aotautograd/new/entry", "dynamo/k1/entry"]
     dest = tmp_path / name / "out"
     dest.mkdir(parents=True)
-    return bundle.pack(cache, None, dest, target=TARGET, key=KEY,
-                       compile_info={"seconds": 1.0, "precompile": info},
-                       creator={}, version="0.1.0", signing_key=None, precompile=gained)
+    return bundle.pack(
+        cache,
+        None,
+        dest,
+        target=TARGET,
+        key=KEY,
+        compile_info={"seconds": 1.0, "precompile": info},
+        creator={},
+        version="0.1.0",
+        signing_key=None,
+        precompile=gained,
+    )
 
 
 def test_a_package_is_installed_only_when_asked(tmp_path):
@@ -602,26 +683,41 @@ def test_a_package_is_installed_only_when_asked(tmp_path):
     assert not (plain / "dynamo").exists() and (plain / "fxgraph/ab/abcdef/entry").is_file()
     bundle.install_cache(staging, served, precompile=True)
     assert (served / "dynamo/k1/entry").read_bytes() == b"package"
-    assert tree(served) == {**tree(plain), "dynamo/k1/entry": b"package",
-                            "aotautograd/new/entry": b"aot of the package"}
+    assert tree(served) == {
+        **tree(plain),
+        "dynamo/k1/entry": b"package",
+        "aotautograd/new/entry": b"aot of the package",
+    }
 
 
 def test_only_a_verified_package_of_the_exact_bundle_is_served(tmp_path):
     from gatekeeper.warm import WarmResult, _precompile
 
-    def decide(info: dict, *, hit: bool = True, want: str = "verified",
-               served: set | None = None) -> tuple[bool, WarmResult]:
+    def decide(
+        info: dict, *, hit: bool = True, want: str = "verified", served: set | None = None
+    ) -> tuple[bool, WarmResult]:
         _, manifest = pack_with_package(tmp_path, info, name=uuid.uuid4().hex)
         r = WarmResult(TARGET, "hit")
-        return _precompile(r, manifest, bundle.precompile_entries(manifest), hit, want,
-                           served if served is not None else set()), r
+        return _precompile(
+            r,
+            manifest,
+            bundle.precompile_entries(manifest),
+            hit,
+            want,
+            served if served is not None else set(),
+        ), r
 
     ok = {"status": "recorded", "verified": True, "check": {"dynamo": "skipped"}}
     assert decide(ok)[0] and decide(ok)[1].precompile == "served"
     serve, r = decide({"status": "recorded", "verified": None})
     assert not serve and r.precompile == "unverified"
-    serve, r = decide({"status": "recorded", "verified": False,
-                       "check": {"reason": "the package's outputs differ vs eager"}})
+    serve, r = decide(
+        {
+            "status": "recorded",
+            "verified": False,
+            "check": {"reason": "the package's outputs differ vs eager"},
+        }
+    )
     assert not serve and r.precompile == "rejected" and "differ" in r.precompile_reason
     serve, r = decide(ok, hit=False)  # a partial match is another version's code
     assert not serve and "another version" in r.precompile_reason
@@ -659,9 +755,11 @@ def test_packages_load_only_when_every_found_target_is_served_from_its_own():
     both = {"TORCH_CACHING_PRECOMPILE": "1", "TORCHINDUCTOR_VEC_ISA_OK": "1"}
     assert service_env([served("a"), WarmResult("d", "miss")]) == both  # a miss is cold anyway
     assert service_env([WarmResult("c", "hit"), WarmResult("d", "miss")]) == {}
-    for other in (WarmResult("b", "hit", precompile="rejected"),  # a package torch fails
-                  WarmResult("c", "partial"),  # a training step: no package
-                  WarmResult("s", "hit", precompile="shadowed")):  # another mode
+    for other in (
+        WarmResult("b", "hit", precompile="rejected"),  # a package torch fails
+        WarmResult("c", "partial"),  # a training step: no package
+        WarmResult("s", "hit", precompile="shadowed"),
+    ):  # another mode
         results = [served("a"), other]
         assert service_env(results) == {}
         hold_packages(results)
@@ -682,7 +780,8 @@ def test_only_a_float32_inference_target_records_a_package(tmp_path):
     (tmp_path / "gatekeeper.toml").write_text(
         '[tool.gatekeeper]\n[[tool.gatekeeper.models]]\nname = "m"\nfactory = "x:y"\n'
         'inputs = [{ shape = [2, 3] }]\ntasks = ["infer", "train"]\n'
-        'precisions = ["fp32", "bf16"]\n')
+        'precisions = ["fp32", "bf16"]\n'
+    )
     config = load_config(tmp_path / "gatekeeper.toml")
     recorded = {"status": "recorded", "entries": ["dynamo/k"], "unguarded": []}
     why = {t.id: _precompile(t, config, recorded, tmp_path, tmp_path)[0] for t in expand(config)}

@@ -4,6 +4,7 @@ without importing anything, and finding this checkout's bundle in a store.
 
 No compiles here: tests/e2e/test_stale_keys.py does the same end to end.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,9 +23,17 @@ from gatekeeper.warm import settle
 from gatekeeper.worker import deps as wdeps
 
 TARGET = "net/b4/default"
-OLD_FACTS = {"torch": "2.13.0+cpu", "torch_git": "abc", "triton": None, "python": "3.11",
-             "arch": "x86_64", "device": "cpu", "cpu_capability": "avx2", "threads": 2,
-             "isa_flags": "0123456789ab"}
+OLD_FACTS = {
+    "torch": "2.13.0+cpu",
+    "torch_git": "abc",
+    "triton": None,
+    "python": "3.11",
+    "arch": "x86_64",
+    "device": "cpu",
+    "cpu_capability": "avx2",
+    "threads": 2,
+    "isa_flags": "0123456789ab",
+}
 
 
 @pytest.fixture
@@ -41,16 +50,29 @@ def test_env_key_of_existing_stores_is_unchanged():
 
 
 def test_compile_env_counts_only_what_changes_compiled_code():
-    environ = {"TORCHINDUCTOR_SIZE_ASSERTS": "0", "TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS": "1",
-               "TORCH_COMPILE_CPROFILE": "1", "TRITON_DEFAULT_FP_FUSION": "0", "CXX": "clang++",
-               "TORCHINDUCTOR_CACHE_DIR": "/c", "TRITON_CACHE_DIR": "/t", "TORCH_LOGS": "+dynamo",
-               "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-               "TORCH_TRACE": "/x", "TORCHINDUCTOR_COMPILE_THREADS": "1", "HOME": "/root",
-               "PATH": "/bin"}
+    environ = {
+        "TORCHINDUCTOR_SIZE_ASSERTS": "0",
+        "TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS": "1",
+        "TORCH_COMPILE_CPROFILE": "1",
+        "TRITON_DEFAULT_FP_FUSION": "0",
+        "CXX": "clang++",
+        "TORCHINDUCTOR_CACHE_DIR": "/c",
+        "TRITON_CACHE_DIR": "/t",
+        "TORCH_LOGS": "+dynamo",
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+        "TORCH_TRACE": "/x",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        "HOME": "/root",
+        "PATH": "/bin",
+    }
     assert compile_env(environ) == {
-        "CXX": "clang++", "TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS": "1",
-        "TORCHINDUCTOR_SIZE_ASSERTS": "0", "TORCH_COMPILE_CPROFILE": "1",
-        "TRITON_DEFAULT_FP_FUSION": "0"}
+        "CXX": "clang++",
+        "TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS": "1",
+        "TORCHINDUCTOR_SIZE_ASSERTS": "0",
+        "TORCH_COMPILE_CPROFILE": "1",
+        "TRITON_DEFAULT_FP_FUSION": "0",
+    }
 
 
 def test_env_facts_carry_compile_env_only_when_set(monkeypatch):
@@ -67,8 +89,13 @@ def test_env_facts_carry_compile_env_only_when_set(monkeypatch):
 
 
 # -- code hash ---------------------------------------------------------------------------
-DEPS = {"format": 1, "modules": {"m": "a" * 64}, "files": {"d.json": "b" * 64},
-        "distributions": {"lib": "1.0"}, "absent": []}
+DEPS = {
+    "format": 1,
+    "modules": {"m": "a" * 64},
+    "files": {"d.json": "b" * 64},
+    "distributions": {"lib": "1.0"},
+    "absent": [],
+}
 
 
 def test_code_hash_covers_refs_spec_and_every_dependency():
@@ -76,8 +103,11 @@ def test_code_hash_covers_refs_spec_and_every_dependency():
     base = code_hash(["m:make"], spec, DEPS)
     assert code_hash(["m:make_other"], spec, DEPS) != base  # (a) another factory
     assert code_hash(["m:make"], {"mode": "max-autotune"}, DEPS) != base
-    for kind, change in (("modules", {"m": "c" * 64}), ("files", {"d.json": "c" * 64}),
-                         ("distributions", {"lib": "1.1"})):
+    for kind, change in (
+        ("modules", {"m": "c" * 64}),
+        ("files", {"d.json": "c" * 64}),
+        ("distributions", {"lib": "1.1"}),
+    ):
         assert code_hash(["m:make"], spec, {**DEPS, kind: change}) != base, kind
     assert code_hash(["m:make"], spec, {**DEPS, "absent": ["fancy"]}) != base
     assert code_hash(["m:make"], spec, {**DEPS, "format": 9}) == base  # bookkeeping only
@@ -105,7 +135,8 @@ def project(tmp_path, monkeypatch):
     (root / "pkg" / "sub").mkdir(parents=True)
     (root / "pkg" / "__init__.py").write_text("")
     (root / "pkg" / "sub" / "__init__.py").write_text("")
-    (root / "pkg" / "sub" / "mod.py").write_text(textwrap.dedent('''
+    (root / "pkg" / "sub" / "mod.py").write_text(
+        textwrap.dedent("""
         import json
         from pathlib import Path
 
@@ -120,7 +151,8 @@ def project(tmp_path, monkeypatch):
             with open(Path(__file__).parents[2] / "out.log", "w") as f:
                 f.write("written, so not a dependency")
             return json.loads((Path(__file__).parents[2] / "dims.json").read_text())
-    '''))
+    """)
+    )
     (root / "gkkeyhelp.py").write_text("X = 1\n")
     (root / "dims.json").write_text('{"hidden": 32}\n')
     write_dist(site, "gkkeydep", "1.0", "Y = 2\n")
@@ -168,17 +200,21 @@ def test_resolve_matches_then_names_each_change(project):
     cases = [
         (lambda: (root / "gkkeyhelp.py").write_text("X = 2\n"), "module gkkeyhelp changed"),
         (lambda: (root / "dims.json").write_text('{"hidden": 48}\n'), "file dims.json changed"),
-        (lambda: write_dist(site, "gkkeydep", "1.1", "Y = 2\n"),
-         "distribution gkkeydep changed"),
-        (lambda: (root / "gk_not_installed_anywhere.py").write_text(""),
-         "module gk_not_installed_anywhere is importable now"),
+        (lambda: write_dist(site, "gkkeydep", "1.1", "Y = 2\n"), "distribution gkkeydep changed"),
+        (
+            lambda: (root / "gk_not_installed_anywhere.py").write_text(""),
+            "module gk_not_installed_anywhere is importable now",
+        ),
     ]
     for change, expected in cases:
         change()
         current = key.resolve_deps(deps, root)
         assert key.first_difference(deps, current) == expected
-        deps = {**deps, **{k: v for k, v in current.items() if k != "absent"},
-                "absent": deps["absent"]}
+        deps = {
+            **deps,
+            **{k: v for k, v in current.items() if k != "absent"},
+            "absent": deps["absent"],
+        }
         if "importable" in expected:
             break
 
@@ -232,22 +268,39 @@ def test_other_version_swaps_sibling_modules_a_recorded_build_imported(tmp_path)
 
 # -- finding this checkout's bundle --------------------------------------------------------
 def make_key(root: Path, refs=("pkg.sub.mod:make",)) -> CacheKey:
-    return CacheKey(TARGET, "env-1", "cpu", dict(OLD_FACTS), {"mode": "default"},
-                    list(refs), root)
+    return CacheKey(TARGET, "env-1", "cpu", dict(OLD_FACTS), {"mode": "default"}, list(refs), root)
 
 
-def publish(store: Store, tmp: Path, k: CacheKey, *, deps: dict | None,
-            code: str | None = None, where: str | None = None) -> BundleLocation:
+def publish(
+    store: Store,
+    tmp: Path,
+    k: CacheKey,
+    *,
+    deps: dict | None,
+    code: str | None = None,
+    where: str | None = None,
+) -> BundleLocation:
     cache = tmp / "cache"
     (cache / "fx").mkdir(parents=True, exist_ok=True)
     (cache / "fx" / "entry").write_text(str(deps) + str(code))
-    kd = k.with_deps(deps).as_dict() if deps is not None else \
-        {**k.as_dict(), "code_hash": code, "files": {"x.py": "0" * 64}, "deps": None}
+    kd = (
+        k.with_deps(deps).as_dict()
+        if deps is not None
+        else {**k.as_dict(), "code_hash": code, "files": {"x.py": "0" * 64}, "deps": None}
+    )
     if deps is None:
         kd.pop("deps")
-    archive, manifest = bundle.pack(cache, None, tmp, target=TARGET, key=kd,
-                                    compile_info={}, creator={}, version="0",
-                                    signing_key=None)
+    archive, manifest = bundle.pack(
+        cache,
+        None,
+        tmp,
+        target=TARGET,
+        key=kd,
+        compile_info={},
+        creator={},
+        version="0",
+        signing_key=None,
+    )
     loc = BundleLocation(TARGET, k.env_key, where or kd["code_hash"])
     assert store.publish_bundle(loc, archive, archive.name, manifest.to_bytes()) == "published"
     return loc
@@ -257,8 +310,10 @@ def test_find_hit_partial_old_format_and_moved_manifest(project, tmp_path, gk_lo
     root, _ = project
     store = Store(LocalBackend(tmp_path / "store"))
     k = make_key(root)
-    assert find_bundle(store, k, signing_key=None) == \
-        (None, "no bundle for this target and environment")
+    assert find_bundle(store, k, signing_key=None) == (
+        None,
+        "no bundle for this target and environment",
+    )
     deps = record(root)
     old = publish(store, tmp_path / "a", k, deps=None, code="0ld0ld0ld0ld0ld0")
     match, _ = find_bundle(store, k, signing_key=None)
@@ -305,8 +360,9 @@ def test_results_and_action_output_know_stale(tmp_path, monkeypatch):
     assert "cache-hit" in out.read_text() and "true" not in out.read_text()
 
 
-@pytest.mark.parametrize("bad", [[], {"modules": []}, {"modules": {"m": 1}},
-                                 {"absent": "x"}, {"files": {"f": None}}])
+@pytest.mark.parametrize(
+    "bad", [[], {"modules": []}, {"modules": {"m": 1}}, {"absent": "x"}, {"files": {"f": None}}]
+)
 def test_malformed_recorded_dependencies_are_partial_not_a_crash(project, tmp_path, bad):
     root, _ = project
     store = Store(LocalBackend(tmp_path / "store"))
@@ -315,10 +371,23 @@ def test_malformed_recorded_dependencies_are_partial_not_a_crash(project, tmp_pa
     cache.mkdir()
     (cache / "entry").write_text("x")
     kd = {**k.as_dict(), "code_hash": "badbadbadbadbad0", "deps": bad}
-    archive, manifest = bundle.pack(cache, None, tmp_path, target=TARGET, key=kd,
-                                    compile_info={}, creator={}, version="0", signing_key=None)
-    store.publish_bundle(BundleLocation(TARGET, k.env_key, "badbadbadbadbad0"), archive,
-                         archive.name, manifest.to_bytes())
+    archive, manifest = bundle.pack(
+        cache,
+        None,
+        tmp_path,
+        target=TARGET,
+        key=kd,
+        compile_info={},
+        creator={},
+        version="0",
+        signing_key=None,
+    )
+    store.publish_bundle(
+        BundleLocation(TARGET, k.env_key, "badbadbadbadbad0"),
+        archive,
+        archive.name,
+        manifest.to_bytes(),
+    )
     match, _ = find_bundle(store, k, signing_key=None)
     assert match.status == "partial" and "malformed" in match.why
 
@@ -331,11 +400,18 @@ def test_compile_spec_has_task_precision_and_no_shapes_when_dynamic():
     from gatekeeper.key import compile_spec
     from gatekeeper.targets import expand
 
-    m = {"name": "m", "factory": "mod:make", "inputs": [{"shape": ["batch", 4]}],
-         "shapes": [{"batch": 2}, {"batch": 8}]}
+    m = {
+        "name": "m",
+        "factory": "mod:make",
+        "inputs": [{"shape": ["batch", 4]}],
+        "shapes": [{"batch": 2}, {"batch": 8}],
+    }
     plain = expand(Config.model_validate({"models": [m]}))
-    variants = expand(Config.model_validate({"models": [
-        {**m, "tasks": ["infer", "train"], "precisions": ["fp32", "bf16"]}]}))
+    variants = expand(
+        Config.model_validate(
+            {"models": [{**m, "tasks": ["infer", "train"], "precisions": ["fp32", "bf16"]}]}
+        )
+    )
     # inference float32: the spec (so the code hash) of stores from before is unchanged
     assert compile_spec(variants[0]) == compile_spec(plain[0])
     assert "task" not in compile_spec(plain[0]) and "precision" not in compile_spec(plain[0])

@@ -1,6 +1,7 @@
 """Mode selection: --mode auto pairs with the base commit whenever it is in the checkout
 (a branch, origin/<branch>, or the pull request event's base.sha, fetched into a shallow
 clone) and falls back to stored mode only when it cannot, saying why."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,23 @@ from gatekeeper.paired import choose_mode
 
 
 def git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
-                           "-c", "protocol.file.allow=always", *args], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [
+            "git",
+            "-C",
+            str(root),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "protocol.file.allow=always",
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -66,22 +81,40 @@ def test_the_base_commit_itself_has_nothing_to_pair_with(origin: Path):
     assert choose_mode("auto", "main", origin).name == "paired"
 
 
-def test_a_depth_1_checkout_pairs_once_the_event_base_is_fetched(origin: Path, tmp_path: Path,
-                                                                  monkeypatch):
+def test_a_depth_1_checkout_pairs_once_the_event_base_is_fetched(
+    origin: Path, tmp_path: Path, monkeypatch
+):
     """What actions/checkout does for a pull request (depth 1, the PR's commit only), and
     what the Action then does: fetch the event's base.sha."""
     clone = tmp_path / "clone"
-    git(tmp_path, "clone", "-q", "--depth=1", "--branch", "feature", "--single-branch",
-        f"file://{origin}", str(clone))
+    git(
+        tmp_path,
+        "clone",
+        "-q",
+        "--depth=1",
+        "--branch",
+        "feature",
+        "--single-branch",
+        f"file://{origin}",
+        str(clone),
+    )
     mode = choose_mode("auto", "main", clone)
     assert mode.name == "stored" and "git fetch --depth=1 origin main" in mode.reason
     with pytest.raises(UsageError):
         choose_mode("paired", "main", clone)
     base_sha = git(origin, "rev-parse", "main")
     event = tmp_path / "event.json"
-    event.write_text(json.dumps({"pull_request": {
-        "number": 7, "base": {"ref": "main", "sha": base_sha, "repo": {"full_name": "o/r"}},
-        "head": {"sha": git(clone, "rev-parse", "HEAD"), "repo": {"full_name": "o/r"}}}}))
+    event.write_text(
+        json.dumps(
+            {
+                "pull_request": {
+                    "number": 7,
+                    "base": {"ref": "main", "sha": base_sha, "repo": {"full_name": "o/r"}},
+                    "head": {"sha": git(clone, "rev-parse", "HEAD"), "repo": {"full_name": "o/r"}},
+                }
+            }
+        )
+    )
     monkeypatch.setenv("GITHUB_EVENT_NAME", "pull_request")
     monkeypatch.setenv("GITHUB_EVENT_PATH", str(event))
     assert choose_mode("auto", "main", clone).name == "stored"  # not fetched yet

@@ -1,4 +1,5 @@
 """Tests of gatekeeper.targets: target ids, expansion, --target globs and --shard."""
+
 from __future__ import annotations
 
 import random
@@ -46,8 +47,7 @@ def test_no_names_is_fixed():
 
 
 def test_dynamic_suffix():
-    cfg = config(model("mlp", [{"batch": 8}], modes=["default", "max-autotune"],
-                       dynamic=True))
+    cfg = config(model("mlp", [{"batch": 8}], modes=["default", "max-autotune"], dynamic=True))
     assert ids(cfg) == ["mlp/b8/default+dynamic", "mlp/b8/max-autotune+dynamic"]
 
 
@@ -56,23 +56,35 @@ def test_names_sharing_an_initial_keep_full_names():
     assert ids(cfg) == ["beam/batch2-beams4/default"]
 
 
-@pytest.mark.parametrize("shape_set, label", [
-    ({}, "fixed"), ({"batch": 8}, "b8"), ({"batch": 2, "seq": 64}, "b2-s64"),
-    ({"batch": 2, "beam": 3, "seq": 5}, "batch2-beam3-seq5"), ({"n": 1}, "n1"),
-])
+@pytest.mark.parametrize(
+    "shape_set, label",
+    [
+        ({}, "fixed"),
+        ({"batch": 8}, "b8"),
+        ({"batch": 2, "seq": 64}, "b2-s64"),
+        ({"batch": 2, "beam": 3, "seq": 5}, "batch2-beam3-seq5"),
+        ({"n": 1}, "n1"),
+    ],
+)
 def test_shapes_label(shape_set, label):
     assert shapes_label(shape_set) == label
 
 
 def test_id_has_three_parts_and_describe():
-    (t,) = expand(config(model("mlp", [{"batch": 8}], modes=["reduce-overhead"],
-                               dynamic=True, device="cpu")))
+    (t,) = expand(
+        config(model("mlp", [{"batch": 8}], modes=["reduce-overhead"], dynamic=True, device="cpu"))
+    )
     assert t.id.count("/") == 2
     assert t.variant == "reduce-overhead+dynamic"
     assert t.shape_set == {"batch": 8}
-    assert t.describe() == {"id": "mlp/b8/reduce-overhead+dynamic", "model": "mlp",
-                            "shapes": {"batch": 8}, "mode": "reduce-overhead",
-                            "dynamic": True, "device": "cpu"}
+    assert t.describe() == {
+        "id": "mlp/b8/reduce-overhead+dynamic",
+        "model": "mlp",
+        "shapes": {"batch": 8},
+        "mode": "reduce-overhead",
+        "dynamic": True,
+        "device": "cpu",
+    }
 
 
 def test_ids_are_stable_across_loads():
@@ -135,11 +147,13 @@ def test_select_everything_by_default(targets):
 
 def test_select_glob(targets):
     assert [t.id for t in select(targets, ["mlp/*"])] == [
-        "mlp/b1/default", "mlp/b1/max-autotune", "mlp/b8/default", "mlp/b8/max-autotune"]
-    assert [t.id for t in select(targets, ["*/b8/default"])] == [
-        "mlp/b8/default", "cnn/b8/default"]
-    assert [t.id for t in select(targets, ["block/b1-s32/default"])] == [
-        "block/b1-s32/default"]
+        "mlp/b1/default",
+        "mlp/b1/max-autotune",
+        "mlp/b8/default",
+        "mlp/b8/max-autotune",
+    ]
+    assert [t.id for t in select(targets, ["*/b8/default"])] == ["mlp/b8/default", "cnn/b8/default"]
+    assert [t.id for t in select(targets, ["block/b1-s32/default"])] == ["block/b1-s32/default"]
 
 
 def test_select_any_glob_may_match(targets):
@@ -168,8 +182,12 @@ def test_glob_then_shard(targets):
 # -- select: shards -------------------------------------------------------------------------
 @pytest.fixture
 def many():
-    cfg = config(*[model(f"m{i:02d}", [{"batch": b} for b in (1, 2, 4)],
-                         modes=["default", "max-autotune"]) for i in range(4)])
+    cfg = config(
+        *[
+            model(f"m{i:02d}", [{"batch": b} for b in (1, 2, 4)], modes=["default", "max-autotune"])
+            for i in range(4)
+        ]
+    )
     return expand(cfg)  # 24 targets
 
 
@@ -203,8 +221,25 @@ def test_shard_of_one_is_everything(many):
     assert sorted(t.id for t in select(many, None, "1/1")) == sorted(t.id for t in many)
 
 
-@pytest.mark.parametrize("bad", ["0/2", "3/2", "2/0", "0/0", "-1/2", "1/-1", "a/b", "1",
-                                 "1/2/3", "1.5/2", "/2", "1/", "", "one/two"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "0/2",
+        "3/2",
+        "2/0",
+        "0/0",
+        "-1/2",
+        "1/-1",
+        "a/b",
+        "1",
+        "1/2/3",
+        "1.5/2",
+        "/2",
+        "1/",
+        "",
+        "one/two",
+    ],
+)
 def test_bad_shard_strings(bad):
     with pytest.raises(UsageError) as ei:
         parse_shard(bad)
@@ -217,16 +252,20 @@ def test_bad_shard_via_select(targets, bad):
         select(targets, None, bad)
 
 
-@pytest.mark.parametrize("good, parsed", [("1/1", (1, 1)), ("2/4", (2, 4)),
-                                          ("4/4", (4, 4)), ("10/12", (10, 12))])
+@pytest.mark.parametrize(
+    "good, parsed", [("1/1", (1, 1)), ("2/4", (2, 4)), ("4/4", (4, 4)), ("10/12", (10, 12))]
+)
 def test_good_shard_strings(good, parsed):
     assert parse_shard(good) == parsed
 
 
 def test_shape_set_key_order_does_not_change_the_id():
     assert shapes_label({"seq": 32, "batch": 1}) == shapes_label({"batch": 1, "seq": 32})
-    cfg = config(model("m", names=("batch", "seq"),
-                       shapes=[{"batch": 1, "seq": 32}, {"seq": 32, "batch": 1}]))
+    cfg = config(
+        model(
+            "m", names=("batch", "seq"), shapes=[{"batch": 1, "seq": 32}, {"seq": 32, "batch": 1}]
+        )
+    )
     with pytest.raises(ConfigError, match="same target id"):
         expand(cfg)
 
@@ -253,10 +292,15 @@ def test_merge_needs_every_shard_once():
 
 # -- tasks and precisions (issue 12) ----------------------------------------------------------
 def test_task_and_precision_join_the_variant_infer_and_fp32_implicit():
-    cfg = config(model("gpt2", [{"batch": 4}], tasks=["infer", "train"],
-                       precisions=["fp32", "bf16"]))
-    assert ids(cfg) == ["gpt2/b4/default", "gpt2/b4/default+bf16",
-                        "gpt2/b4/default+train", "gpt2/b4/default+train+bf16"]
+    cfg = config(
+        model("gpt2", [{"batch": 4}], tasks=["infer", "train"], precisions=["fp32", "bf16"])
+    )
+    assert ids(cfg) == [
+        "gpt2/b4/default",
+        "gpt2/b4/default+bf16",
+        "gpt2/b4/default+train",
+        "gpt2/b4/default+train+bf16",
+    ]
     t = expand(cfg)[3]
     assert (t.task, t.precision) == ("train", "bf16")
     assert t.describe()["task"] == "train" and t.describe()["precision"] == "bf16"
@@ -266,11 +310,16 @@ def test_task_and_precision_join_the_variant_infer_and_fp32_implicit():
 def test_dynamic_shape_sets_share_one_bundle_id():
     from gatekeeper.targets import one_per_bundle
 
-    cfg = config(model("mlp", [{"batch": 2}, {"batch": 8}], dynamic=True),
-                 model("fix", [{"batch": 2}, {"batch": 8}]))
+    cfg = config(
+        model("mlp", [{"batch": 2}, {"batch": 8}], dynamic=True),
+        model("fix", [{"batch": 2}, {"batch": 8}]),
+    )
     targets = expand(cfg)
     assert [t.id for t in targets[:2]] == ["mlp/b2/default+dynamic", "mlp/b8/default+dynamic"]
     assert {t.bundle_id for t in targets[:2]} == {"mlp/dynamic/default+dynamic"}
     assert [t.bundle_id for t in targets[2:]] == ["fix/b2/default", "fix/b8/default"]
     assert [t.id for t in one_per_bundle(targets)] == [
-        "mlp/b2/default+dynamic", "fix/b2/default", "fix/b8/default"]
+        "mlp/b2/default+dynamic",
+        "fix/b2/default",
+        "fix/b8/default",
+    ]

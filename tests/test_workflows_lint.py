@@ -7,6 +7,7 @@ persisted by checkout, an over-broad token or a dangerous trigger used without a
 reason cannot land. (The one `workflow_run` trigger, the fork-comment pattern, carries an
 inline `zizmor: ignore` with its reason.)
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / "workflows").glob("*.yml"))
-EXPECTED = {"pr-gate.yml", "main-baseline.yml", "deploy-warm.yml", "fork-comment.yml",
-            "matrix-gate.yml", "dashboard-pages.yml"}
+EXPECTED = {
+    "pr-gate.yml",
+    "main-baseline.yml",
+    "deploy-warm.yml",
+    "fork-comment.yml",
+    "matrix-gate.yml",
+    "dashboard-pages.yml",
+}
 # what a workflow may write beyond the PR comment: deploying Pages needs these two
 MAY_WRITE = {"dashboard-pages.yml": {"pages", "id-token"}}
 
@@ -37,8 +44,15 @@ def _tool(name: str) -> str:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(args, check=False, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        args,
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_every_example_workflow_is_there() -> None:
@@ -46,20 +60,36 @@ def test_every_example_workflow_is_there() -> None:
 
 
 def test_workflows_match_the_github_workflow_schema() -> None:
-    proc = _run(_tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
-                *map(str, WORKFLOWS))
+    proc = _run(
+        _tool("check-jsonschema"),
+        "--builtin-schema",
+        "vendor.github-workflows",
+        *map(str, WORKFLOWS),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_action_matches_the_github_action_schema() -> None:
-    proc = _run(_tool("check-jsonschema"), "--builtin-schema", "vendor.github-actions",
-                str(ROOT / "action.yml"))
+    proc = _run(
+        _tool("check-jsonschema"),
+        "--builtin-schema",
+        "vendor.github-actions",
+        str(ROOT / "action.yml"),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_zizmor_finds_nothing() -> None:
-    proc = _run(_tool("zizmor"), "--offline", "--strict-collection", "--format", "json",
-                "--no-progress", str(ROOT / "action.yml"), *map(str, WORKFLOWS))
+    proc = _run(
+        _tool("zizmor"),
+        "--offline",
+        "--strict-collection",
+        "--format",
+        "json",
+        "--no-progress",
+        str(ROOT / "action.yml"),
+        *map(str, WORKFLOWS),
+    )
     findings = json.loads(proc.stdout or "[]")
     assert findings == [], json.dumps(findings, indent=2)[:5000]
     assert proc.returncode == 0, proc.stderr
@@ -67,9 +97,13 @@ def test_zizmor_finds_nothing() -> None:
 
 def test_third_party_actions_are_pinned_by_full_sha() -> None:
     """zizmor's policy lets `actions/*` float on a tag; ours does not."""
-    uses = [step["uses"] for path in WORKFLOWS
-            for job in yaml.safe_load(path.read_text())["jobs"].values()
-            for step in job.get("steps", []) if "uses" in step]
+    uses = [
+        step["uses"]
+        for path in WORKFLOWS
+        for job in yaml.safe_load(path.read_text())["jobs"].values()
+        for step in job.get("steps", [])
+        if "uses" in step
+    ]
     assert uses
     for ref in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}", ref), ref
@@ -95,7 +129,8 @@ def test_zizmor_does_audit(tmp_path: Path) -> None:
     bad.write_text(
         "name: bad\non: pull_request\npermissions: {}\njobs:\n  a:\n    runs-on: ubuntu-latest\n"
         "    permissions: {}\n    steps:\n"
-        "      - run: echo \"${{ github.event.pull_request.title }}\"\n")
+        '      - run: echo "${{ github.event.pull_request.title }}"\n'
+    )
     proc = _run(_tool("zizmor"), "--offline", "--format", "json", "--no-progress", str(bad))
     assert "template-injection" in {f["ident"] for f in json.loads(proc.stdout)}
     assert proc.returncode != 0

@@ -1,4 +1,5 @@
 """``gatekeeper check``: measure every target and write results.json."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,25 +19,57 @@ def register(sub, parents) -> None:
 
 def run(ctx: Context) -> int:
     out = Path(ctx.args.out)
-    results = check_all(ctx.targets, ctx.config, ctx.store, out_dir=out,
-                        base_ref=ctx.base_ref, mode=ctx.mode(), cold=ctx.args.cold,
-                        verbose=ctx.args.verbose, shard=ctx.args.shard)
+    results = check_all(
+        ctx.targets,
+        ctx.config,
+        ctx.store,
+        out_dir=out,
+        base_ref=ctx.base_ref,
+        mode=ctx.mode(),
+        cold=ctx.args.cold,
+        verbose=ctx.args.verbose,
+        shard=ctx.args.shard,
+    )
     path = write_results(results, out)
-    rows = [{"target": r.target, "status": r.status,
-             "p50_ms": r.latency.compiled.p50 * 1e3 if r.latency else None,
-             "speedup": r.latency.speedup if r.latency else None,
-             "compile_s": r.compile.seconds if r.compile else None,
-             "cache": r.compile.cache if r.compile else None,
-             "breaks": r.graphs.breaks if r.graphs else None,
-             "parity": (r.parity.vs_eager.method if r.parity.vs_eager.passed else "FAILED")
-             if r.parity else None,
-             "error": r.error} for r in results.targets]
-    ctx.emit({"command": "check", "results": str(path), "mode": results.mode,
-              "mode_reason": results.mode_reason,
-              "targets": [{"target": r.target, "status": r.status, "mode": r.mode,
-                           "error": r.error} for r in results.targets]},
-             rows, {"target": "target", "status": "status", "p50_ms": "compiled p50 ms",
-                    "speedup": "speedup", "compile_s": "compile s", "cache": "cache",
-                    "breaks": "graph breaks", "parity": "parity", "error": "error"},
-             footer=f"wrote {path}")
+    rows = [
+        {
+            "target": r.target,
+            "status": r.status,
+            "p50_ms": r.latency.compiled.p50 * 1e3 if r.latency else None,
+            "speedup": r.latency.speedup if r.latency else None,
+            "compile_s": r.compile.seconds if r.compile else None,
+            "cache": r.compile.cache if r.compile else None,
+            "breaks": r.graphs.breaks if r.graphs else None,
+            "parity": (r.parity.vs_eager.method if r.parity.vs_eager.passed else "FAILED")
+            if r.parity
+            else None,
+            "error": r.error,
+        }
+        for r in results.targets
+    ]
+    ctx.emit(
+        {
+            "command": "check",
+            "results": str(path),
+            "mode": results.mode,
+            "mode_reason": results.mode_reason,
+            "targets": [
+                {"target": r.target, "status": r.status, "mode": r.mode, "error": r.error}
+                for r in results.targets
+            ],
+        },
+        rows,
+        {
+            "target": "target",
+            "status": "status",
+            "p50_ms": "compiled p50 ms",
+            "speedup": "speedup",
+            "compile_s": "compile s",
+            "cache": "cache",
+            "breaks": "graph breaks",
+            "parity": "parity",
+            "error": "error",
+        },
+        footer=f"wrote {path}",
+    )
     return EXIT_ERROR if any(r.status == "error" for r in results.targets) else EXIT_OK

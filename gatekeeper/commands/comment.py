@@ -1,4 +1,5 @@
 """``gatekeeper comment``: post or update the sticky PR comment with the report."""
+
 from __future__ import annotations
 
 import os
@@ -15,20 +16,22 @@ HELP = "post the report as one sticky pull-request comment (updated in place)"
 def register(sub, parents) -> None:
     p = sub.add_parser("comment", help=HELP, description=HELP, parents=parents)
     p.add_argument("--report", metavar="PATH", default="report.md")
-    p.add_argument("--repo", metavar="OWNER/NAME",
-                   help="default: the pull request of $GITHUB_EVENT_PATH")
+    p.add_argument(
+        "--repo", metavar="OWNER/NAME", help="default: the pull request of $GITHUB_EVENT_PATH"
+    )
     p.add_argument("--pr", type=int, metavar="N", help="pull request number (with --repo)")
-    p.add_argument("--author", metavar="LOGIN",
-                   help="login the comment is posted as (default: the token's user, else "
-                        "github-actions[bot])")
+    p.add_argument(
+        "--author",
+        metavar="LOGIN",
+        help="login the comment is posted as (default: the token's user, else github-actions[bot])",
+    )
 
 
 def run(ctx: Context) -> int:
     args = ctx.args
     token = os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
     if not token:
-        raise UsageError("no GitHub token: set GITHUB_TOKEN (the action passes "
-                         "`github-token`)")
+        raise UsageError("no GitHub token: set GITHUB_TOKEN (the action passes `github-token`)")
     if args.pr is not None or args.repo:
         if args.pr is None or not args.repo:
             raise UsageError("--repo and --pr go together")
@@ -36,17 +39,25 @@ def run(ctx: Context) -> int:
     else:
         pr = pr_context_from_env()
         if pr is None:
-            ctx.emit({"command": "comment", "action": "skipped",
-                      "reason": "not a pull request event"},
-                     footer="not a pull request event: no comment posted")
+            ctx.emit(
+                {"command": "comment", "action": "skipped", "reason": "not a pull request event"},
+                footer="not a pull request event: no comment posted",
+            )
             return EXIT_OK
         repo, number = pr.repo, pr.number
     path = Path(args.report)
     if not path.is_file():
         raise UsageError(f"{path}: report not found (run 'gatekeeper gate' or 'run' first)")
-    result = upsert_sticky_comment(repo=repo, issue_number=number, body=path.read_text(),
-                                   token=token, author=args.author)
-    ctx.emit({"command": "comment", "action": result.action, "url": result.url,
-              "reason": result.reason or None},
-             footer=f"comment {result.action}: {result.url or result.reason}")
+    result = upsert_sticky_comment(
+        repo=repo, issue_number=number, body=path.read_text(), token=token, author=args.author
+    )
+    ctx.emit(
+        {
+            "command": "comment",
+            "action": result.action,
+            "url": result.url,
+            "reason": result.reason or None,
+        },
+        footer=f"comment {result.action}: {result.url or result.reason}",
+    )
     return EXIT_OK

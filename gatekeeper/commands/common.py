@@ -1,6 +1,7 @@
 """What every command shares: the common flags, config, store and targets resolved once
 from them, the flag groups several verbs take, and output that is either a human table
 or exactly one JSON document on stdout."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,22 @@ from ..targets import Target, expand, select
 def common_flags() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("common options")
-    g.add_argument("--config", metavar="PATH",
-                   help="config file (default: gatekeeper.toml, else [tool.gatekeeper] in "
-                        "pyproject.toml)")
-    g.add_argument("--store", metavar="URI",
-                   help="store: a directory or s3://bucket/prefix (default: from config)")
-    g.add_argument("--target", metavar="GLOB", action="append",
-                   help="only targets whose id matches (repeatable)")
+    g.add_argument(
+        "--config",
+        metavar="PATH",
+        help="config file (default: gatekeeper.toml, else [tool.gatekeeper] in pyproject.toml)",
+    )
+    g.add_argument(
+        "--store",
+        metavar="URI",
+        help="store: a directory or s3://bucket/prefix (default: from config)",
+    )
+    g.add_argument(
+        "--target",
+        metavar="GLOB",
+        action="append",
+        help="only targets whose id matches (repeatable)",
+    )
     g.add_argument("--shard", metavar="I/N", help="only the i-th of n slices of the targets")
     g.add_argument("--read-only", action="store_true", help="never write to the store")
     g.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -39,38 +49,62 @@ def common_flags() -> argparse.ArgumentParser:
 
 def add_measure_flags(p: argparse.ArgumentParser) -> None:
     """``check`` and ``run``."""
-    p.add_argument("--out", metavar="DIR", default=".",
-                   help="where results.json (and reference outputs) go (default: .)")
-    p.add_argument("--cold", action="store_true",
-                   help="measure a cold compile: do not restore bundles first")
-    p.add_argument("--mode", choices=("auto", "paired", "stored"), default="auto",
-                   help="paired: measure the base commit's model beside this one, round by "
-                        "round, in one process (drift cancels); stored: against the "
-                        "baseline's recorded runs; auto (default): paired whenever the base "
-                        "commit is in this checkout")
-    p.add_argument("--paired", metavar="BASE_REF",
-                   help="the same as --mode paired --base-ref BASE_REF")
-    p.add_argument("--base-ref", metavar="REF",
-                   help="branch whose baseline (and, paired, whose commit) to compare with "
-                        "(default: $GITHUB_BASE_REF, else main)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=".",
+        help="where results.json (and reference outputs) go (default: .)",
+    )
+    p.add_argument(
+        "--cold", action="store_true", help="measure a cold compile: do not restore bundles first"
+    )
+    p.add_argument(
+        "--mode",
+        choices=("auto", "paired", "stored"),
+        default="auto",
+        help="paired: measure the base commit's model beside this one, round by "
+        "round, in one process (drift cancels); stored: against the "
+        "baseline's recorded runs; auto (default): paired whenever the base "
+        "commit is in this checkout",
+    )
+    p.add_argument(
+        "--paired", metavar="BASE_REF", help="the same as --mode paired --base-ref BASE_REF"
+    )
+    p.add_argument(
+        "--base-ref",
+        metavar="REF",
+        help="branch whose baseline (and, paired, whose commit) to compare with "
+        "(default: $GITHUB_BASE_REF, else main)",
+    )
 
 
 def add_gate_flags(p: argparse.ArgumentParser) -> None:
     """``gate``, ``merge`` and ``run``."""
-    p.add_argument("--report", metavar="PATH",
-                   help="where the markdown report goes (default: report.md beside the "
-                        "results)")
-    p.add_argument("--require-baseline", action="store_true",
-                   help="a target without a baseline fails (exit 1)")
-    p.add_argument("--profile", action="store_true",
-                   help="show every target's profile diff in the report (by default only "
-                        "targets whose timing got worse); Chrome traces are always written "
-                        "to traces/ beside results.json")
-    p.add_argument("--accept", metavar="GLOB", action="append", default=[],
-                   help="targets whose regression this change makes on purpose: regressed "
-                        "becomes accepted (exit 0); never a parity failure (repeatable; a "
-                        "pull request's label gatekeeper:accept accepts every target, "
-                        "gatekeeper:accept:GLOB those matching)")
+    p.add_argument(
+        "--report",
+        metavar="PATH",
+        help="where the markdown report goes (default: report.md beside the results)",
+    )
+    p.add_argument(
+        "--require-baseline", action="store_true", help="a target without a baseline fails (exit 1)"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="show every target's profile diff in the report (by default only "
+        "targets whose timing got worse); Chrome traces are always written "
+        "to traces/ beside results.json",
+    )
+    p.add_argument(
+        "--accept",
+        metavar="GLOB",
+        action="append",
+        default=[],
+        help="targets whose regression this change makes on purpose: regressed "
+        "becomes accepted (exit 0); never a parity failure (repeatable; a "
+        "pull request's label gatekeeper:accept accepts every target, "
+        "gatekeeper:accept:GLOB those matching)",
+    )
 
 
 ACCEPT_LABEL = "gatekeeper:accept"
@@ -88,8 +122,8 @@ def accept_globs(args: argparse.Namespace) -> list[str]:
     for label in pr.labels if pr is not None else ():
         if label == ACCEPT_LABEL:
             globs.append("*")
-        elif label.startswith(ACCEPT_LABEL + ":") and label[len(ACCEPT_LABEL) + 1:]:
-            globs.append(label[len(ACCEPT_LABEL) + 1:])
+        elif label.startswith(ACCEPT_LABEL + ":") and label[len(ACCEPT_LABEL) + 1 :]:
+            globs.append(label[len(ACCEPT_LABEL) + 1 :])
     return globs
 
 
@@ -107,9 +141,12 @@ class Context:
         """``--store`` works without a config file; the config's store otherwise."""
         cfg = self.config if (self.args.config or not self.args.store) else _optional_config()
         uri = self.args.store or cfg.store  # type: ignore[union-attr]
-        return open_store(uri, read_only=self.args.read_only or bool(cfg and cfg.read_only),
-                          endpoint_url=cfg.endpoint_url if cfg else None,
-                          base_dir=None if self.args.store else cfg.base_dir)  # type: ignore
+        return open_store(
+            uri,
+            read_only=self.args.read_only or bool(cfg and cfg.read_only),
+            endpoint_url=cfg.endpoint_url if cfg else None,
+            base_dir=None if self.args.store else cfg.base_dir,
+        )  # type: ignore
 
     @cached_property
     def targets(self) -> list[Target]:
@@ -128,8 +165,13 @@ class Context:
         requested = "paired" if self.args.paired else self.args.mode
         return choose_mode(requested, self.base_ref, self.config.base_dir)
 
-    def emit(self, doc: dict, rows: list[dict] | None = None,
-             headers: dict[str, str] | None = None, footer: str = "") -> None:
+    def emit(
+        self,
+        doc: dict,
+        rows: list[dict] | None = None,
+        headers: dict[str, str] | None = None,
+        footer: str = "",
+    ) -> None:
         """``--json``: the document; else a table of ``rows`` with ``headers``."""
         if self.args.json:
             json.dump(doc, sys.stdout, indent=2, default=str)
@@ -154,8 +196,13 @@ class Context:
         else:
             print(markdown)
         sys.stderr.write(summary_line(report) + "\n")
-        announce(report, markdown=markdown, report_path=report_path,
-                 results_path=results_path, base_dir=self.config.base_dir)
+        announce(
+            report,
+            markdown=markdown,
+            report_path=report_path,
+            results_path=results_path,
+            base_dir=self.config.base_dir,
+        )
         return report.exit_code
 
 

@@ -5,6 +5,7 @@ The code hash covers what the model is really built from, which only building it
 once (a few seconds: torch is imported, nothing is compiled). That way the key is
 known before any compile, and two machines can compare theirs.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -33,13 +34,17 @@ def _keys(ctx: Context) -> list[CacheKey]:
         which = (t.model.name, tuple(sorted(t.shape_set.items())))
         if which not in built:
             with tempfile.TemporaryDirectory(prefix="gk-key-") as tmp:
-                resp = run_or_fail(Request.for_target("deps", t, ctx.config, key.device),
-                                   cache_dir=Path(tmp, "cache"),
-                                   timeout=ctx.config.measure.timeout,
-                                   verbose=ctx.args.verbose, label=t.id)
+                resp = run_or_fail(
+                    Request.for_target("deps", t, ctx.config, key.device),
+                    cache_dir=Path(tmp, "cache"),
+                    timeout=ctx.config.measure.timeout,
+                    verbose=ctx.args.verbose,
+                    label=t.id,
+                )
             if not resp.ok or resp.deps is None:
                 raise (ConfigError if resp.kind == "config" else WorkerError)(
-                    f"{t.id}: building the model failed: {resp.error}")
+                    f"{t.id}: building the model failed: {resp.error}"
+                )
             built[which] = resp.deps
         keys.append(key.with_deps(built[which]))
     return keys

@@ -1,4 +1,5 @@
 """``gatekeeper run``: compile, check, gate and report in one command."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,19 +15,32 @@ def register(sub, parents) -> None:
     p = sub.add_parser("run", help=HELP, description=HELP, parents=parents)
     add_measure_flags(p)
     add_gate_flags(p)
-    p.add_argument("--publish", action="store_true",
-                   help="then publish the results as the baseline of the current branch "
-                        "(for pushes to the base branch)")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="then publish the results as the baseline of the current branch "
+        "(for pushes to the base branch)",
+    )
 
 
 def run(ctx: Context) -> int:
     args = ctx.args
-    out = pipeline.run(ctx.targets, ctx.config, ctx.store, out_dir=Path(args.out),
-                       base_ref=ctx.base_ref, mode=ctx.mode(), cold=args.cold,
-                       verbose=args.verbose, shard=args.shard,
-                       require_baseline=args.require_baseline, accept=accept_globs(args))
-    code = ctx.finish_gate(out.report, Path(args.report or out.results_path.parent
-                                            / "report.md"), out.results_path)
+    out = pipeline.run(
+        ctx.targets,
+        ctx.config,
+        ctx.store,
+        out_dir=Path(args.out),
+        base_ref=ctx.base_ref,
+        mode=ctx.mode(),
+        cold=args.cold,
+        verbose=args.verbose,
+        shard=args.shard,
+        require_baseline=args.require_baseline,
+        accept=accept_globs(args),
+    )
+    code = ctx.finish_gate(
+        out.report, Path(args.report or out.results_path.parent / "report.md"), out.results_path
+    )
     if args.publish:
         pipeline.publish(out, ctx.store, current_ref())
     return code

@@ -1,4 +1,5 @@
 """``gatekeeper warm``: restore verified bundles into the inductor cache dir."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,15 +16,19 @@ HELP = "restore each target's bundle into the inductor cache dir a deploy will u
 
 def register(sub, parents) -> None:
     p = sub.add_parser("warm", help=HELP, description=HELP, parents=parents)
-    p.add_argument("--cache-dir", metavar="DIR",
-                   help="inductor cache dir to fill (default: $TORCHINDUCTOR_CACHE_DIR, "
-                        "else torch's default)")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 1 when any target is a miss")
-    p.add_argument("--probe", action="store_true",
-                   help="then run each target's first compiled call in a fresh process "
-                        "on the warmed cache and report its time and cache hits (a hit "
-                        "whose FX graphs all miss is reported as stale)")
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="inductor cache dir to fill (default: $TORCHINDUCTOR_CACHE_DIR, else torch's default)",
+    )
+    p.add_argument("--strict", action="store_true", help="exit 1 when any target is a miss")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="then run each target's first compiled call in a fresh process "
+        "on the warmed cache and report its time and cache hits (a hit "
+        "whose FX graphs all miss is reported as stale)",
+    )
 
 
 def run(ctx: Context) -> int:
@@ -41,7 +46,7 @@ def run(ctx: Context) -> int:
     env = service_env(results)  # what the service needs (the probe runs with it too)
     if ctx.args.probe:
         progress = Progress(len(results))
-        for target, doc in zip(ctx.targets, docs):
+        for target, doc in zip(ctx.targets, docs, strict=True):
             with progress.step(target.id, "first compiled call") as step:
                 served = doc.get("precompile") == "served"
                 resp = probe(target, ctx.config, cache, verbose=ctx.args.verbose, env=env)
@@ -59,12 +64,15 @@ def run(ctx: Context) -> int:
                     # did the first call run Dynamo? (only a loaded package skips it)
                     doc["dynamo"] = "skipped" if dynamo_skipped(c) else "traced"
                     if served and doc["dynamo"] == "traced":
-                        doc["precompile_reason"] = ("the package did not load: the first "
-                                                    "call ran Dynamo (a guard or source "
-                                                    "check failed; it recompiled)")
-                    step.done(f"{resp.compile_seconds:.2f} s, dynamo {doc['dynamo']}" +
-                              (", stale: every FX graph missed" if doc["status"] == "stale"
-                               else ""))
+                        doc["precompile_reason"] = (
+                            "the package did not load: the first "
+                            "call ran Dynamo (a guard or source "
+                            "check failed; it recompiled)"
+                        )
+                    step.done(
+                        f"{resp.compile_seconds:.2f} s, dynamo {doc['dynamo']}"
+                        + (", stale: every FX graph missed" if doc["status"] == "stale" else "")
+                    )
                 else:
                     doc["probe_error"] = resp.error
                     step.done(f"error: {resp.error}")
@@ -73,24 +81,42 @@ def run(ctx: Context) -> int:
     held = [d for d in docs if d.get("precompile") == "installed"]
     footer = f"{hits}/{len(results)} hit, cache dir {cache}"
     if held:
-        footer += (f"; {len(held)} verified precompile package(s) installed but "
-                   f"{held[0]['precompile_reason']}")
+        footer += (
+            f"; {len(held)} verified precompile package(s) installed but "
+            f"{held[0]['precompile_reason']}"
+        )
     if packages:
         # the settings a separate service process needs to load them
         settings = " ".join(f"{k}={v}" for k, v in env.items())
-        footer += (f"; {packages} verified precompile package(s) installed: start the "
-                   f"service with {settings} (or call gatekeeper.warm_start() in it) so "
-                   "that its torch.compile skips Dynamo")
+        footer += (
+            f"; {packages} verified precompile package(s) installed: start the "
+            f"service with {settings} (or call gatekeeper.warm_start() in it) so "
+            "that its torch.compile skips Dynamo"
+        )
     announce_warm([d["status"] for d in docs])
-    ctx.emit({"command": "warm", "store": store_uri, "cache_dir": str(cache),
-              **({"service_env": env} if env else {}),
-              "targets": docs},
-             [{**d, "size": human_bytes(d.get("bundle_bytes"))} for d in docs],
-             {"target": "target", "status": "status",
-              "cold_compile_seconds": "cold compile s", "first_call_seconds": "warm first call s",
-              "speedup": "speedup", "size": "bundle", "fxgraph_cache_hit": "fx hits",
-              "precompile": "precompile", "dynamo": "dynamo", "reason": "reason"},
-             footer=footer)
+    ctx.emit(
+        {
+            "command": "warm",
+            "store": store_uri,
+            "cache_dir": str(cache),
+            **({"service_env": env} if env else {}),
+            "targets": docs,
+        },
+        [{**d, "size": human_bytes(d.get("bundle_bytes"))} for d in docs],
+        {
+            "target": "target",
+            "status": "status",
+            "cold_compile_seconds": "cold compile s",
+            "first_call_seconds": "warm first call s",
+            "speedup": "speedup",
+            "size": "bundle",
+            "fxgraph_cache_hit": "fx hits",
+            "precompile": "precompile",
+            "dynamo": "dynamo",
+            "reason": "reason",
+        },
+        footer=footer,
+    )
     if ctx.args.strict and any(r.status == "miss" for r in results):
         return EXIT_FAILED
     return EXIT_OK

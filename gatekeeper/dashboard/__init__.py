@@ -19,6 +19,7 @@ gaps, a live legend and cursor built in; hand-drawn SVG would need all of those 
 and tested here. Why vendored: the site must open offline from file:// (no CDN), so the
 files ship as package data and are copied into the site's ``assets/``.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,22 +51,37 @@ class Built:
 
     def as_dict(self) -> dict:
         return {
-            "out": str(self.out), "ref": self.ref,
+            "out": str(self.out),
+            "ref": self.ref,
             "index": str(self.pages[0]),
             "pages": [str(p.relative_to(self.out)) for p in self.pages],
-            "points": self.points, "skipped": self.skipped,
-            "targets": [{"target": s.target, "env_key": s.env_key, "points": len(s.docs),
-                         "page": str(p.relative_to(self.out)),
-                         "latest_commit": s.latest.commit,
-                         "measured_at": s.latest.created_at,
-                         "verdict": getattr(s.latest, "verdict", None)}
-                        for s, p in zip(self.series, self.pages[1:])],
+            "points": self.points,
+            "skipped": self.skipped,
+            "targets": [
+                {
+                    "target": s.target,
+                    "env_key": s.env_key,
+                    "points": len(s.docs),
+                    "page": str(p.relative_to(self.out)),
+                    "latest_commit": s.latest.commit,
+                    "measured_at": s.latest.created_at,
+                    "verdict": getattr(s.latest, "verdict", None),
+                }
+                for s, p in zip(self.series, self.pages[1:], strict=True)
+            ],
         }
 
 
-def build(store: Store, out: Path, *, ref: str = "main", globs: list[str] | None = None,
-          repository: str | None = None, server_url: str | None = None,
-          stream: IO[str] | None = None) -> Built:
+def build(
+    store: Store,
+    out: Path,
+    *,
+    ref: str = "main",
+    globs: list[str] | None = None,
+    repository: str | None = None,
+    server_url: str | None = None,
+    stream: IO[str] | None = None,
+) -> Built:
     """Read ``ref``'s baseline history from ``store`` and write the site under ``out``.
 
     Commit links need the repository (``owner/name``): ``repository``, else
@@ -79,9 +95,9 @@ def build(store: Store, out: Path, *, ref: str = "main", globs: list[str] | None
         raise UsageError(f"--out {out}: not a directory")
     history: History = read_history(store, ref, globs, stream)
     try:
-        pages = write_site(history.series, out, ref=ref, repository=repository,
-                           server_url=server_url)
+        pages = write_site(
+            history.series, out, ref=ref, repository=repository, server_url=server_url
+        )
     except OSError as e:
-        raise GatekeeperError(f"cannot write the dashboard to {out}: "
-                              f"{e.strerror or e}") from e
+        raise GatekeeperError(f"cannot write the dashboard to {out}: {e.strerror or e}") from e
     return Built(out, ref, pages, history.series, history.skipped)

@@ -3,6 +3,7 @@ environment of a branch, one point per published run (oldest first), and the cha
 target page draws from them. Reading goes through :mod:`gatekeeper.store.baselines`
 (its key scheme and parser); the rest is pure.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -16,15 +17,17 @@ from ..errors import GatekeeperError
 from ..gate.drift import is_normalised, normalised_latency
 from ..progress import Progress
 from ..results import Baseline, TargetResult
-from ..store import Store
-from ..store import baselines
+from ..store import Store, baselines
 
 # the line colours of the charts (the browser test looks for the first on screen)
 COLORS = ("#2563eb", "#ea580c")
 # TargetResult.work: optional counters of the compiled code, when the worker measured them
-WORK_COUNTERS = (("flops", "FLOPs", "FLOPs"), ("bytes_accessed", "Bytes accessed", "bytes"),
-                 ("kernels", "Kernels", "kernels"), ("instructions", "Instructions",
-                                                     "instructions"))
+WORK_COUNTERS = (
+    ("flops", "FLOPs", "FLOPs"),
+    ("bytes_accessed", "Bytes accessed", "bytes"),
+    ("kernels", "Kernels", "kernels"),
+    ("instructions", "Instructions", "instructions"),
+)
 _SHA = re.compile(r"[0-9a-f]{7,40}")
 _REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
@@ -49,8 +52,9 @@ class History:
     skipped: list[str]  # keys of history documents that did not parse (or hold no run)
 
 
-def read_history(store: Store, ref: str, globs: list[str] | None = None,
-                 stream: IO[str] | None = None) -> History:
+def read_history(
+    store: Store, ref: str, globs: list[str] | None = None, stream: IO[str] | None = None
+) -> History:
     """Every history document of ``ref`` in the store, per target and env key (one
     listing, then one read per document; progress on ``stream``)."""
     groups: dict[baselines.BaselineKey, list[str]] = {}
@@ -60,21 +64,25 @@ def read_history(store: Store, ref: str, globs: list[str] | None = None,
         if p is None or p.kind != "history":
             continue
         refs.add(p.baseline.ref)
-        if p.baseline.ref == ref and (not globs or any(
-                fnmatch.fnmatchcase(p.baseline.target_id, g) for g in globs)):
+        if p.baseline.ref == ref and (
+            not globs or any(fnmatch.fnmatchcase(p.baseline.target_id, g) for g in globs)
+        ):
             groups.setdefault(p.baseline, []).append(info.key)
     if not groups:
         other = f" (branches with baselines: {', '.join(sorted(refs))})" if refs else ""
         only = f" matching {' '.join(globs)}" if globs and ref in refs else ""
-        raise GatekeeperError(f"no baselines of {ref!r}{only} in {store.uri}{other}: publish "
-                              "one with 'gatekeeper baseline' or 'gatekeeper run --publish'")
+        raise GatekeeperError(
+            f"no baselines of {ref!r}{only} in {store.uri}{other}: publish "
+            "one with 'gatekeeper baseline' or 'gatekeeper run --publish'"
+        )
     progress = Progress(len(groups), stream)
     out, skipped = [], []
     for key in sorted(groups, key=lambda k: (k.target_id, k.env_key)):
         keys = sorted(groups[key])
         s = Series(key.target_id, key.env_key, ref)
-        with progress.step(f"{key.target_id} ({key.env_key})",
-                           f"reading {len(keys)} baseline(s)") as step:
+        with progress.step(
+            f"{key.target_id} ({key.env_key})", f"reading {len(keys)} baseline(s)"
+        ) as step:
             for k in keys:
                 got = store.read(k)
                 doc = baselines.parse_doc(got[0]) if got is not None else None
@@ -87,8 +95,9 @@ def read_history(store: Store, ref: str, globs: list[str] | None = None,
         if s.docs:
             out.append(s)
     if not out:
-        raise GatekeeperError(f"none of the {len(skipped)} baseline document(s) of "
-                              f"{ref!r} in {store.uri} is readable")
+        raise GatekeeperError(
+            f"none of the {len(skipped)} baseline document(s) of {ref!r} in {store.uri} is readable"
+        )
     return History(out, skipped)
 
 
@@ -105,22 +114,26 @@ def metrics(r: TargetResult) -> dict[str, float | None]:
         "speedup": lat.speedup if lat else None,
         "compile_cold": comp.seconds if comp and not comp.warm else None,
         "compile_warm": comp.seconds if comp and comp.warm else None,
-        "peak": float(mem.compiled_peak_bytes) if mem and mem.compiled_peak_bytes is not None
+        "peak": float(mem.compiled_peak_bytes)
+        if mem and mem.compiled_peak_bytes is not None
         else None,
     }
     work = getattr(r, "work", None)  # TargetResult.work: not in every schema version
     for name, _, _ in WORK_COUNTERS:
         v = getattr(work, name, None)
-        out[name] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
-            else None
+        out[name] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
     return {k: v if v is None or math.isfinite(v) else None for k, v in out.items()}
 
 
 def commit_url(sha: str | None, repository: str | None, server_url: str) -> str | None:
     """``<server>/<owner>/<repo>/commit/<sha>``, or None when either is unknown (or
     does not look like what it should)."""
-    if not sha or not repository or not _SHA.fullmatch(sha) or \
-            not _REPOSITORY.fullmatch(repository):
+    if (
+        not sha
+        or not repository
+        or not _SHA.fullmatch(sha)
+        or not _REPOSITORY.fullmatch(repository)
+    ):
         return None
     if not re.fullmatch(r"https?://[^\s\"'<>]+", server_url):
         return None
@@ -135,8 +148,11 @@ def doc_repository(doc: Baseline) -> str | None:
     """The repository a baseline names, if its schema carries one (creator or result)."""
     for holder in (doc, doc.result):
         creator = getattr(holder, "creator", None)
-        repo = creator.get("repository") if isinstance(creator, dict) else \
-            getattr(holder, "repository", None)
+        repo = (
+            creator.get("repository")
+            if isinstance(creator, dict)
+            else getattr(holder, "repository", None)
+        )
         if isinstance(repo, str) and valid_repository(repo):
             return repo
     return None
@@ -155,7 +171,7 @@ def _time_unit(values: list[float]) -> tuple[str, float]:
 
 def _bytes_unit(values: list[float]) -> tuple[str, float]:
     top = max(values, default=1.0)
-    for unit, scale in (("GiB", 2.0 ** 30), ("MiB", 2.0 ** 20), ("KiB", 2.0 ** 10)):
+    for unit, scale in (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
         if top >= scale:
             return unit, scale
     return "B", 1.0
@@ -174,41 +190,96 @@ def charts(points: list[dict[str, float | None]], memory_kind: str | None = None
     def scaled(key: str, scale: float) -> list[float | None]:
         return [None if v is None else v / scale for v in col(key)]
 
-    def chart(cid: str, title: str, caption: str, unit: str, series: list[tuple[str, list]],
-              compact: bool = False) -> dict:
-        return {"id": cid, "title": title, "caption": caption, "unit": unit,
-                "compact": compact,
-                "series": [{"label": label, "color": COLORS[i % len(COLORS)], "values": vals}
-                           for i, (label, vals) in enumerate(series)]}
+    def chart(
+        cid: str,
+        title: str,
+        caption: str,
+        unit: str,
+        series: list[tuple[str, list]],
+        compact: bool = False,
+    ) -> dict:
+        return {
+            "id": cid,
+            "title": title,
+            "caption": caption,
+            "unit": unit,
+            "compact": compact,
+            "series": [
+                {"label": label, "color": COLORS[i % len(COLORS)], "values": vals}
+                for i, (label, vals) in enumerate(series)
+            ],
+        }
 
     out = []
     if present("normalised"):
-        out.append(chart("latency", "Normalised latency",
-                         "median per round of compiled latency ÷ the reference workload "
-                         "timed in the same round (what the gate compares across runs)",
-                         "× reference", [("compiled / reference", col("normalised"))]))
+        out.append(
+            chart(
+                "latency",
+                "Normalised latency",
+                "median per round of compiled latency ÷ the reference workload "
+                "timed in the same round (what the gate compares across runs)",
+                "× reference",
+                [("compiled / reference", col("normalised"))],
+            )
+        )
     if present("p50"):
         unit, scale = _time_unit([v for v in col("p50") if v is not None])
-        out.append(chart("p50", "Compiled latency p50", "median seconds per call, compiled",
-                         unit, [("compiled p50", scaled("p50", scale))]))
+        out.append(
+            chart(
+                "p50",
+                "Compiled latency p50",
+                "median seconds per call, compiled",
+                unit,
+                [("compiled p50", scaled("p50", scale))],
+            )
+        )
     if present("speedup"):
-        out.append(chart("speedup", "Speedup vs eager", "median eager ÷ median compiled",
-                         "×", [("speedup", col("speedup"))]))
+        out.append(
+            chart(
+                "speedup",
+                "Speedup vs eager",
+                "median eager ÷ median compiled",
+                "×",
+                [("speedup", col("speedup"))],
+            )
+        )
     if present("compile_cold", "compile_warm"):
-        out.append(chart("compile", "Compile time",
-                         "first compiled call; warm when the bundle was restored from the "
-                         "store, cold otherwise", "s",
-                         [("cold", col("compile_cold")), ("warm", col("compile_warm"))]))
+        out.append(
+            chart(
+                "compile",
+                "Compile time",
+                "first compiled call; warm when the bundle was restored from the "
+                "store, cold otherwise",
+                "s",
+                [("cold", col("compile_cold")), ("warm", col("compile_warm"))],
+            )
+        )
     if present("peak"):
         unit, scale = _bytes_unit([v for v in col("peak") if v is not None])
         how = {"cuda": "CUDA max_memory_allocated", "rss": "growth of peak RSS"}.get(
-            memory_kind or "", "peak memory")
-        out.append(chart("memory", "Peak memory (compiled)", how, unit,
-                         [("compiled peak", scaled("peak", scale))]))
+            memory_kind or "", "peak memory"
+        )
+        out.append(
+            chart(
+                "memory",
+                "Peak memory (compiled)",
+                how,
+                unit,
+                [("compiled peak", scaled("peak", scale))],
+            )
+        )
     for name, title, unit in WORK_COUNTERS:
         if present(name):
-            out.append(chart(f"work-{name}", title, f"work counter: {name}", unit,
-                             [(title, col(name))], compact=True))
+            out.append(
+                chart(
+                    f"work-{name}",
+                    title,
+                    f"work counter: {name}",
+                    unit,
+                    [(title, col(name))],
+                    compact=True,
+                )
+            )
     return out
 
 
@@ -218,11 +289,15 @@ def page_data(s: Series, repository: str | None, server_url: str) -> dict[str, A
     repo_of = [repository or doc_repository(d) for d in s.docs]
     mem = s.latest.result.memory
     return {
-        "target": s.target, "env_key": s.env_key, "ref": s.ref,
+        "target": s.target,
+        "env_key": s.env_key,
+        "ref": s.ref,
         "x": list(range(len(s.docs))),
         "labels": [(d.commit or "local")[:7] for d in s.docs],
         "commits": [d.commit for d in s.docs],
-        "urls": [commit_url(d.commit, repo, server_url) for d, repo in zip(s.docs, repo_of)],
+        "urls": [
+            commit_url(d.commit, repo, server_url) for d, repo in zip(s.docs, repo_of, strict=True)
+        ],
         "measured": [d.created_at for d in s.docs],
         "verdicts": [getattr(d, "verdict", None) for d in s.docs],
         "charts": charts(points, mem.kind if mem else None),

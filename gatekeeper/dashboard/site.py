@@ -4,6 +4,7 @@ styles). Relative links only and every script local, so the folder opens from fi
 and from any static host. Text from the store is escaped; the page data travels as JSON
 in a ``<script type="application/json">`` element, with ``<``, ``>`` and ``&`` escaped.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -19,8 +20,7 @@ from typing import Any
 from ..report.trend import sparkline
 from .data import Series, metrics, page_data
 
-ASSETS = ("uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE", "dashboard.js",
-          "dashboard.css")
+ASSETS = ("uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE", "dashboard.js", "dashboard.css")
 PAGES = "targets"
 
 
@@ -55,7 +55,7 @@ def fmt_seconds(v: float | None) -> str:
 def fmt_bytes(v: float | None) -> str:
     if v is None:
         return "–"
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if v >= scale:
             return f"{v / scale:.1f} {unit}"
     return f"{v:.0f} B"
@@ -84,7 +84,7 @@ def fmt_when(iso: str) -> str:
     except ValueError:
         return iso
     if when.tzinfo is not None:
-        when = when.astimezone(dt.timezone.utc)
+        when = when.astimezone(dt.UTC)
     return when.strftime("%Y-%m-%d %H:%M")
 
 
@@ -101,45 +101,58 @@ def _verdict(v: str | None) -> str:
 
 def _head(title: str, up: str, uplot: bool) -> str:
     css = f'<link rel="stylesheet" href="{up}assets/uPlot.min.css">\n' if uplot else ""
-    return (f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{e(title)}</title>\n{css}"
-            f'<link rel="stylesheet" href="{up}assets/dashboard.css">\n</head>\n')
+    return (
+        f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{e(title)}</title>\n{css}"
+        f'<link rel="stylesheet" href="{up}assets/dashboard.css">\n</head>\n'
+    )
 
 
 # -------------------------------------------------------------------------------- pages
 
 
-def index_html(history: list[Series], ref: str, pages: dict[int, str], generated: str,
-               repository: str | None, server_url: str) -> str:
+def index_html(
+    history: list[Series],
+    ref: str,
+    pages: dict[int, str],
+    generated: str,
+    repository: str | None,
+    server_url: str,
+) -> str:
     rows = []
     for i, s in enumerate(history):
         d = page_data(s, repository, server_url)
         m = metrics(s.latest.result)
-        trend = sparkline([metrics(doc.result)["normalised"] or float("nan")
-                           for doc in s.docs], None)
+        trend = sparkline(
+            [metrics(doc.result)["normalised"] or float("nan") for doc in s.docs], None
+        )
         rows.append(
             f'<tr><td><a href="{PAGES}/{e(pages[i])}">{e(s.target)}</a></td>'
             f'<td><code class="env">{e(s.env_key)}</code></td>'
             f'<td class="num">{len(s.docs)}</td>'
             f'<td class="trend" title="normalised latency, oldest to newest">{e(trend)}</td>'
-            f'<td>{_commit(s.latest.commit, d["urls"][-1])}</td>'
+            f"<td>{_commit(s.latest.commit, d['urls'][-1])}</td>"
             f'<td class="when">{e(fmt_when(s.latest.created_at))}</td>'
             f"<td>{_verdict(getattr(s.latest, 'verdict', None))}</td>"
             f'<td class="num">{fmt_seconds(m["p50"])}</td>'
             f'<td class="num">{fmt_ratio(m["speedup"])}</td>'
             f'<td class="num">{fmt_compile(m)}</td>'
-            f'<td class="num">{fmt_bytes(m["peak"])}</td></tr>')
+            f'<td class="num">{fmt_bytes(m["peak"])}</td></tr>'
+        )
     targets = len({s.target for s in history})
-    return (_head(f"gatekeeper: {ref}", "", uplot=False)
-            + '<body data-page="index">\n<header>\n<h1>gatekeeper</h1>\n'
-            f"<p>Baselines of <code>{e(ref)}</code>: {targets} target(s), "
-            f"{len(history)} page(s). Generated {e(generated)}.</p>\n</header>\n<main>\n"
-            '<table class="targets">\n<thead><tr><th>target</th><th>env key</th>'
-            '<th>runs</th><th>trend</th><th>latest commit</th><th>measured (UTC)</th>'
-            "<th>verdict</th><th>compiled p50</th><th>speedup</th><th>compile</th>"
-            "<th>peak memory</th></tr></thead>\n<tbody>\n" + "\n".join(rows)
-            + "\n</tbody>\n</table>\n</main>\n</body>\n</html>\n")
+    return (
+        _head(f"gatekeeper: {ref}", "", uplot=False)
+        + '<body data-page="index">\n<header>\n<h1>gatekeeper</h1>\n'
+        f"<p>Baselines of <code>{e(ref)}</code>: {targets} target(s), "
+        f"{len(history)} page(s). Generated {e(generated)}.</p>\n</header>\n<main>\n"
+        '<table class="targets">\n<thead><tr><th>target</th><th>env key</th>'
+        "<th>runs</th><th>trend</th><th>latest commit</th><th>measured (UTC)</th>"
+        "<th>verdict</th><th>compiled p50</th><th>speedup</th><th>compile</th>"
+        "<th>peak memory</th></tr></thead>\n<tbody>\n"
+        + "\n".join(rows)
+        + "\n</tbody>\n</table>\n</main>\n</body>\n</html>\n"
+    )
 
 
 def target_html(s: Series, repository: str | None, server_url: str, generated: str) -> str:
@@ -148,7 +161,9 @@ def target_html(s: Series, repository: str | None, server_url: str, generated: s
         f'<figure class="chart" data-chart="{e(c["id"])}">\n'
         f'<figcaption><b>{e(c["title"])}</b> <span class="unit">({e(c["unit"])})</span>'
         f'<br><small>{e(c["caption"])}</small></figcaption>\n<div class="plot"></div>\n'
-        "</figure>" for c in d["charts"])
+        "</figure>"
+        for c in d["charts"]
+    )
     rows = []
     for i in reversed(range(len(s.docs))):
         doc, m = s.docs[i], metrics(s.docs[i].result)
@@ -157,41 +172,45 @@ def target_html(s: Series, repository: str | None, server_url: str, generated: s
             f'<tr><td class="num">{i + 1}</td><td>{_commit(doc.commit, d["urls"][i])}</td>'
             f'<td class="when">{e(fmt_when(doc.created_at))}</td>'
             f"<td>{_verdict(d['verdicts'][i])}</td>"
-            f'<td><code>{e(doc.result.code_hash[:12])}</code></td>'
+            f"<td><code>{e(doc.result.code_hash[:12])}</code></td>"
             f'<td class="num">{fmt_number(m["normalised"])}</td>'
             f'<td class="num">{fmt_seconds(m["p50"])}</td>'
             f'<td class="num">{fmt_ratio(m["speedup"])}</td>'
             f'<td class="num">{fmt_compile(m)}</td>'
             f'<td class="num">{fmt_bytes(m["peak"])}</td>'
-            f'<td class="num">{"–" if g is None else g.breaks}</td></tr>')
+            f'<td class="num">{"–" if g is None else g.breaks}</td></tr>'
+        )
     latest = s.latest
     v = getattr(latest, "verdict", None)
     verdict = f", verdict {_verdict(v)}" if v else ""
-    return (_head(f"{s.target} · gatekeeper", "../", uplot=True)
-            + f'<body data-page="target" data-charts="{len(d["charts"])}">\n'
-            '<nav><a href="../index.html">← all targets</a></nav>\n<header>\n'
-            f"<h1>{e(s.target)}</h1>\n<p>Branch <code>{e(s.ref)}</code>, env key "
-            f'<code class="env">{e(s.env_key)}</code>: {len(s.docs)} run(s); latest '
-            f"{_commit(latest.commit, d['urls'][-1])} measured "
-            f"{e(fmt_when(latest.created_at))} UTC{verdict}. Generated {e(generated)}. "
-            "Click a point to open its commit.</p>\n</header>\n<main>\n"
-            f'<section class="charts">\n{figures}\n</section>\n'
-            "<noscript><p>The charts need JavaScript; the table below has every run."
-            "</p></noscript>\n<h2>Runs</h2>\n"
-            '<table class="runs">\n<thead><tr><th>#</th><th>commit</th><th>measured (UTC)</th>'
-            "<th>verdict</th><th>code hash</th><th>normalised</th><th>compiled p50</th>"
-            "<th>speedup</th><th>compile</th><th>peak memory</th><th>graph breaks</th>"
-            "</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>\n</main>\n"
-            f'<script type="application/json" id="gk-data">{_json_script(d)}</script>\n'
-            '<script src="../assets/uPlot.iife.min.js"></script>\n'
-            '<script src="../assets/dashboard.js"></script>\n</body>\n</html>\n')
+    return (
+        _head(f"{s.target} · gatekeeper", "../", uplot=True)
+        + f'<body data-page="target" data-charts="{len(d["charts"])}">\n'
+        '<nav><a href="../index.html">← all targets</a></nav>\n<header>\n'
+        f"<h1>{e(s.target)}</h1>\n<p>Branch <code>{e(s.ref)}</code>, env key "
+        f'<code class="env">{e(s.env_key)}</code>: {len(s.docs)} run(s); latest '
+        f"{_commit(latest.commit, d['urls'][-1])} measured "
+        f"{e(fmt_when(latest.created_at))} UTC{verdict}. Generated {e(generated)}. "
+        "Click a point to open its commit.</p>\n</header>\n<main>\n"
+        f'<section class="charts">\n{figures}\n</section>\n'
+        "<noscript><p>The charts need JavaScript; the table below has every run."
+        "</p></noscript>\n<h2>Runs</h2>\n"
+        '<table class="runs">\n<thead><tr><th>#</th><th>commit</th><th>measured (UTC)</th>'
+        "<th>verdict</th><th>code hash</th><th>normalised</th><th>compiled p50</th>"
+        "<th>speedup</th><th>compile</th><th>peak memory</th><th>graph breaks</th>"
+        "</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>\n</main>\n"
+        f'<script type="application/json" id="gk-data">{_json_script(d)}</script>\n'
+        '<script src="../assets/uPlot.iife.min.js"></script>\n'
+        '<script src="../assets/dashboard.js"></script>\n</body>\n</html>\n'
+    )
 
 
-def write_site(history: list[Series], out: Path, *, ref: str, repository: str | None,
-               server_url: str) -> list[Path]:
+def write_site(
+    history: list[Series], out: Path, *, ref: str, repository: str | None, server_url: str
+) -> list[Path]:
     """Write the whole site under ``out``; returns the pages written (index first).
     Pages of targets no longer in the history are removed from ``out/targets``."""
-    generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     assets, pages_dir = out / "assets", out / PAGES
     assets.mkdir(parents=True, exist_ok=True)
     pages_dir.mkdir(exist_ok=True)
@@ -209,6 +228,7 @@ def write_site(history: list[Series], out: Path, *, ref: str, repository: str | 
         if stale.name not in names.values():
             stale.unlink()
     index = out / "index.html"
-    index.write_text(index_html(history, ref, names, generated, repository, server_url),
-                     encoding="utf-8")
+    index.write_text(
+        index_html(history, ref, names, generated, repository, server_url), encoding="utf-8"
+    )
     return [index, *written]

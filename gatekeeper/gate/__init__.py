@@ -8,6 +8,7 @@
 
 No torch anywhere here; only ``judge`` and ``baseline`` touch the store.
 """
+
 from .rules import ORDER, GateReport, GateRow, TargetVerdict
 
 __all__ = ["ORDER", "GateReport", "GateRow", "TargetVerdict"]

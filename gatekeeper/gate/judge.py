@@ -1,5 +1,6 @@
 """The judge: fetch each target's baseline from the store, gate every result under its
 rules (gate.rules), and build the report."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -16,8 +17,15 @@ log = logging.getLogger("gatekeeper.gate")
 TREND_RUNS = 10  # the base branch's last baselines shown as a trend per target
 
 
-def judge(results: Results, config: Config, store: Store, *, base_ref: str,
-          require_baseline: bool = False, accept: list[str] | None = None) -> GateReport:
+def judge(
+    results: Results,
+    config: Config,
+    store: Store,
+    *,
+    base_ref: str,
+    require_baseline: bool = False,
+    accept: list[str] | None = None,
+) -> GateReport:
     """Gate every result against its baseline of ``base_ref``. ``accept``: globs of
     target ids whose regression the pull request accepts on purpose (``accepted``).
 
@@ -30,9 +38,11 @@ def judge(results: Results, config: Config, store: Store, *, base_ref: str,
     try:
         for r in results.targets:
             found[r.target] = baselines.fetch(
-                store, baselines.BaselineKey(r.target, r.env_key, base_ref))
+                store, baselines.BaselineKey(r.target, r.env_key, base_ref)
+            )
         with_baseline = baselines.targets_with_baseline(
-            store, {r.env_key for r in results.targets}, base_ref)
+            store, {r.env_key for r in results.targets}, base_ref
+        )
     except StoreError as e:
         raise store_error(store.uri, e, f"cannot read the baselines of {base_ref}") from e
     measured = {r.target for r in results.targets}
@@ -42,11 +52,16 @@ def judge(results: Results, config: Config, store: Store, *, base_ref: str,
         model = models.get(target_id.split("/")[0])
         return config.gate_for(model) if model else config.gate
 
-    report = build_report(results.targets, found, rules_for, base_ref=base_ref,
-                          removed=sorted(with_baseline - measured),
-                          require_baseline=require_baseline, creator=results.creator,
-                          accepted=lambda t: any(fnmatch.fnmatchcase(t, g)
-                                                 for g in accept or []))
+    report = build_report(
+        results.targets,
+        found,
+        rules_for,
+        base_ref=base_ref,
+        removed=sorted(with_baseline - measured),
+        require_baseline=require_baseline,
+        creator=results.creator,
+        accepted=lambda t: any(fnmatch.fnmatchcase(t, g) for g in accept or []),
+    )
     report.mode_reason = results.mode_reason
     for row in report.rows:  # the base branch's trend, for the report's sparkline
         if row.baseline is not None:

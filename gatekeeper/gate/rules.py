@@ -37,21 +37,29 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
 * accepted: a ``regressed`` target the pull request accepts on purpose (``--accept``, the
   ``gatekeeper:accept`` label); parity failures are never accepted.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..config import GateConfig
 from ..results import Baseline, GraphBreak, Graphs, TargetResult, Work
 from . import stats
-from .drift import (DEFAULT_DRIFT, DEFAULT_VS_EAGER_DRIFT, disturbance, is_normalised,
-                    run_medians)
+from .drift import DEFAULT_DRIFT, DEFAULT_VS_EAGER_DRIFT, disturbance, is_normalised, run_medians
 
 COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
 MEMORY_FLOOR = {"cuda": 1 << 20, "cpu": 256 << 10, "rss": 8 << 20}  # bytes
-ORDER = ["error", "parity-failed", "regressed", "inconclusive", "accepted", "improved",
-         "pass", "no-baseline"]
+ORDER = [
+    "error",
+    "parity-failed",
+    "regressed",
+    "inconclusive",
+    "accepted",
+    "improved",
+    "pass",
+    "no-baseline",
+]
 WORK_COUNTERS = {"flops": "FLOPs per call", "bytes_accessed": "bytes accessed per call"}
 
 
@@ -85,10 +93,14 @@ def _break_key(b: GraphBreak) -> tuple:
     return (b.reason, b.file, b.line)
 
 
-def gate_target(result: TargetResult, baseline: Baseline | None, rules: GateConfig, *,
-                accept: bool = False) -> TargetVerdict:
-    v = TargetVerdict(result.target, "pass", mode=result.mode or (
-        "paired" if result.paired is not None else "stored"))
+def gate_target(
+    result: TargetResult, baseline: Baseline | None, rules: GateConfig, *, accept: bool = False
+) -> TargetVerdict:
+    v = TargetVerdict(
+        result.target,
+        "pass",
+        mode=result.mode or ("paired" if result.paired is not None else "stored"),
+    )
     if result.status == "error":
         v.verdict, v.reasons = "error", [result.error or "measurement failed"]
         return v
@@ -131,42 +143,63 @@ def _finish(v: TargetVerdict, found: set[str], accept: bool) -> str:
     if v.disturbed:
         v.notes.append(f"this run was disturbed: {v.disturbed}")
     if verdict == "regressed" and accept:
-        v.notes.append("the pull request accepts this regression (--accept or the "
-                       "gatekeeper:accept label)")
+        v.notes.append(
+            "the pull request accepts this regression (--accept or the gatekeeper:accept label)"
+        )
         return "accepted"
     return verdict
 
 
-def _gate_runs(v: TargetVerdict, found: set[str], result: TargetResult, baseline: Baseline,
-               rules: GateConfig) -> None:
+def _gate_runs(
+    v: TargetVerdict, found: set[str], result: TargetResult, baseline: Baseline, rules: GateConfig
+) -> None:
     """Stored mode: the PR's run medians against the baseline's runs of the same code."""
     base, noise = baseline.result, baseline.noise
     normalised = is_normalised(result) and is_normalised(base)
-    runs = [m for m in (noise.runs if noise else [])
-            if m.code_hash == base.code_hash and m.normalised == normalised]
+    runs = [
+        m
+        for m in (noise.runs if noise else [])
+        if m.code_hash == base.code_hash and m.normalised == normalised
+    ]
     pr = run_medians(result, normalised)
     if runs:
         base_lat, base_ratio = [m.latency for m in runs], [m.vs_eager for m in runs]
     else:  # an older baseline without run medians: its own run
-        base_lat, base_ratio = (list(x) for x in zip(*run_medians(base, normalised)))
+        base_lat, base_ratio = (list(x) for x in zip(*run_medians(base, normalised), strict=True))
     if noise is not None and noise.between and runs and all(m.normalised for m in runs):
         lat_sd, ratio_sd, df = noise.between, noise.vs_eager_between, noise.df
     else:
         lat_sd, ratio_sd, df = None, None, None
-    v.detectable = stats.runs_detectable_change(lat_sd or DEFAULT_DRIFT,
-                                                df if lat_sd else None, len(base_lat),
-                                                len(pr))
-    lat = stats.compare_runs(base_lat, [p[0] for p in pr], sd=lat_sd or DEFAULT_DRIFT,
-                             df=df if lat_sd else None, threshold=rules.latency_regression)
+    v.detectable = stats.runs_detectable_change(
+        lat_sd or DEFAULT_DRIFT, df if lat_sd else None, len(base_lat), len(pr)
+    )
+    lat = stats.compare_runs(
+        base_lat,
+        [p[0] for p in pr],
+        sd=lat_sd or DEFAULT_DRIFT,
+        df=df if lat_sd else None,
+        threshold=rules.latency_regression,
+    )
     _timing(v, found, "latency", lat)
     v.latency["normalised"] = normalised  # type: ignore[index]
-    _timing(v, found, "speedup vs eager", stats.compare_runs(
-        base_ratio, [p[1] for p in pr], sd=ratio_sd or DEFAULT_VS_EAGER_DRIFT,
-        df=df if ratio_sd else None, threshold=rules.speedup_regression))
+    _timing(
+        v,
+        found,
+        "speedup vs eager",
+        stats.compare_runs(
+            base_ratio,
+            [p[1] for p in pr],
+            sd=ratio_sd or DEFAULT_VS_EAGER_DRIFT,
+            df=df if ratio_sd else None,
+            threshold=rules.speedup_regression,
+        ),
+    )
     if not lat_sd:
-        v.notes.append(f"the baseline has too few runs of its code to measure this runner's "
-                       f"drift; assumed ±{DEFAULT_DRIFT:.0%} (publish more baselines, or "
-                       "pair with the base commit)")
+        v.notes.append(
+            f"the baseline has too few runs of its code to measure this runner's "
+            f"drift; assumed ±{DEFAULT_DRIFT:.0%} (publish more baselines, or "
+            "pair with the base commit)"
+        )
 
 
 def _timing(v: TargetVerdict, found: set[str], name: str, comp: stats.Comparison) -> None:
@@ -183,8 +216,7 @@ def _timing(v: TargetVerdict, found: set[str], name: str, comp: stats.Comparison
     limit = 1.0 + comp.threshold
     if comp.verdict == "regressed" and not v.disturbed:
         found.add("regressed")
-        v.reasons.append(f"{name} {comp.delta:+.1%} (significant, threshold "
-                         f"{comp.threshold:.0%})")
+        v.reasons.append(f"{name} {comp.delta:+.1%} (significant, threshold {comp.threshold:.0%})")
         return
     if comp.verdict == "improved" and not v.disturbed:
         found.add("improved")
@@ -193,19 +225,25 @@ def _timing(v: TargetVerdict, found: set[str], name: str, comp: stats.Comparison
     if comp.verdict == "borderline":
         v.borderline = True
     # a disturbed run vouches only for a change whose whole interval is within bounds
-    unsure = comp.ratio > limit or (v.disturbed is not None and (
-        comp.ci_hi > limit or comp.ratio < 1.0 - comp.threshold))
+    unsure = comp.ratio > limit or (
+        v.disturbed is not None and (comp.ci_hi > limit or comp.ratio < 1.0 - comp.threshold)
+    )
     if unsure:
         found.add("inconclusive")
-        detect = f", the smallest slowdown it can tell is {v.detectable:.0%}" \
-            if v.detectable else ""
+        detect = (
+            f", the smallest slowdown it can tell is {v.detectable:.0%}" if v.detectable else ""
+        )
         why = "the run was disturbed" if v.disturbed else "this run cannot tell it from drift"
-        v.reasons.append(f"{name} {comp.delta:+.1%} (CI {comp.ci_lo - 1:+.1%}.."
-                         f"{comp.ci_hi - 1:+.1%}) is past the {comp.threshold:.0%} threshold "
-                         f"but {why}{detect}: " + _how_to_decide(v))
+        v.reasons.append(
+            f"{name} {comp.delta:+.1%} (CI {comp.ci_lo - 1:+.1%}.."
+            f"{comp.ci_hi - 1:+.1%}) is past the {comp.threshold:.0%} threshold "
+            f"but {why}{detect}: " + _how_to_decide(v)
+        )
     elif comp.verdict in ("borderline", "improved", "regressed"):
-        v.notes.append(f"{name} {comp.delta:+.1%} is not a clear change beyond the "
-                       "threshold" + (" (the run was disturbed)" if v.disturbed else ""))
+        v.notes.append(
+            f"{name} {comp.delta:+.1%} is not a clear change beyond the "
+            "threshold" + (" (the run was disturbed)" if v.disturbed else "")
+        )
 
 
 def _how_to_decide(v: TargetVerdict) -> str:
@@ -213,12 +251,15 @@ def _how_to_decide(v: TargetVerdict) -> str:
         return "measure again on a quiet runner (one measurement per runner at a time)"
     if v.mode == "paired":
         return "measure again, or raise measure.min_time for more rounds"
-    return ("pair with the base commit (--mode paired; the Action fetches it) or publish "
-            "more baseline runs")
+    return (
+        "pair with the base commit (--mode paired; the Action fetches it) or publish "
+        "more baseline runs"
+    )
 
 
-def _compile_time(v: TargetVerdict, found: set[str], result: TargetResult,
-                  base: TargetResult, rules: GateConfig) -> None:
+def _compile_time(
+    v: TargetVerdict, found: set[str], result: TargetResult, base: TargetResult, rules: GateConfig
+) -> None:
     pc, bc = result.compile, base.compile
     if pc is None or bc is None:
         return
@@ -227,15 +268,19 @@ def _compile_time(v: TargetVerdict, found: set[str], result: TargetResult,
     elif pc.state == "cold" and bc.state == "warm" and bc.cold_seconds:
         b, p, kind = bc.cold_seconds, pc.seconds, "cold"  # the cold compile of base's bundle
     else:
-        v.notes.append(f"compile time not compared: this run compiled {pc.state} "
-                       f"(FX graph hits {pc.fxgraph_cache_hit}, misses {pc.fxgraph_cache_miss}),"
-                       f" the baseline {bc.state}")
+        v.notes.append(
+            f"compile time not compared: this run compiled {pc.state} "
+            f"(FX graph hits {pc.fxgraph_cache_hit}, misses {pc.fxgraph_cache_miss}),"
+            f" the baseline {bc.state}"
+        )
         return
     # a busier machine compiles slower: scale by each run's reference workload
     ratio = (p / b) * _load(base) / _load(result)
     if ratio > 1 + rules.compile_time_regression and p - b > COMPILE_FLOOR_S:
-        text = (f"{kind} compile time {b:.1f} s -> {p:.1f} s ({ratio - 1:+.0%} load-adjusted, "
-                f"threshold {rules.compile_time_regression:.0%})")
+        text = (
+            f"{kind} compile time {b:.1f} s -> {p:.1f} s ({ratio - 1:+.0%} load-adjusted, "
+            f"threshold {rules.compile_time_regression:.0%})"
+        )
         if v.disturbed:
             found.add("inconclusive")
             v.reasons.append(f"{text}, on a disturbed run: measure again on a quiet runner")
@@ -244,21 +289,33 @@ def _compile_time(v: TargetVerdict, found: set[str], result: TargetResult,
             v.reasons.append(text)
 
 
-def _memory(v: TargetVerdict, found: set[str], result: TargetResult, base: TargetResult,
-            rules: GateConfig) -> None:
+def _memory(
+    v: TargetVerdict, found: set[str], result: TargetResult, base: TargetResult, rules: GateConfig
+) -> None:
     if not (result.memory and base.memory and result.memory.kind == base.memory.kind):
         return
     b_mem, p_mem = base.memory.compiled_peak_bytes, result.memory.compiled_peak_bytes
-    if b_mem is not None and p_mem is not None and \
-            p_mem > b_mem * (1 + rules.memory_regression) and \
-            p_mem - b_mem > MEMORY_FLOOR[result.memory.kind]:
+    if (
+        b_mem is not None
+        and p_mem is not None
+        and p_mem > b_mem * (1 + rules.memory_regression)
+        and p_mem - b_mem > MEMORY_FLOOR[result.memory.kind]
+    ):
         found.add("regressed")
-        v.reasons.append(f"peak memory {b_mem / 2**20:.1f} MiB -> {p_mem / 2**20:.1f} MiB "
-                         f"(threshold {rules.memory_regression:.0%})")
+        v.reasons.append(
+            f"peak memory {b_mem / 2**20:.1f} MiB -> {p_mem / 2**20:.1f} MiB "
+            f"(threshold {rules.memory_regression:.0%})"
+        )
 
 
-def _work(v: TargetVerdict, found: set[str], pr: Work | None, base: Work | None,
-          against: str, rules: GateConfig) -> None:
+def _work(
+    v: TargetVerdict,
+    found: set[str],
+    pr: Work | None,
+    base: Work | None,
+    against: str,
+    rules: GateConfig,
+) -> None:
     """FLOPs and bytes accessed: deterministic, so any growth past the threshold counts."""
     if pr is None or base is None:
         return
@@ -269,8 +326,10 @@ def _work(v: TargetVerdict, found: set[str], pr: Work | None, base: Work | None,
         change = p / b - 1
         if change > rules.work_regression:
             found.add("regressed")
-            v.reasons.append(f"{label} {_si(b)} -> {_si(p)} ({change:+.1%} vs the {against}, "
-                             f"threshold {rules.work_regression:.0%})")
+            v.reasons.append(
+                f"{label} {_si(b)} -> {_si(p)} ({change:+.1%} vs the {against}, "
+                f"threshold {rules.work_regression:.0%})"
+            )
         elif change < -rules.work_regression:
             v.notes.append(f"{label} {_si(b)} -> {_si(p)} ({change:+.1%})")
 
@@ -282,19 +341,22 @@ def _si(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _graph_breaks(v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs,
-                  rules: GateConfig) -> None:
+def _graph_breaks(
+    v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs, rules: GateConfig
+) -> None:
     old = {_break_key(b) for b in base.break_reasons}
     v.new_breaks = [b for b in pr.break_reasons if _break_key(b) not in old]
     if rules.graph_breaks == "no-increase" and pr.breaks > base.breaks:
         found.add("regressed")
         where = "; ".join(f"{b.reason} at {b.where()}" for b in v.new_breaks[:3])
-        v.reasons.append(f"graph breaks {base.breaks} -> {pr.breaks}"
-                         + (f": {where}" if where else ""))
+        v.reasons.append(
+            f"graph breaks {base.breaks} -> {pr.breaks}" + (f": {where}" if where else "")
+        )
 
 
-def _recompiles(v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs,
-                rules: GateConfig) -> None:
+def _recompiles(
+    v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs, rules: GateConfig
+) -> None:
     """The shape sweep: more recompiles than the baseline's fail, naming the guard torch
     says failed. A baseline measured before the sweep existed is not compared."""
     if base.sweep is None or pr.sweep is None:
@@ -303,8 +365,9 @@ def _recompiles(v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs,
     if p <= b:
         return
     new = [g for g in pr.sweep.guards if g not in base.sweep.guards] or pr.sweep.guards
-    text = (f"recompiles over {pr.sweep.shape_sets} shape set(s) {b} -> {p}"
-            + (f": guard failed: {new[0]}" if new else ""))
+    text = f"recompiles over {pr.sweep.shape_sets} shape set(s) {b} -> {p}" + (
+        f": guard failed: {new[0]}" if new else ""
+    )
     if rules.recompiles == "no-increase":
         found.add("regressed")
         v.reasons.append(text)
@@ -312,13 +375,18 @@ def _recompiles(v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs,
         v.notes.append(text)
 
 
-def _gate_paired(v: TargetVerdict, result: TargetResult, rules: GateConfig,
-                 found: set[str]) -> None:
+def _gate_paired(
+    v: TargetVerdict, result: TargetResult, rules: GateConfig, found: set[str]
+) -> None:
     """Paired mode: base and head measured round by round in one process."""
     pair = result.paired
     assert pair is not None and result.latency is not None
-    comp = stats.compare(pair.samples, result.latency.samples["compiled"], paired=True,
-                         threshold=rules.latency_regression)
+    comp = stats.compare(
+        pair.samples,
+        result.latency.samples["compiled"],
+        paired=True,
+        threshold=rules.latency_regression,
+    )
     _timing(v, found, "latency", comp)
     v.latency["paired"] = True  # type: ignore[index]
     v.notes.append(f"paired with {pair.base_ref} ({pair.base_commit[:12]}) in one process")
@@ -333,14 +401,18 @@ def overall(verdicts: list[TargetVerdict], *, require_baseline: bool = False) ->
     if not verdicts:
         return "pass"
     worst = min((t.verdict for t in verdicts), key=ORDER.index)
-    if require_baseline and worst in ("accepted", "improved", "pass") and \
-            any(t.verdict == "no-baseline" for t in verdicts):
+    if (
+        require_baseline
+        and worst in ("accepted", "improved", "pass")
+        and any(t.verdict == "no-baseline" for t in verdicts)
+    ):
         return "no-baseline"
     return worst
 
 
-def exit_code(verdict: str, *, require_baseline: bool = False,
-              fail_inconclusive: bool = False) -> int:
+def exit_code(
+    verdict: str, *, require_baseline: bool = False, fail_inconclusive: bool = False
+) -> int:
     if verdict == "error":
         return 2
     if verdict in ("parity-failed", "regressed"):
@@ -375,21 +447,38 @@ class GateReport:
     profile_all: bool = False  # show every target's profile diff, not only the slower ones
 
 
-def build_report(results: list[TargetResult], baselines: dict[str, Baseline | None],
-                 rules_for: Callable[[str], GateConfig], *, base_ref: str,
-                 removed: list[str] | None = None, require_baseline: bool = False,
-                 creator: dict | None = None,
-                 accepted: Callable[[str], bool] = lambda target: False) -> GateReport:
+def build_report(
+    results: list[TargetResult],
+    baselines: dict[str, Baseline | None],
+    rules_for: Callable[[str], GateConfig],
+    *,
+    base_ref: str,
+    removed: list[str] | None = None,
+    require_baseline: bool = False,
+    creator: dict | None = None,
+    accepted: Callable[[str], bool] = lambda target: False,
+) -> GateReport:
     """Gate every result; ``rules_for(target_id)`` gives that target's GateConfig and
     ``accepted(target_id)`` whether the pull request accepts its regression."""
-    rows = [GateRow(r, baselines.get(r.target),
-                    gate_target(r, baselines.get(r.target), rules_for(r.target),
-                                accept=accepted(r.target)))
-            for r in results]
+    rows = [
+        GateRow(
+            r,
+            baselines.get(r.target),
+            gate_target(r, baselines.get(r.target), rules_for(r.target), accept=accepted(r.target)),
+        )
+        for r in results
+    ]
     verdict = overall([row.verdict for row in rows], require_baseline=require_baseline)
-    fail_inconclusive = any(row.verdict.verdict == "inconclusive"
-                            and rules_for(row.result.target).inconclusive == "fail"
-                            for row in rows)
-    return GateReport(verdict, exit_code(verdict, require_baseline=require_baseline,
-                                         fail_inconclusive=fail_inconclusive),
-                      base_ref, rows, sorted(removed or []), creator=creator or {})
+    fail_inconclusive = any(
+        row.verdict.verdict == "inconclusive"
+        and rules_for(row.result.target).inconclusive == "fail"
+        for row in rows
+    )
+    return GateReport(
+        verdict,
+        exit_code(verdict, require_baseline=require_baseline, fail_inconclusive=fail_inconclusive),
+        base_ref,
+        rows,
+        sorted(removed or []),
+        creator=creator or {},
+    )

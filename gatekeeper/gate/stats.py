@@ -19,20 +19,32 @@ and paid for.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal, Sequence, Union
+from typing import Literal
 
 import numpy as np
 
-__all__ = ["MAD_TO_SIGMA", "Summary", "Comparison", "Verdict", "summarize", "noise", "decide",
-           "compare", "pooled_sd", "compare_runs", "runs_detectable_change"]
+__all__ = [
+    "MAD_TO_SIGMA",
+    "Summary",
+    "Comparison",
+    "Verdict",
+    "summarize",
+    "noise",
+    "decide",
+    "compare",
+    "pooled_sd",
+    "compare_runs",
+    "runs_detectable_change",
+]
 
 #: Scale factor that turns a median absolute deviation into a standard deviation for
 #: normal data (1 / Phi^-1(3/4)).
 MAD_TO_SIGMA = 1.4826
 
 Verdict = Literal["regressed", "improved", "unchanged", "borderline"]
-ArrayLike = Union[Sequence[float], np.ndarray]
+ArrayLike = Sequence[float] | np.ndarray
 
 # The exact signed-rank distribution is used up to this many differences (none zero
 # or tied), the normal approximation beyond.
@@ -46,7 +58,9 @@ def _samples(x: ArrayLike, name: str) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name}: samples must be numbers ({exc})") from None
     if arr.ndim != 1:
-        raise ValueError(f"{name}: samples must be a flat sequence of numbers, got shape {arr.shape}")
+        raise ValueError(
+            f"{name}: samples must be a flat sequence of numbers, got shape {arr.shape}"
+        )
     if arr.size == 0:
         raise ValueError(f"{name}: no samples (need at least one measurement)")
     if not np.all(np.isfinite(arr)):
@@ -54,8 +68,10 @@ def _samples(x: ArrayLike, name: str) -> np.ndarray:
         raise ValueError(f"{name}: {bad} of {arr.size} samples are NaN or infinite")
     if np.any(arr <= 0):
         bad = int(np.count_nonzero(arr <= 0))
-        raise ValueError(f"{name}: {bad} of {arr.size} samples are zero or negative (min "
-                         f"{arr.min()!r}); latency samples must be positive durations in seconds")
+        raise ValueError(
+            f"{name}: {bad} of {arr.size} samples are zero or negative (min "
+            f"{arr.min()!r}); latency samples must be positive durations in seconds"
+        )
     return arr
 
 
@@ -104,10 +120,18 @@ def summarize(samples: ArrayLike) -> Summary:
     x = _samples(samples, "samples")
     median = float(np.median(x))
     p25, p75, p95, p99 = (float(v) for v in np.percentile(x, [25, 75, 95, 99]))
-    return Summary(n=int(x.size), mean=float(np.mean(x)), median=median, p95=p95, p99=p99,
-                   min=float(np.min(x)), max=float(np.max(x)),
-                   stdev=float(np.std(x, ddof=1)) if x.size > 1 else 0.0,
-                   mad=float(np.median(np.abs(x - median))), iqr=p75 - p25)
+    return Summary(
+        n=int(x.size),
+        mean=float(np.mean(x)),
+        median=median,
+        p95=p95,
+        p99=p99,
+        min=float(np.min(x)),
+        max=float(np.max(x)),
+        stdev=float(np.std(x, ddof=1)) if x.size > 1 else 0.0,
+        mad=float(np.median(np.abs(x - median))),
+        iqr=p75 - p25,
+    )
 
 
 def noise(samples: ArrayLike) -> float:
@@ -152,16 +176,26 @@ class Comparison:
 
     def describe(self) -> str:
         """One line for a report, e.g. ``+8.1% (CI +6.9%..+9.4%), p=3e-12: regressed``."""
-        return (f"{self.delta:+.1%} (CI {self.ci_lo - 1:+.1%}..{self.ci_hi - 1:+.1%}), "
-                f"p={self.p_value:.2g}: {self.verdict}")
+        return (
+            f"{self.delta:+.1%} (CI {self.ci_lo - 1:+.1%}..{self.ci_hi - 1:+.1%}), "
+            f"p={self.p_value:.2g}: {self.verdict}"
+        )
 
     def to_dict(self) -> dict:
         """Plain dict of the fields, for JSON."""
         return asdict(self)
 
 
-def decide(ratio: float, ci_lo: float, ci_hi: float, p_slower: float, p_faster: float, *,
-           threshold: float, alpha: float = 0.05) -> tuple[Verdict, bool]:
+def decide(
+    ratio: float,
+    ci_lo: float,
+    ci_hi: float,
+    p_slower: float,
+    p_faster: float,
+    *,
+    threshold: float,
+    alpha: float = 0.05,
+) -> tuple[Verdict, bool]:
     """The gate's decision rule; returns ``(verdict, significant)``.
 
     ``ratio`` is pr/base with interval ``[lo, hi]``; ``p_slower``/``p_faster`` are the
@@ -178,7 +212,9 @@ def decide(ratio: float, ci_lo: float, ci_hi: float, p_slower: float, p_faster: 
     """
     threshold = float(threshold)
     if not 0.0 <= threshold < 1.0:
-        raise ValueError(f"threshold must be a fraction in [0, 1), e.g. 0.05 for 5%, got {threshold!r}")
+        raise ValueError(
+            f"threshold must be a fraction in [0, 1), e.g. 0.05 for 5%, got {threshold!r}"
+        )
     alpha = _check_open_unit(alpha, "alpha")
     upper, lower = 1.0 + threshold, 1.0 - threshold
     slower = p_slower < alpha and ci_lo > 1.0
@@ -194,17 +230,39 @@ def decide(ratio: float, ci_lo: float, ci_hi: float, p_slower: float, p_faster: 
     return verdict, bool(slower or faster)
 
 
-def _comparison(ratio: float, lo: float, hi: float, p_slower: float, p_faster: float, *,
-                threshold: float, alpha: float, n: tuple[int, int], paired: bool,
-                test: str, unit: str) -> Comparison:
+def _comparison(
+    ratio: float,
+    lo: float,
+    hi: float,
+    p_slower: float,
+    p_faster: float,
+    *,
+    threshold: float,
+    alpha: float,
+    n: tuple[int, int],
+    paired: bool,
+    test: str,
+    unit: str,
+) -> Comparison:
     """A Comparison with the verdict of :func:`decide`."""
-    verdict, significant = decide(ratio, lo, hi, p_slower, p_faster, threshold=threshold,
-                                  alpha=alpha)
-    return Comparison(ratio=ratio, delta=ratio - 1.0, ci_lo=lo, ci_hi=hi,
-                      p_value=p_slower if ratio >= 1.0 else p_faster,
-                      significant=significant, verdict=verdict, threshold=float(threshold),
-                      n_base=int(n[0]), n_pr=int(n[1]), paired=bool(paired), test=test,
-                      unit=unit)
+    verdict, significant = decide(
+        ratio, lo, hi, p_slower, p_faster, threshold=threshold, alpha=alpha
+    )
+    return Comparison(
+        ratio=ratio,
+        delta=ratio - 1.0,
+        ci_lo=lo,
+        ci_hi=hi,
+        p_value=p_slower if ratio >= 1.0 else p_faster,
+        significant=significant,
+        verdict=verdict,
+        threshold=float(threshold),
+        n_base=int(n[0]),
+        n_pr=int(n[1]),
+        paired=bool(paired),
+        test=test,
+        unit=unit,
+    )
 
 
 def _signed_rank_p(d: np.ndarray) -> tuple[float, float]:
@@ -219,16 +277,28 @@ def _signed_rank_p(d: np.ndarray) -> tuple[float, float]:
     nz = d[d != 0]
     if nz.size == 0:
         return 1.0, 1.0
-    exact = (nz.size == d.size and nz.size <= _WILCOXON_EXACT_MAX_N
-             and np.unique(np.abs(nz)).size == nz.size)
+    exact = (
+        nz.size == d.size
+        and nz.size <= _WILCOXON_EXACT_MAX_N
+        and np.unique(np.abs(nz)).size == nz.size
+    )
     method = "exact" if exact else "asymptotic"
-    slower, faster = (float(wilcoxon(nz, correction=True, alternative=alt, method=method).pvalue)
-                      for alt in ("greater", "less"))
+    slower, faster = (
+        float(wilcoxon(nz, correction=True, alternative=alt, method=method).pvalue)
+        for alt in ("greater", "less")
+    )
     return slower, faster
 
 
-def compare(base: ArrayLike, pr: ArrayLike, *, threshold: float, alpha: float = 0.05,
-            confidence: float = 0.95, paired: bool) -> Comparison:
+def compare(
+    base: ArrayLike,
+    pr: ArrayLike,
+    *,
+    threshold: float,
+    alpha: float = 0.05,
+    confidence: float = 0.95,
+    paired: bool,
+) -> Comparison:
     """Compare back-to-back pairs ``(base[i], pr[i])`` measured in one process.
 
     The pair shares that moment's machine state, which cancels in
@@ -250,8 +320,10 @@ def compare(base: ArrayLike, pr: ArrayLike, *, threshold: float, alpha: float = 
     b = _samples(base, "base")
     p = _samples(pr, "pr")
     if not paired:
-        raise ValueError("unpaired samples from two processes cannot be compared sample by "
-                         "sample (drift between processes); use compare_runs")
+        raise ValueError(
+            "unpaired samples from two processes cannot be compared sample by "
+            "sample (drift between processes); use compare_runs"
+        )
     if b.size != p.size:
         raise ValueError(f"paired samples need equal lengths, got base={b.size} and pr={p.size}")
     if b.size < 2:
@@ -263,9 +335,19 @@ def compare(base: ArrayLike, pr: ArrayLike, *, threshold: float, alpha: float = 
     n, mean = d.size, float(d.mean())
     half = float(t.ppf(0.5 + confidence / 2.0, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
     p_slower, p_faster = _signed_rank_p(d)
-    return _comparison(math.exp(mean), math.exp(mean - half), math.exp(mean + half),
-                       p_slower, p_faster, threshold=threshold, alpha=alpha, n=(n, n),
-                       paired=True, test="wilcoxon-signed-rank", unit="pairs")
+    return _comparison(
+        math.exp(mean),
+        math.exp(mean - half),
+        math.exp(mean + half),
+        p_slower,
+        p_faster,
+        threshold=threshold,
+        alpha=alpha,
+        n=(n, n),
+        paired=True,
+        test="wilcoxon-signed-rank",
+        unit="pairs",
+    )
 
 
 # ------------------------------------------------- stored baselines: runs, not samples
@@ -287,8 +369,16 @@ def pooled_sd(groups: Sequence[ArrayLike]) -> tuple[float | None, int]:
     return (math.sqrt(dev / df) if df >= 2 else None), df
 
 
-def compare_runs(base_runs: ArrayLike, pr_runs: ArrayLike, *, sd: float, df: int | None,
-                 threshold: float, alpha: float = 0.05, confidence: float = 0.95) -> Comparison:
+def compare_runs(
+    base_runs: ArrayLike,
+    pr_runs: ArrayLike,
+    *,
+    sd: float,
+    df: int | None,
+    threshold: float,
+    alpha: float = 0.05,
+    confidence: float = 0.95,
+) -> Comparison:
     """Compare a PR's runs with a stored baseline's runs, one median per process.
 
     With ``x`` the log medians of the ``n`` baseline runs and ``y`` those of the ``k``
@@ -315,15 +405,30 @@ def compare_runs(base_runs: ArrayLike, pr_runs: ArrayLike, *, sd: float, df: int
     se = sd * math.sqrt(1.0 / x.size + 1.0 / y.size)
     half = float(dist.ppf(0.5 + confidence / 2.0)) * se
     z = d / se
-    return _comparison(math.exp(d), math.exp(d - half), math.exp(d + half),
-                       float(dist.sf(z)), float(dist.cdf(z)), threshold=threshold,
-                       alpha=alpha, n=(x.size, y.size), paired=False,
-                       test="t-test on run medians" if df is not None
-                       else "z-test on run medians", unit="runs")
+    return _comparison(
+        math.exp(d),
+        math.exp(d - half),
+        math.exp(d + half),
+        float(dist.sf(z)),
+        float(dist.cdf(z)),
+        threshold=threshold,
+        alpha=alpha,
+        n=(x.size, y.size),
+        paired=False,
+        test="t-test on run medians" if df is not None else "z-test on run medians",
+        unit="runs",
+    )
 
 
-def runs_detectable_change(sd: float, df: int | None, n_base: int, n_pr: int = 1, *,
-                           alpha: float = 0.05, power: float = 0.8) -> float:
+def runs_detectable_change(
+    sd: float,
+    df: int | None,
+    n_base: int,
+    n_pr: int = 1,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.8,
+) -> float:
     """Smallest relative slowdown :func:`compare_runs` finds significant with probability
     about ``power``: ``exp((q_{1-alpha/2} + z_power) * sd * sqrt(1/n_base + 1/n_pr)) - 1``,
     q from the t distribution with ``df`` (normal when df is None)."""

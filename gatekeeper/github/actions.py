@@ -5,11 +5,12 @@ the summary are written only when the runner names their file (``GITHUB_OUTPUT``
 ``GITHUB_STEP_SUMMARY``), workflow commands are printed only when ``GITHUB_ACTIONS`` is
 ``true``; otherwise they do nothing and return False.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import github_action_utils as gha
 
@@ -35,8 +36,9 @@ def append_summary(markdown: str) -> bool:
     return True
 
 
-def error_annotation(message: str, file: str | None = None, line: int | None = None,
-                     title: str | None = None) -> bool:
+def error_annotation(
+    message: str, file: str | None = None, line: int | None = None, title: str | None = None
+) -> bool:
     """An error annotation on the run (and on ``file``:``line`` when given)."""
     if not in_actions():
         return False
@@ -44,8 +46,9 @@ def error_annotation(message: str, file: str | None = None, line: int | None = N
     return True
 
 
-def warning_annotation(message: str, file: str | None = None, line: int | None = None,
-                       title: str | None = None) -> bool:
+def warning_annotation(
+    message: str, file: str | None = None, line: int | None = None, title: str | None = None
+) -> bool:
     """A warning annotation on the run (and on ``file``:``line`` when given)."""
     if not in_actions():
         return False

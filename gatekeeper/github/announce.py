@@ -4,6 +4,7 @@
 ``comment.py``'s job.) Everything here is a no-op outside GitHub Actions, so commands call
 it unconditionally.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ def _repo_path(base_dir: Path, file: str | None) -> str | None:
         return None  # outside the repository: annotate the run, not a file
 
 
-def announce(report: GateReport, *, markdown: str, report_path: Path, results_path: Path,
-             base_dir: Path) -> None:
+def announce(
+    report: GateReport, *, markdown: str, report_path: Path, results_path: Path, base_dir: Path
+) -> None:
     """Outputs, summary and annotations for a gate verdict."""
     if not (actions.in_actions() or os.environ.get("GITHUB_OUTPUT")):
         return
@@ -39,12 +41,17 @@ def announce(report: GateReport, *, markdown: str, report_path: Path, results_pa
     for row in report.rows:
         v = row.verdict
         for brk in v.new_breaks:
-            actions.error_annotation(f"{v.target}: new graph break: {brk.reason}",
-                                       file=_repo_path(base_dir, brk.file), line=brk.line,
-                                       title="gatekeeper: graph break")
+            actions.error_annotation(
+                f"{v.target}: new graph break: {brk.reason}",
+                file=_repo_path(base_dir, brk.file),
+                line=brk.line,
+                title="gatekeeper: graph break",
+            )
         if v.verdict in ("regressed", "parity-failed", "error"):
-            actions.error_annotation(f"{v.target}: {v.verdict}: " + "; ".join(v.reasons),
-                                       title=f"gatekeeper: {v.verdict}")
+            actions.error_annotation(
+                f"{v.target}: {v.verdict}: " + "; ".join(v.reasons),
+                title=f"gatekeeper: {v.verdict}",
+            )
 
 
 def announce_warm(statuses: list[str]) -> None:

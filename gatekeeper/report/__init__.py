@@ -1,6 +1,7 @@
 """The report: a GateReport rendered for people (markdown: the PR comment and the job
 summary) and for tools (JSON); written beside the results. Nothing here measures or
 decides."""
+
 from __future__ import annotations
 
 import json as _json

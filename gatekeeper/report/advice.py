@@ -3,6 +3,7 @@ and warm compile time, p50, speedup vs eager, peak memory and the break-even cal
 (compile time / time saved per call), and name a mode for serving and one for short jobs,
 with the rule used. Pure: no I/O, no torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,9 +60,16 @@ def figures(r: TargetResult, mode: str) -> ModeFigures | None:
     cold = c.seconds if c.state == "cold" else c.cold_seconds
     warm = c.seconds if c.state == "warm" else None
     ok = r.parity is None or r.parity.vs_eager.passed
-    return ModeFigures(mode, r.target, cold, warm, r.latency.compiled.p50,
-                       r.latency.eager.p50,
-                       r.memory.compiled_peak_bytes if r.memory else None, ok)
+    return ModeFigures(
+        mode,
+        r.target,
+        cold,
+        warm,
+        r.latency.compiled.p50,
+        r.latency.eager.p50,
+        r.memory.compiled_peak_bytes if r.memory else None,
+        ok,
+    )
 
 
 def advise(results: list[TargetResult]) -> list[Advice]:
@@ -87,11 +95,18 @@ def _advice(model: str, shapes: str, modes: list[ModeFigures]) -> Advice:
     if good:
         fastest = min(f.p50 for f in good)
         tied = [f for f in good if f.p50 <= fastest * (1 + TIE)]
-        best = min(tied, key=lambda f: (f.peak if f.peak is not None else math.inf,
-                                        f.warm_s if f.warm_s is not None else math.inf))
+        best = min(
+            tied,
+            key=lambda f: (
+                f.peak if f.peak is not None else math.inf,
+                f.warm_s if f.warm_s is not None else math.inf,
+            ),
+        )
         serving = best.mode
-        serving_rule = (f"lowest p50 (a deploy compiles once and warm-starts); modes within "
-                        f"{TIE:.0%} of it tie, then the smaller peak memory wins")
+        serving_rule = (
+            f"lowest p50 (a deploy compiles once and warm-starts); modes within "
+            f"{TIE:.0%} of it tie, then the smaller peak memory wins"
+        )
     short, short_rule = None, "no cold compile time was measured"
     timed = [f for f in good if f.cold_s is not None]
     if timed:
@@ -100,7 +115,9 @@ def _advice(model: str, shapes: str, modes: list[ModeFigures]) -> Advice:
         eager = n * timed[0].eager_p50
         best_mode = min(totals, key=totals.__getitem__)
         short = best_mode if totals[best_mode] < eager else "eager"
-        short_rule = (f"smallest cold compile + {n:,} calls × p50, against {n:,} eager calls "
-                      f"({eager:.2f} s)")
-    return Advice(model, shapes, sorted(modes, key=lambda f: f.mode), serving, serving_rule,
-                  short, short_rule)
+        short_rule = (
+            f"smallest cold compile + {n:,} calls × p50, against {n:,} eager calls ({eager:.2f} s)"
+        )
+    return Advice(
+        model, shapes, sorted(modes, key=lambda f: f.mode), serving, serving_rule, short, short_rule
+    )

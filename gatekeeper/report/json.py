@@ -1,5 +1,6 @@
 """The report as a JSON document (schema ``gatekeeper.report/1``): the same data as the
 markdown, for tools, without the raw timing samples (those stay in results.json)."""
+
 from __future__ import annotations
 
 import math
@@ -7,9 +8,18 @@ from typing import Any
 
 from ..gate import GateReport, GateRow
 from ..results import TargetResult
-from .markdown import (_base, _breaks, _compile_s, _p50, _recompiles, _speedup,
-                       base_profile, counts, summary_line)
 from .advice import advise
+from .markdown import (
+    _base,
+    _breaks,
+    _compile_s,
+    _p50,
+    _recompiles,
+    _speedup,
+    base_profile,
+    counts,
+    summary_line,
+)
 from .profile import diff as profile_diff
 
 REPORT_SCHEMA = "gatekeeper.report/1"
@@ -17,7 +27,6 @@ REPORT_SCHEMA = "gatekeeper.report/1"
 
 def _calls(n: float | None) -> float | str | None:
     return "never" if n is not None and math.isinf(n) else n
-
 
 
 def _json_safe(x: Any) -> Any:
@@ -39,9 +48,13 @@ def _latency_summaries(r: TargetResult | None) -> dict | None:
     if r is None or r.latency is None:
         return None
     lat = r.latency
-    return {"eager": lat.eager.model_dump(), "compiled": lat.compiled.model_dump(),
-            "reference": lat.reference.model_dump() if lat.reference else None,
-            "throughput": lat.throughput, "inner_loops": lat.inner_loops}
+    return {
+        "eager": lat.eager.model_dump(),
+        "compiled": lat.compiled.model_dump(),
+        "reference": lat.reference.model_dump() if lat.reference else None,
+        "throughput": lat.throughput,
+        "inner_loops": lat.inner_loops,
+    }
 
 
 def _target_json(row: GateRow, remeasured: set[str]) -> dict:
@@ -65,8 +78,10 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "speedup": _side(_speedup(base), _speedup(r)),
         "compile": _side(dump(base.compile) if base else None, dump(r.compile)),
         "compile_s": _side(_compile_s(base), _compile_s(r)),
-        "graphs": _side(base.graphs.count if base and base.graphs else None,
-                        r.graphs.count if r.graphs else None),
+        "graphs": _side(
+            base.graphs.count if base and base.graphs else None,
+            r.graphs.count if r.graphs else None,
+        ),
         "graph_breaks": _side(_breaks(base), _breaks(r)),
         "break_reasons": [b.model_dump() for b in r.graphs.break_reasons] if r.graphs else [],
         "new_breaks": [b.model_dump() for b in v.new_breaks],
@@ -74,25 +89,39 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
         "parity": dump(r.parity),
         "cache": r.compile.cache if r.compile else None,
-        "compile_state": _side(base.compile.state if base and base.compile else None,
-                               r.compile.state if r.compile else None),
+        "compile_state": _side(
+            base.compile.state if base and base.compile else None,
+            r.compile.state if r.compile else None,
+        ),
         "work": _side(dump(base.work) if base else None, dump(r.work)),
         "base_commit_work": dump(r.paired.work) if r.paired else None,
         "mode": v.mode,
         "profile": _side(dump(base_profile(row)), dump(r.profile)),
-        "profile_diff": [{"name": c.name, "base_us": c.base_us, "pr_us": c.pr_us,
-                          "delta_us": c.delta_us, "ratio": c.ratio}
-                         for c in profile_diff(base_profile(row), r.profile)]
-        if base_profile(row) is not None and r.profile is not None else None,
+        "profile_diff": [
+            {
+                "name": c.name,
+                "base_us": c.base_us,
+                "pr_us": c.pr_us,
+                "delta_us": c.delta_us,
+                "ratio": c.ratio,
+            }
+            for c in profile_diff(base_profile(row), r.profile)
+        ]
+        if base_profile(row) is not None and r.profile is not None
+        else None,
         "disturbed": v.disturbed,
         "detectable": v.detectable,
         "env_key": r.env_key,
         "code_hash": r.code_hash,
         "base_code_hash": base.code_hash if base else None,
-        "baseline": None if row.baseline is None else {
-            "ref": row.baseline.ref, "commit": row.baseline.commit,
+        "baseline": None
+        if row.baseline is None
+        else {
+            "ref": row.baseline.ref,
+            "commit": row.baseline.commit,
             "created_at": row.baseline.created_at,
-            "noise": row.baseline.noise.model_dump() if row.baseline.noise else None},
+            "noise": row.baseline.noise.model_dump() if row.baseline.noise else None,
+        },
     }
 
 
@@ -111,14 +140,26 @@ def report_json(report: GateReport) -> dict:
         "creator": dict(report.creator or {}),
         "targets": [_target_json(row, remeasured) for row in report.rows],
         "removed": list(report.removed),
-        "mode_advice": [{"model": a.model, "shapes": a.shapes, "serving": a.serving,
-                         "serving_rule": a.serving_rule, "short_job": a.short_job,
-                         "short_job_rule": a.short_job_rule,
-                         "modes": [{**f.__dict__, "speedup": f.speedup,
-                                    "break_even_cold": _calls(f.break_even(f.cold_s)),
-                                    "break_even_warm": _calls(f.break_even(f.warm_s))}
-                                   for f in a.modes]}
-                        for a in advise([row.result for row in report.rows])],
+        "mode_advice": [
+            {
+                "model": a.model,
+                "shapes": a.shapes,
+                "serving": a.serving,
+                "serving_rule": a.serving_rule,
+                "short_job": a.short_job,
+                "short_job_rule": a.short_job_rule,
+                "modes": [
+                    {
+                        **f.__dict__,
+                        "speedup": f.speedup,
+                        "break_even_cold": _calls(f.break_even(f.cold_s)),
+                        "break_even_warm": _calls(f.break_even(f.warm_s)),
+                    }
+                    for f in a.modes
+                ],
+            }
+            for a in advise([row.result for row in report.rows])
+        ],
         "remeasured": list(report.remeasured),
     }
     return _json_safe(doc)

@@ -14,22 +14,24 @@ Text that comes from the measured code (graph-break reasons, errors, parity deta
 contains backticks, pipes, ``<``, ``@`` and newlines; it goes through :func:`md_text`
 before it reaches markdown, so it can neither break a table nor ping anyone.
 """
+
 from __future__ import annotations
 
 import html
 import math
 import re
 import statistics
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from tabulate import tabulate
 
 from ..gate import ORDER, GateReport, GateRow
 from ..gate.drift import normalised_latency
+from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
 from .advice import Advice, advise
 from .profile import diff as profile_diff
 from .trend import sparkline
-from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
 
 MAX_MARKDOWN_CHARS = 60_000
 DASH = "–"
@@ -54,10 +56,15 @@ MAX_REASON_CHARS = 500  # one graph-break reason / gate reason in a table or lis
 MAX_ERROR_CHARS = 3000  # an error's text in its details (the tail is kept)
 MAX_LIST_ITEMS = 100  # added / removed / re-measured target lists
 
-_MD_ESCAPES = str.maketrans({
-    **{c: "\\" + c for c in "\\`*_[]|~#!"},
-    "&": "&amp;", "<": "&lt;", ">": "&gt;", "@": "@\u200b",
-})
+_MD_ESCAPES = str.maketrans(
+    {
+        **{c: "\\" + c for c in "\\`*_[]|~#!"},
+        "&": "&amp;",
+        "<": "&lt;",
+        ">": "&gt;",
+        "@": "@\u200b",
+    }
+)
 _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 
@@ -239,9 +246,18 @@ def _parity_failed(r: TargetResult) -> list[str]:
 
 # ------------------------------------------------------------------------ the main table
 
-HEADERS = ["target", "verdict", "p50 latency (Δ, trend)", "speedup vs eager", "compile",
-           "graph breaks", "recompiles", "peak mem compiled (MiB)", "parity (max abs err)",
-           "cache"]
+HEADERS = [
+    "target",
+    "verdict",
+    "p50 latency (Δ, trend)",
+    "speedup vs eager",
+    "compile",
+    "graph breaks",
+    "recompiles",
+    "peak mem compiled (MiB)",
+    "parity (max abs err)",
+    "cache",
+]
 
 
 def _latency_cell(row: GateRow) -> str:
@@ -263,16 +279,22 @@ def _latency_cell(row: GateRow) -> str:
 def _trend(row: GateRow) -> str:
     """The base branch's last baselines (normalised latency, oldest first) and, after the
     arrow, this run's point on the same scale."""
+
     def level(r: TargetResult) -> float | None:
         xs = normalised_latency(r)
         return statistics.median(xs) if xs else None
-    return sparkline([level(r) for r in row.history], level(row.result)) \
-        if len(row.history) >= 2 else ""
+
+    return (
+        sparkline([level(r) for r in row.history], level(row.result))
+        if len(row.history) >= 2
+        else ""
+    )
 
 
 def _speedup_cell(row: GateRow) -> str:
     def fmt(x: float | None) -> str:
         return DASH if x is None else f"{x:.2f}x"
+
     cell = _pair(fmt(_speedup(_base(row))), fmt(_speedup(row.result)))
     comp = row.verdict.speedup
     if comp and comp.get("verdict") in ("regressed", "improved"):
@@ -317,8 +339,10 @@ def _parity_cell(row: GateRow) -> str:
     if failed:
         return "❌ FAILED (" + ", ".join(failed) + ")"
     vb = r.parity.vs_baseline
-    return (f"eager {fmt_sci(r.parity.vs_eager.max_abs_err)} · "
-            f"base {fmt_sci(vb.max_abs_err) if vb else DASH}")
+    return (
+        f"eager {fmt_sci(r.parity.vs_eager.max_abs_err)} · "
+        f"base {fmt_sci(vb.max_abs_err) if vb else DASH}"
+    )
 
 
 def _table_row(row: GateRow) -> list[str]:
@@ -350,8 +374,7 @@ def _table(rows: Iterable[list[str]], headers: list[str]) -> str:
 def _summary_rows(label: str, s: LatencySummary | None) -> list[str] | None:
     if s is None:
         return None
-    return [label, fmt_time(s.p50), fmt_time(s.p95), fmt_time(s.p99), fmt_time(s.mean),
-            str(s.n)]
+    return [label, fmt_time(s.p50), fmt_time(s.p95), fmt_time(s.p99), fmt_time(s.mean), str(s.n)]
 
 
 def _latency_table(row: GateRow) -> str | None:
@@ -386,15 +409,19 @@ def _comparison_table(row: GateRow) -> str | None:
     v = row.verdict
     rows = []
     if v.latency:
-        label = ("compiled latency ÷ reference workload" if v.latency.get("normalised")
-                 else "compiled latency (not normalised)")
+        label = (
+            "compiled latency ÷ reference workload"
+            if v.latency.get("normalised")
+            else "compiled latency (not normalised)"
+        )
         rows.append(_comparison_row(label, v.latency))
     if v.speedup:
         rows.append(_comparison_row("compiled ÷ eager per round (speedup)", v.speedup))
     if not rows:
         return None
-    return _table(rows, ["PR vs base", "ratio", "Δ", "CI", "p-value", "threshold",
-                         "verdict", "test"])
+    return _table(
+        rows, ["PR vs base", "ratio", "Δ", "CI", "p-value", "threshold", "verdict", "test"]
+    )
 
 
 def _compile_table(row: GateRow) -> str | None:
@@ -404,13 +431,31 @@ def _compile_table(row: GateRow) -> str | None:
             continue
         c = r.compile
         graphs = str(r.graphs.count) if r.graphs else DASH
-        rows.append([side, f"{c.seconds:.2f} s", c.state, c.cache,
-                     f"{c.fxgraph_cache_hit} / {c.fxgraph_cache_miss}",
-                     f"{c.autograd_cache_hit} / {c.autograd_cache_miss}", graphs])
+        rows.append(
+            [
+                side,
+                f"{c.seconds:.2f} s",
+                c.state,
+                c.cache,
+                f"{c.fxgraph_cache_hit} / {c.fxgraph_cache_miss}",
+                f"{c.autograd_cache_hit} / {c.autograd_cache_miss}",
+                graphs,
+            ]
+        )
     if not rows:
         return None
-    return _table(rows, ["", "compile", "start", "cache", "FX graph hit / miss",
-                         "AOT autograd hit / miss", "graphs"])
+    return _table(
+        rows,
+        [
+            "",
+            "compile",
+            "start",
+            "cache",
+            "FX graph hit / miss",
+            "AOT autograd hit / miss",
+            "graphs",
+        ],
+    )
 
 
 def _memory_table(row: GateRow) -> str | None:
@@ -420,7 +465,8 @@ def _memory_table(row: GateRow) -> str | None:
             continue
         m = r.memory
         kind = {"cuda": "CUDA max allocated", "cpu": "peak bytes allocated"}.get(
-            m.kind, "peak RSS growth")
+            m.kind, "peak RSS growth"
+        )
         rows.append([side, kind, fmt_mib(m.eager_peak_bytes), fmt_mib(m.compiled_peak_bytes)])
     if not rows:
         return None
@@ -428,19 +474,34 @@ def _memory_table(row: GateRow) -> str | None:
 
 
 def _work_table(row: GateRow) -> str | None:
-    sides = [("base commit" if row.result.paired else "base",
-              row.result.paired.work if row.result.paired else
-              (_base(row).work if _base(row) else None)), ("PR", row.result.work)]
+    sides = [
+        (
+            "base commit" if row.result.paired else "base",
+            row.result.paired.work
+            if row.result.paired
+            else (_base(row).work if _base(row) else None),
+        ),
+        ("PR", row.result.work),
+    ]
     rows = []
     for side, w in sides:
         if w is None:
             continue
-        rows.append([side, _count(w.flops), _count(w.bytes_accessed), _count(w.kernels),
-                     _count(w.instructions)])
+        rows.append(
+            [
+                side,
+                _count(w.flops),
+                _count(w.bytes_accessed),
+                _count(w.kernels),
+                _count(w.instructions),
+            ]
+        )
     if not rows:
         return None
-    return _table(rows, ["", "FLOPs / call", "bytes accessed / call", "kernels generated",
-                         "instructions / call"])
+    return _table(
+        rows,
+        ["", "FLOPs / call", "bytes accessed / call", "kernels generated", "instructions / call"],
+    )
 
 
 def _count(n: int | str | None) -> str:
@@ -464,28 +525,42 @@ def shows_profile(row: GateRow, everything: bool = False) -> bool:
     if row.result.profile is None or base_profile(row) is None:
         return False
     timing = [c for c in (row.verdict.latency, row.verdict.speedup) if c]
-    slower = any(c.get("verdict") in ("regressed", "borderline") or
-                 c.get("delta", 0) > c.get("threshold", 1) for c in timing)
-    return everything or (row.verdict.verdict in ("regressed", "inconclusive", "accepted")
-                          and slower)
+    slower = any(
+        c.get("verdict") in ("regressed", "borderline") or c.get("delta", 0) > c.get("threshold", 1)
+        for c in timing
+    )
+    return everything or (
+        row.verdict.verdict in ("regressed", "inconclusive", "accepted") and slower
+    )
 
 
 def _profile_section(row: GateRow, everything: bool) -> list[str]:
     if not shows_profile(row, everything):
         return []
     base, pr = base_profile(row), row.result.profile
-    rows = [[md_text(c.name, 80), fmt_time(c.base_us * 1e-6), fmt_time(c.pr_us * 1e-6),
-             fmt_time(c.delta_us * 1e-6) if c.delta_us >= 0 else "-" + fmt_time(-c.delta_us * 1e-6),
-             fmt_pct(c.ratio) if c.ratio is not None else "new"]
-            for c in profile_diff(base, pr)]
+    rows = [
+        [
+            md_text(c.name, 80),
+            fmt_time(c.base_us * 1e-6),
+            fmt_time(c.pr_us * 1e-6),
+            fmt_time(c.delta_us * 1e-6) if c.delta_us >= 0 else "-" + fmt_time(-c.delta_us * 1e-6),
+            fmt_pct(c.ratio) if c.ratio is not None else "new",
+        ]
+        for c in profile_diff(base, pr)
+    ]
     unit = "device" if pr.device_time else "CPU"
-    out = [f"**Where the time went** ({unit} self time per call, torch.profiler over "
-           f"{pr.calls} calls; {'the base commit' if row.result.paired else 'the baseline'} "
-           "→ this run)\n", _table(rows, ["operator", "base", "PR", "Δ", "Δ%"])]
+    out = [
+        f"**Where the time went** ({unit} self time per call, torch.profiler over "
+        f"{pr.calls} calls; {'the base commit' if row.result.paired else 'the baseline'} "
+        "→ this run)\n",
+        _table(rows, ["operator", "base", "PR", "Δ", "Δ%"]),
+    ]
     traces = [t for t in (base.trace if row.result.paired else None, pr.trace) if t]
     if traces:
-        out.append("\nChrome traces (open in Perfetto or chrome://tracing): "
-                   + ", ".join(md_code(t) for t in traces))
+        out.append(
+            "\nChrome traces (open in Perfetto or chrome://tracing): "
+            + ", ".join(md_code(t) for t in traces)
+        )
     return out + [""]
 
 
@@ -493,16 +568,26 @@ def _parity_table(r: TargetResult) -> str | None:
     if r.parity is None:
         return None
     rows = []
-    checks: list[tuple[str, ParityCheck | None]] = [("compiled vs eager", r.parity.vs_eager),
-                                                     ("compiled vs baseline", r.parity.vs_baseline)]
+    checks: list[tuple[str, ParityCheck | None]] = [
+        ("compiled vs eager", r.parity.vs_eager),
+        ("compiled vs baseline", r.parity.vs_baseline),
+    ]
     for label, c in checks:
         if c is None:
             rows.append([label, DASH, DASH, DASH, DASH, DASH, "no baseline reference outputs"])
             continue
         cos = DASH if c.cosine is None else f"{c.cosine:.6f}"
-        rows.append([label, "✅ pass" if c.passed else "❌ FAILED", md_text(c.method),
-                     fmt_sci(c.max_abs_err), fmt_sci(c.rmse), cos,
-                     md_text(c.detail, MAX_REASON_CHARS) if c.detail else ""])
+        rows.append(
+            [
+                label,
+                "✅ pass" if c.passed else "❌ FAILED",
+                md_text(c.method),
+                fmt_sci(c.max_abs_err),
+                fmt_sci(c.rmse),
+                cos,
+                md_text(c.detail, MAX_REASON_CHARS) if c.detail else "",
+            ]
+        )
     return _table(rows, ["", "result", "method", "max abs err", "RMSE", "cosine", "detail"])
 
 
@@ -524,10 +609,15 @@ def _breaks_section(row: GateRow) -> list[str]:
     if r.graphs is not None and r.graphs.break_reasons:
         new_keys = {(b.reason, b.file, b.line) for b in new}
         reasons = r.graphs.break_reasons
-        rows = [[str(i), _break_where(b, table=True),
-                 "🆕" if (b.reason, b.file, b.line) in new_keys else "",
-                 md_text(b.reason, MAX_REASON_CHARS)]
-                for i, b in enumerate(reasons[:MAX_BREAKS_LISTED], 1)]
+        rows = [
+            [
+                str(i),
+                _break_where(b, table=True),
+                "🆕" if (b.reason, b.file, b.line) in new_keys else "",
+                md_text(b.reason, MAX_REASON_CHARS),
+            ]
+            for i, b in enumerate(reasons[:MAX_BREAKS_LISTED], 1)
+        ]
         out.append(f"**All graph breaks in this PR ({len(reasons)})**\n")
         out.append(_table(rows, ["#", "where", "new", "reason"]))
         if len(reasons) > MAX_BREAKS_LISTED:
@@ -539,13 +629,16 @@ def _breaks_section(row: GateRow) -> list[str]:
 def _details(row: GateRow, everything: bool = False) -> str:
     r, v = row.result, row.verdict
     base = _base(row)
-    parts = [f"<details><summary>{html.escape(r.target)} — {_verdict_label(v.verdict)}"
-             "</summary>", ""]
+    parts = [
+        f"<details><summary>{html.escape(r.target)} — {_verdict_label(v.verdict)}</summary>",
+        "",
+    ]
     if r.status == "error":
         parts += [f"**Error:** {md_text(error_line(r.error), MAX_REASON_CHARS)}", ""]
         if r.error and r.error.strip() != error_line(r.error):
-            text = r.error if len(r.error) <= MAX_ERROR_CHARS else \
-                "…\n" + r.error[-MAX_ERROR_CHARS:]
+            text = (
+                r.error if len(r.error) <= MAX_ERROR_CHARS else "…\n" + r.error[-MAX_ERROR_CHARS:]
+            )
             parts += [_code_block(text), ""]
     reasons = [x for x in v.reasons if x != r.error]  # an error is shown above
     if reasons:
@@ -558,40 +651,53 @@ def _details(row: GateRow, everything: bool = False) -> str:
         parts.append("")
     parts += _breaks_section(row)
     parts += _profile_section(row, everything)
-    for title, table in (("Latency", _latency_table(row)),
-                         ("Latency comparison", _comparison_table(row)),
-                         ("Compile", _compile_table(row)),
-                         ("Work per call (deterministic)", _work_table(row)),
-                         ("Peak memory", _memory_table(row)),
-                         ("Parity", _parity_table(r))):
+    for title, table in (
+        ("Latency", _latency_table(row)),
+        ("Latency comparison", _comparison_table(row)),
+        ("Compile", _compile_table(row)),
+        ("Work per call (deterministic)", _work_table(row)),
+        ("Peak memory", _memory_table(row)),
+        ("Parity", _parity_table(r)),
+    ):
         if table:
             parts += [f"**{title}**\n", table, ""]
     env = [f"- env key: {md_code(r.env_key)}"]
     code = f"- code hash: {md_code(r.code_hash)}"
     if base is not None:
-        code += (" (unchanged)" if base.code_hash == r.code_hash
-                 else f" (baseline: {md_code(base.code_hash)})")
+        code += (
+            " (unchanged)"
+            if base.code_hash == r.code_hash
+            else f" (baseline: {md_code(base.code_hash)})"
+        )
     env.append(code)
     env.append(f"- device: {md_code(r.device)}")
     if v.mode:
         env.append(f"- timing decided by: {v.mode} mode")
     d = r.latency.disturbance if r.latency else None
     if d is not None and d.others_cores is not None:
-        env.append(f"- machine while timing: other processes used {d.others_cores:.2f} of "
-                   f"{d.cores} cores; reference workload spread "
-                   f"{(d.reference_noise or 0):.1%}"
-                   + (" (**disturbed**)" if v.disturbed else ""))
+        env.append(
+            f"- machine while timing: other processes used {d.others_cores:.2f} of "
+            f"{d.cores} cores; reference workload spread "
+            f"{(d.reference_noise or 0):.1%}" + (" (**disturbed**)" if v.disturbed else "")
+        )
     if row.baseline is not None:
         commit = row.baseline.commit
-        env.append(f"- baseline: {md_code(row.baseline.ref)}"
-                   + (f" at {md_code(commit[:12])}" if commit else "")
-                   + f", measured {md_text(row.baseline.created_at)}")
+        env.append(
+            f"- baseline: {md_code(row.baseline.ref)}"
+            + (f" at {md_code(commit[:12])}" if commit else "")
+            + f", measured {md_text(row.baseline.created_at)}"
+        )
         noise = row.baseline.noise
         if noise is not None:
-            between = (f", {noise.between:.1%} between {len(noise.runs)} runs"
-                       if noise.between is not None else "")
-            env.append(f"- noise on this runner: {noise.within:.1%} within a run{between}; "
-                       f"smallest slowdown it can detect: **{noise.detectable:.1%}**")
+            between = (
+                f", {noise.between:.1%} between {len(noise.runs)} runs"
+                if noise.between is not None
+                else ""
+            )
+            env.append(
+                f"- noise on this runner: {noise.within:.1%} within a run{between}; "
+                f"smallest slowdown it can detect: **{noise.detectable:.1%}**"
+            )
     parts += ["**Environment**\n", *env, "", "</details>"]
     return "\n".join(parts)
 
@@ -602,9 +708,12 @@ def _details(row: GateRow, everything: bool = False) -> str:
 def _headline(report: GateReport, title: str) -> str:
     n = len(report.rows)
     tally = " · ".join(f"{_emoji(v)} {c} {v}" for v, c in counts(report).items() if c)
-    lines = [f"## {_emoji(report.verdict)} {md_text(title)}: {report.verdict}", "",
-             f"**{n} target{'s' if n != 1 else ''}** gated against the baseline of "
-             f"{md_code(report.base_ref)}" + (f": {tally}" if tally else "")]
+    lines = [
+        f"## {_emoji(report.verdict)} {md_text(title)}: {report.verdict}",
+        "",
+        f"**{n} target{'s' if n != 1 else ''}** gated against the baseline of "
+        f"{md_code(report.base_ref)}" + (f": {tally}" if tally else ""),
+    ]
     c = report.creator or {}
     extra = []
     if c.get("commit"):
@@ -631,8 +740,10 @@ def _failures(rows: list[GateRow]) -> str | None:
             why = [error_line(row.result.error)]
         else:
             why = v.reasons or [v.verdict]
-        items.append(f"- {_emoji(v.verdict)} **{md_text(row.result.target)}**: "
-                     + "; ".join(md_text(w, MAX_REASON_CHARS) for w in why))
+        items.append(
+            f"- {_emoji(v.verdict)} **{md_text(row.result.target)}**: "
+            + "; ".join(md_text(w, MAX_REASON_CHARS) for w in why)
+        )
     return "\n".join(items) if items else None
 
 
@@ -643,12 +754,32 @@ def _calls(n: float | None) -> str:
 
 
 def _advice_block(a: Advice) -> str:
-    rows = [[md_code(f.mode, table=True), fmt_time(f.cold_s), fmt_time(f.warm_s),
-             fmt_time(f.p50), f"{f.speedup:.2f}x", fmt_mib(f.peak),
-             f"{_calls(f.break_even(f.cold_s))} / {_calls(f.break_even(f.warm_s))}",
-             "" if f.ok else "❌ parity"] for f in a.modes]
-    table = _table(rows, ["mode", "compile cold", "compile warm", "p50", "speedup vs eager",
-                          "peak MiB", "break-even calls (cold / warm)", ""])
+    rows = [
+        [
+            md_code(f.mode, table=True),
+            fmt_time(f.cold_s),
+            fmt_time(f.warm_s),
+            fmt_time(f.p50),
+            f"{f.speedup:.2f}x",
+            fmt_mib(f.peak),
+            f"{_calls(f.break_even(f.cold_s))} / {_calls(f.break_even(f.warm_s))}",
+            "" if f.ok else "❌ parity",
+        ]
+        for f in a.modes
+    ]
+    table = _table(
+        rows,
+        [
+            "mode",
+            "compile cold",
+            "compile warm",
+            "p50",
+            "speedup vs eager",
+            "peak MiB",
+            "break-even calls (cold / warm)",
+            "",
+        ],
+    )
     lines = [f"**{md_text(a.model)} / {md_text(a.shapes)}**", "", table, ""]
     if a.serving:
         lines.append(f"- serving: {md_code(a.serving)} — {md_text(a.serving_rule)}")
@@ -661,9 +792,15 @@ def _mode_advice(report: GateReport) -> str | None:
     blocks = [_advice_block(a) for a in advise([row.result for row in report.rows])]
     if not blocks:
         return None
-    return "\n\n".join(["### Which mode?", "<sub>Break-even: compile time ÷ time saved per "
-                          "call against eager. Cold: an empty cache; warm: after a warm start "
-                          "from the bundle.</sub>", *blocks])
+    return "\n\n".join(
+        [
+            "### Which mode?",
+            "<sub>Break-even: compile time ÷ time saved per "
+            "call against eager. Cold: an empty cache; warm: after a warm start "
+            "from the bundle.</sub>",
+            *blocks,
+        ]
+    )
 
 
 def _target_list(title: str, targets: list[str], note: str = "") -> str | None:
@@ -678,14 +815,15 @@ def _target_list(title: str, targets: list[str], note: str = "") -> str | None:
 
 def _hard_cap(text: str, limit: int) -> str:
     """Last resort when even the report without details is too big: cut at a line."""
-    note = ("\n\n*Report truncated to stay under "
-            f"{limit:,} characters; the JSON report has every target.*\n")
+    note = (
+        "\n\n*Report truncated to stay under "
+        f"{limit:,} characters; the JSON report has every target.*\n"
+    )
     cut = text.rfind("\n", 0, max(0, limit - len(note)))
     return text[: max(cut, 0)] + note
 
 
-def render_markdown(report: GateReport, *, title: str = "gatekeeper",
-                    details: bool = True) -> str:
+def render_markdown(report: GateReport, *, title: str = "gatekeeper", details: bool = True) -> str:
     """The report as GitHub-flavoured markdown, under :data:`MAX_MARKDOWN_CHARS`."""
     rows = _sorted_rows(report)
     head = [_headline(report, title)]
@@ -693,15 +831,21 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper",
         head.append(_table((_table_row(r) for r in rows), HEADERS))
         notes = []
         if any(r.verdict.latency and r.verdict.latency.get("normalised") for r in rows):
-            notes.append("Δ compares compiled latency divided by a co-measured reference "
-                         "workload (which cancels machine drift), so it can differ from the "
-                         "ratio of the raw p50s. n.s. = not significant.")
+            notes.append(
+                "Δ compares compiled latency divided by a co-measured reference "
+                "workload (which cancels machine drift), so it can differ from the "
+                "ratio of the raw p50s. n.s. = not significant."
+            )
         if any(r.verdict.latency and r.verdict.latency.get("paired") for r in rows):
-            notes.append("paired: Δ is the base commit against this change, timed round by "
-                         "round in one process.")
+            notes.append(
+                "paired: Δ is the base commit against this change, timed round by "
+                "round in one process."
+            )
         if any(_trend(r) for r in rows):
-            notes.append(f"Trend: {md_code(report.base_ref)}'s last baselines (latency ÷ "
-                         f"reference workload, oldest first), then {ARROW} this run.")
+            notes.append(
+                f"Trend: {md_code(report.base_ref)}'s last baselines (latency ÷ "
+                f"reference workload, oldest first), then {ARROW} this run."
+            )
         if notes:
             head.append("<sub>" + " ".join(notes) + "</sub>")
     else:
@@ -717,12 +861,21 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper",
     tail = []
     added = [r.result.target for r in rows if r.baseline is None]
     for block in (
-        _target_list("Targets added since the baseline", added,
-                     "no baseline to compare with yet; merging publishes one"),
-        _target_list("Targets removed since the baseline", list(report.removed),
-                     "in the baseline, not measured now"),
-        _target_list("Borderline targets re-measured", list(report.remeasured),
-                     "their first measurement was too close to the threshold to trust"),
+        _target_list(
+            "Targets added since the baseline",
+            added,
+            "no baseline to compare with yet; merging publishes one",
+        ),
+        _target_list(
+            "Targets removed since the baseline",
+            list(report.removed),
+            "in the baseline, not measured now",
+        ),
+        _target_list(
+            "Borderline targets re-measured",
+            list(report.remeasured),
+            "their first measurement was too close to the threshold to trust",
+        ),
     ):
         if block:
             tail.append(block)
@@ -735,9 +888,11 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper",
             parts.append("### Details")
             parts += kept
         if dropped:
-            parts.append(f"*Details of {dropped} more target{'s' if dropped != 1 else ''} "
-                         f"left out to keep this report under {MAX_MARKDOWN_CHARS:,} "
-                         "characters; the JSON report and results.json have them.*")
+            parts.append(
+                f"*Details of {dropped} more target{'s' if dropped != 1 else ''} "
+                f"left out to keep this report under {MAX_MARKDOWN_CHARS:,} "
+                "characters; the JSON report and results.json have them.*"
+            )
         parts += tail
         return "\n\n".join(parts) + "\n"
 

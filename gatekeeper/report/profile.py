@@ -1,5 +1,6 @@
 """Where the time went: the top operators of the base and of this run, by the change in
 their self time per call. Pure: no I/O, no torch."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

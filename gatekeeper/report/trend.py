@@ -8,6 +8,7 @@ with this pull request's point marked. Pure: no I/O, no torch.
 >>> sparkline([], 1.0)
 ''
 """
+
 from __future__ import annotations
 
 import math

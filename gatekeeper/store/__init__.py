@@ -9,6 +9,7 @@ nothing of torch, and it does not trust what it reads (verification is bundle.py
 
 ``open_store`` picks the backend by URI.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,12 +21,24 @@ from .layout import BundleLocation, FoundBundle, Store, StoredBundle
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
-__all__ = ["Backend", "BundleLocation", "FoundBundle", "ObjectInfo", "Store", "StoredBundle",
-           "open_store"]
+__all__ = [
+    "Backend",
+    "BundleLocation",
+    "FoundBundle",
+    "ObjectInfo",
+    "Store",
+    "StoredBundle",
+    "open_store",
+]
 
 
-def open_store(uri: str, *, read_only: bool = False, endpoint_url: str | None = None,
-               base_dir: Path | None = None) -> Store:
+def open_store(
+    uri: str,
+    *,
+    read_only: bool = False,
+    endpoint_url: str | None = None,
+    base_dir: Path | None = None,
+) -> Store:
     """``s3://bucket/prefix`` opens S3; anything else is a local directory.
 
     A relative local path is taken relative to ``base_dir`` (the config file's folder).
@@ -33,8 +46,10 @@ def open_store(uri: str, *, read_only: bool = False, endpoint_url: str | None = 
     of that name: a typo must not read as an empty store.
     """
     if _SCHEME.match(uri) and not uri.startswith("s3://"):
-        raise StoreError(f"store URI {uri!r} is neither s3://bucket/prefix nor a directory "
-                         "(write ./" + uri + " for a directory of that name)")
+        raise StoreError(
+            f"store URI {uri!r} is neither s3://bucket/prefix nor a directory "
+            "(write ./" + uri + " for a directory of that name)"
+        )
     if uri.startswith("s3://"):
         from .s3 import S3Backend  # boto3 is imported only when S3 is used
 

@@ -15,12 +15,13 @@ one-line message for every failure they expect; absent objects are ``None``, not
 So a caller can tell "the store answered: there is none" (``None``) from "the store
 could not be read" (an exception), and must not turn the second into the first.
 """
+
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import StoreError
 
@@ -47,8 +48,9 @@ class Backend(abc.ABC):
         """Write the object to ``dest`` (atomically); False when absent."""
 
     @abc.abstractmethod
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
-            if_match: str | None = None) -> str:
+    def put(
+        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
         """Store ``data`` under ``key`` and return its new ETag."""
 
     @abc.abstractmethod
@@ -73,7 +75,7 @@ class Backend(abc.ABC):
         complete; incomplete multipart uploads are a lifecycle rule's job)."""
         return iter(())
 
-    def close(self) -> None:  # pragma: no cover - optional
+    def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing to close
         pass
 
 

@@ -9,13 +9,15 @@ goes into history but never replaces a newer baseline. What a baseline *says* (i
 noise figures) is decided in :mod:`gatekeeper.gate.baseline`; this module only stores,
 finds and parses. Every key of this scheme is built and parsed here, nowhere else.
 """
+
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 from urllib.parse import quote, unquote
 
 from pydantic import ValidationError
@@ -83,8 +85,9 @@ def parse_key(key: str) -> ParsedKey | None:
             return None
     else:
         return None
-    return ParsedKey(BaselineKey("/".join(parts[1:4]), parts[4], unquote(parts[5])), kind,
-                     parts[-1])
+    return ParsedKey(
+        BaselineKey("/".join(parts[1:4]), parts[4], unquote(parts[5])), kind, parts[-1]
+    )
 
 
 def parse_doc(data: bytes) -> Baseline | None:
@@ -94,8 +97,9 @@ def parse_doc(data: bytes) -> Baseline | None:
         return None  # an unreadable baseline: treated as absent, replaced on publish
 
 
-def publish(store: Store, key: BaselineKey, doc: Baseline,
-            reference_file: Path | None = None) -> str:
+def publish(
+    store: Store, key: BaselineKey, doc: Baseline, reference_file: Path | None = None
+) -> str:
     """Store ``doc`` (and its reference outputs): outputs first, then history, then
     ``latest`` by compare-and-swap. Returns ``published``, ``older`` (history only: a
     newer baseline is in place) or ``skipped`` (read-only store)."""
@@ -103,8 +107,10 @@ def publish(store: Store, key: BaselineKey, doc: Baseline,
     if reference_file is not None and result.reference is not None:
         digest = sha256_file(reference_file)
         if digest != result.reference.sha256:
-            raise GatekeeperError(f"{result.target}: reference outputs {reference_file} do "
-                                  "not match the sha256 in the results")
+            raise GatekeeperError(
+                f"{result.target}: reference outputs {reference_file} do "
+                "not match the sha256 in the results"
+            )
         doc = doc.model_copy(update={"reference_key": key.outputs(digest)})
         try:
             if store.write(key.outputs(digest), reference_file, if_none_match=True) is None:
@@ -113,8 +119,7 @@ def publish(store: Store, key: BaselineKey, doc: Baseline,
             pass  # the same outputs are stored already: the name is their hash
     data = doc.dump()
     try:
-        if store.write(key.history(doc.created_at, doc.commit), data,
-                       if_none_match=True) is None:
+        if store.write(key.history(doc.created_at, doc.commit), data, if_none_match=True) is None:
             return "skipped"
     except PreconditionFailed:
         pass  # this very run was published before
@@ -125,8 +130,12 @@ def publish(store: Store, key: BaselineKey, doc: Baseline,
             if existing is not None and existing.created_at > doc.created_at:
                 return "older"
         try:
-            written = store.write(key.latest, data, if_none_match=current is None,
-                                  if_match=current[1] if current else None)
+            written = store.write(
+                key.latest,
+                data,
+                if_none_match=current is None,
+                if_match=current[1] if current else None,
+            )
             return "published" if written is not None else "skipped"
         except PreconditionFailed:
             time.sleep(random.uniform(0, 0.05 * 2 ** min(attempt, 5)))  # backoff + jitter
@@ -135,9 +144,14 @@ def publish(store: Store, key: BaselineKey, doc: Baseline,
 
 def history(store: Store, key: BaselineKey, newest: int) -> list[Baseline]:
     """The newest ``newest`` documents of this target, env and ref, oldest first."""
-    infos = sorted((i for i in store.list(f"{key.prefix}/history/")
-                    if (p := parse_key(i.key)) and p.kind == "history"),
-                   key=lambda i: i.key)[-newest:]
+    infos = sorted(
+        (
+            i
+            for i in store.list(f"{key.prefix}/history/")
+            if (p := parse_key(i.key)) and p.kind == "history"
+        ),
+        key=lambda i: i.key,
+    )[-newest:]
     out = []
     for info in infos:
         got = store.read(info.key)
@@ -155,8 +169,10 @@ def fetch(store: Store, key: BaselineKey) -> Baseline | None:
         return None
     doc = parse_doc(got[0])
     if doc is None:
-        raise StoreError(f"{key.latest} in store {store.uri}: not a valid gatekeeper "
-                         "baseline (publish a new one with `gatekeeper baseline`)")
+        raise StoreError(
+            f"{key.latest} in store {store.uri}: not a valid gatekeeper "
+            "baseline (publish a new one with `gatekeeper baseline`)"
+        )
     return doc
 
 
@@ -174,9 +190,14 @@ def fetch_reference(store: Store, baseline: Baseline, dest: Path) -> Path | None
 
 def targets_with_baseline(store: Store, env_keys: set[str], ref: str) -> set[str]:
     """Target ids that have a baseline of ``ref`` in any of ``env_keys``."""
-    return {p.baseline.target_id for info in store.list(ROOT)
-            if (p := parse_key(info.key)) and p.kind == "latest"
-            and p.baseline.ref == ref and p.baseline.env_key in env_keys}
+    return {
+        p.baseline.target_id
+        for info in store.list(ROOT)
+        if (p := parse_key(info.key))
+        and p.kind == "latest"
+        and p.baseline.ref == ref
+        and p.baseline.env_key in env_keys
+    }
 
 
 def documents(store: Store) -> Iterator[tuple[str, Baseline | None]]:

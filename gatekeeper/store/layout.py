@@ -13,16 +13,18 @@ and a loser removes its own archive. Replacing a bundle (``compile --force``) up
 the new archive first, then swaps the manifest in one compare-and-swap write (``If-Match``
 on the old manifest's ETag; locally ``os.replace`` under the store's lock) and leaves the
 old archive where it was: a reader that read the old manifest still finds its archive,
-and ``store prune`` deletes an archive no manifest names once its grace has passed. The store knows nothing of torch; it does not trust
-what it reads either — verification happens in :mod:`gatekeeper.bundle`.
+and ``store prune`` deletes an archive no manifest names once its grace has passed. The
+store knows nothing of torch; it does not trust what it reads either — verification
+happens in :mod:`gatekeeper.bundle`.
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import AccessDenied, PreconditionFailed, StoreError
 from .base import Backend, ObjectInfo
@@ -100,8 +102,14 @@ class Store:
     def read(self, key: str) -> tuple[bytes, str] | None:
         return self.backend.get(key)
 
-    def write(self, key: str, data: bytes | Path, *, if_none_match: bool = False,
-              if_match: str | None = None) -> str | None:
+    def write(
+        self,
+        key: str,
+        data: bytes | Path,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str | None:
         """Write bytes (or upload a file); None when skipped by read-only mode."""
         if not self._writing(key):
             return None
@@ -128,8 +136,15 @@ class Store:
         return True
 
     # -- bundles -----------------------------------------------------------------------
-    def publish_bundle(self, loc: BundleLocation, archive: Path, archive_name: str,
-                       manifest: bytes, *, replace: bool = False) -> str:
+    def publish_bundle(
+        self,
+        loc: BundleLocation,
+        archive: Path,
+        archive_name: str,
+        manifest: bytes,
+        *,
+        replace: bool = False,
+    ) -> str:
         """Publish atomically; returns ``published``, ``exists`` or ``skipped``, and with
         ``replace`` ``replaced`` where a manifest was there (its archive stays)."""
         what = f"bundle {loc.target_id}"
@@ -166,8 +181,9 @@ class Store:
                 return "replaced"
             except PreconditionFailed:
                 continue  # another publisher moved it in between: read it again
-        raise StoreError(f"{loc.prefix}/{MANIFEST} kept changing; gave up replacing it "
-                         f"after {attempts} attempts")
+        raise StoreError(
+            f"{loc.prefix}/{MANIFEST} kept changing; gave up replacing it after {attempts} attempts"
+        )
 
     def update_manifest(self, loc: BundleLocation, old: bytes, new: bytes) -> str:
         """Swap the manifest ``old`` for ``new`` (same archive: a note added to it, such

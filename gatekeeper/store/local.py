@@ -11,6 +11,7 @@ path; only a killed process leaves one behind, which readers never see and
 ``store prune`` removes (:meth:`LocalBackend.temporaries`). Listing tolerates files
 deleted while it runs (a concurrent ``store prune``).
 """
+
 from __future__ import annotations
 
 import errno
@@ -18,12 +19,12 @@ import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from ..hashing import sha256_bytes, sha256_file
 from ..errors import PreconditionFailed, StoreError
+from ..hashing import sha256_bytes, sha256_file
 from .base import Backend, ObjectInfo
 
 _LOCKS = ".locks"
@@ -72,8 +73,9 @@ class LocalBackend(Backend):
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def _publish(self, tmp: Path, path: Path, key: str, if_none_match: bool,
-                 if_match: str | None) -> str:
+    def _publish(
+        self, tmp: Path, path: Path, key: str, if_none_match: bool, if_match: str | None
+    ) -> str:
         etag = sha256_file(tmp)
         if if_none_match:
             try:
@@ -119,8 +121,9 @@ class LocalBackend(Backend):
             tmp.unlink(missing_ok=True)
         return True
 
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
-            if_match: str | None = None) -> str:
+    def put(
+        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
         path = self._path(key)
         with self._writing(path) as tmp:
             tmp.write_bytes(data)
@@ -151,6 +154,7 @@ class LocalBackend(Backend):
     def _walk(self, temporary: bool) -> Iterator[ObjectInfo]:
         """Every object (or, with ``temporary``, every leftover temporary file) with its
         size and time; a file or folder deleted meanwhile is skipped, not an error."""
+
         def failed(e: OSError) -> None:
             if e.errno not in (errno.ENOENT, errno.ENOTDIR):  # gone meanwhile: fine
                 raise StoreError(f"cannot list {e.filename}: {e.strerror or e}") from e
@@ -169,8 +173,9 @@ class LocalBackend(Backend):
                     continue  # deleted since the folder was read
                 except OSError as e:
                     raise StoreError(f"cannot list {full}: {e.strerror or e}") from e
-                yield ObjectInfo(full.relative_to(self.root).as_posix(), st.st_size,
-                                 st.st_mtime, None)
+                yield ObjectInfo(
+                    full.relative_to(self.root).as_posix(), st.st_size, st.st_mtime, None
+                )
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         return (info for info in self._walk(False) if info.key.startswith(prefix))

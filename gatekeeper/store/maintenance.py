@@ -8,6 +8,7 @@ the orphans a failed or killed publish leaves, once they are older than
 outputs that no baseline names. ``verify`` reports them, ``prune`` deletes them. Both
 tolerate a store that changes while they run: what vanished meanwhile is skipped.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -47,8 +48,9 @@ def _temporaries(store: Store, now: float) -> list[ObjectInfo]:
 _TEMPORARY = "temporary file of an interrupted write"
 
 
-def _verify_bundle(store: Store, b: StoredBundle, tmp: Path, signing_key: bytes | None,
-                   now: float) -> list[Finding]:
+def _verify_bundle(
+    store: Store, b: StoredBundle, tmp: Path, signing_key: bytes | None, now: float
+) -> list[Finding]:
     loc = b.location
     got = store.read(loc.key(MANIFEST))
     if got is None:
@@ -58,8 +60,10 @@ def _verify_bundle(store: Store, b: StoredBundle, tmp: Path, signing_key: bytes 
     try:
         manifest = bundle.verify_manifest(got[0], target=loc.target_id, signing_key=signing_key)
         if (manifest.env_key, manifest.code_hash) != (loc.env_key, loc.code_hash):
-            raise BundleError(f"{loc.target_id}: manifest is for {manifest.env_key}/"
-                              f"{manifest.code_hash}, stored under {loc.env_key}/{loc.code_hash}")
+            raise BundleError(
+                f"{loc.target_id}: manifest is for {manifest.env_key}/"
+                f"{manifest.code_hash}, stored under {loc.env_key}/{loc.code_hash}"
+            )
         archive = tmp / manifest.archive.name
         try:
             store.download(loc.key(manifest.archive.name), archive)
@@ -77,7 +81,9 @@ def _verify_bundle(store: Store, b: StoredBundle, tmp: Path, signing_key: bytes 
     name = manifest.archive.name
     return [Finding(loc.prefix, True, f"{len(manifest.files)} files")] + [
         Finding(i.key, False, _orphan_detail(name))
-        for i in store.unnamed_archives(b) if now - i.modified > ORPHAN_GRACE_S]
+        for i in store.unnamed_archives(b)
+        if now - i.modified > ORPHAN_GRACE_S
+    ]
 
 
 def _baselines(store: Store) -> list[tuple[str, Baseline | None]]:
@@ -108,9 +114,11 @@ def verify(store: Store, signing_key: bytes | None, *, now: float | None = None)
                 findings.append(Finding(doc.reference_key, True, "reference outputs"))
         findings.append(Finding(key, True, "baseline"))
     named = {doc.reference_key for _, doc in docs if doc is not None and doc.reference_key}
-    findings += [Finding(i.key, False, "orphan: reference outputs no baseline names")
-                 for i in baselines.outputs(store)
-                 if i.key not in named and now - i.modified > ORPHAN_GRACE_S]
+    findings += [
+        Finding(i.key, False, "orphan: reference outputs no baseline names")
+        for i in baselines.outputs(store)
+        if i.key not in named and now - i.modified > ORPHAN_GRACE_S
+    ]
     findings += [Finding(i.key, False, _TEMPORARY) for i in _temporaries(store, now)]
     return findings
 
@@ -128,8 +136,14 @@ def protected(store: Store) -> tuple[set[str], set[str]]:
     return bundles, keys
 
 
-def prune(store: Store, *, keep: int | None, older_than_days: float | None,
-          dry_run: bool = False, now: float | None = None) -> list[str]:
+def prune(
+    store: Store,
+    *,
+    keep: int | None,
+    older_than_days: float | None,
+    dry_run: bool = False,
+    now: float | None = None,
+) -> list[str]:
     """Delete bundles beyond the newest ``keep`` per target and env, and/or older than
     ``older_than_days``; and, whatever the options, the orphans past their grace
     (temporary files, archives without a manifest or that no manifest names, reference
@@ -151,12 +165,12 @@ def prune(store: Store, *, keep: int | None, older_than_days: float | None,
         group.sort(key=lambda b: b.modified, reverse=True)
         for rank, b in enumerate(group):
             too_many = keep is not None and rank >= keep
-            too_old = older_than_days is not None and \
-                now - b.modified > older_than_days * 86400
+            too_old = older_than_days is not None and now - b.modified > older_than_days * 86400
             if (too_many or too_old) and b.location.prefix not in keep_bundles:
                 # the manifest goes first, so a reader never finds a manifest without data
-                doomed += sorted((k for k in b.keys if k not in doomed),
-                                 key=lambda k: not k.endswith(MANIFEST))
+                doomed += sorted(
+                    (k for k in b.keys if k not in doomed), key=lambda k: not k.endswith(MANIFEST)
+                )
     # outputs are stored before the baseline that names them: unnamed ones may be
     # mid-publish, so they get the same grace as an archive without a manifest
     min_age = max((older_than_days or 0) * 86400, ORPHAN_GRACE_S)

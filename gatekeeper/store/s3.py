@@ -16,6 +16,7 @@ fallback for servers that refuse it (see :meth:`S3Backend.upload`).
 
 Every botocore failure becomes a one-line :class:`~gatekeeper.errors.StoreError`.
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,22 +25,25 @@ import os
 import random
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectionError as BotoConnectionError,
     CredentialRetrievalError,
     HTTPClientError,
     IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
 )
 
 from ..errors import AccessDenied, PreconditionFailed, StoreError, StoreUnavailable
@@ -53,10 +57,24 @@ DEFAULT_REGION = "us-east-1"
 
 _ABSENT = {"NoSuchKey", "NotFound", "404"}
 _CONFLICT = {"PreconditionFailed", "ConditionalRequestConflict"}
-_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
-           "AccountProblem", "InvalidToken", "ExpiredToken"}
-_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-              "ServiceUnavailable", "InternalError", "RequestTimeout"}
+_DENIED = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "InvalidToken",
+    "ExpiredToken",
+}
+_THROTTLED = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+}
 # what a server that does not take checksums answers CreateMultipartUpload's algorithm with
 _NO_CHECKSUMS = {"InvalidArgument", "InvalidRequest", "NotImplemented", "InvalidChecksum"}
 _Parts = list[dict[str, Any]]  # CompleteMultipartUpload's Parts (``list`` is shadowed below)
@@ -66,7 +84,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``; the prefix may be empty."""
     if not uri.startswith("s3://"):
         raise StoreError(f"not an S3 store URI: {uri!r} (expected s3://bucket/prefix)")
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
     if not bucket:
         raise StoreError(f"S3 store URI {uri!r} names no bucket (expected s3://bucket/prefix)")
     return bucket, prefix.strip("/")
@@ -102,11 +120,21 @@ class S3Backend(Backend):
     sends each multipart part with its CRC32 (see :meth:`upload`).
     """
 
-    def __init__(self, uri: str, *, endpoint_url: str | None = None, region: str | None = None,
-                 max_attempts: int = 8, connect_timeout: float = 5, read_timeout: float = 60,
-                 multipart_threshold: int = 16 * 1024 * 1024,
-                 multipart_chunksize: int = 8 * 1024 * 1024, max_concurrency: int = 8,
-                 list_page_size: int = 1000, part_checksums: bool = True) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        max_attempts: int = 8,
+        connect_timeout: float = 5,
+        read_timeout: float = 60,
+        multipart_threshold: int = 16 * 1024 * 1024,
+        multipart_chunksize: int = 8 * 1024 * 1024,
+        max_concurrency: int = 8,
+        list_page_size: int = 1000,
+        part_checksums: bool = True,
+    ) -> None:
         self.bucket, self.prefix = parse_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self._max_attempts = max(1, max_attempts)
@@ -117,8 +145,12 @@ class S3Backend(Backend):
         self._bucket_seen = False  # set once the bucket is known to exist (see head)
 
         self._part_checksums = part_checksums
-        endpoint_url = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-                        or os.environ.get("AWS_ENDPOINT_URL") or None)
+        endpoint_url = (
+            endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
         try:
             session = boto3.session.Session()
             config = Config(
@@ -160,16 +192,21 @@ class S3Backend(Backend):
             if status == 403 or code in _DENIED:
                 return AccessDenied(f"S3 denied {op} of {where}: {code or status} {message}")
             if (status or 0) >= 500 or code in _THROTTLED:
-                return StoreUnavailable(f"S3 endpoint {self.endpoint_url} failed {op} of {where} "
-                                        f"after {_attempts(e)} attempts: {status} {code}")
+                return StoreUnavailable(
+                    f"S3 endpoint {self.endpoint_url} failed {op} of {where} "
+                    f"after {_attempts(e)} attempts: {status} {code}"
+                )
             return StoreError(f"S3 {op} of {where} failed: {code or status} {message}")
         if isinstance(e, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
             return StoreUnavailable(
                 f"no usable AWS credentials for {self.uri} ({e}): set AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run with an IAM role")
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run with an IAM role"
+            )
         if isinstance(e, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
-            return StoreUnavailable(f"cannot reach S3 endpoint {self.endpoint_url} ({op} of "
-                                    f"{where}, {self._max_attempts} attempts): {e}")
+            return StoreUnavailable(
+                f"cannot reach S3 endpoint {self.endpoint_url} ({op} of "
+                f"{where}, {self._max_attempts} attempts): {e}"
+            )
         return StoreError(f"S3 {op} of {where} failed: {e}")
 
     def _no_bucket(self) -> StoreUnavailable:
@@ -187,8 +224,9 @@ class S3Backend(Backend):
         time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
 
     # -- reads -------------------------------------------------------------------------
-    def _read_into(self, key: str, write: Callable[[bytes], object],
-                   restart: Callable[[], object]) -> str | None:
+    def _read_into(
+        self, key: str, write: Callable[[bytes], object], restart: Callable[[], object]
+    ) -> str | None:
         """Stream the object into ``write``; its ETag, or None when absent.
 
         botocore retries the request itself; a body that breaks off mid-stream is fetched
@@ -229,9 +267,11 @@ class S3Backend(Backend):
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             with open(part, "wb") as f, self._translated("download", key):
+
                 def restart() -> None:
                     f.seek(0)
                     f.truncate()
+
                 etag = self._read_into(key, f.write, restart)
             if etag is None:
                 return False
@@ -253,8 +293,9 @@ class S3Backend(Backend):
                 self._check_bucket()
                 return None
         self._bucket_seen = True
-        return ObjectInfo(key, int(resp["ContentLength"]), resp["LastModified"].timestamp(),
-                          str(resp["ETag"]))
+        return ObjectInfo(
+            key, int(resp["ContentLength"]), resp["LastModified"].timestamp(), str(resp["ETag"])
+        )
 
     def _check_bucket(self) -> None:
         if not self._bucket_seen:
@@ -269,17 +310,22 @@ class S3Backend(Backend):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         base = f"{self.prefix}/" if self.prefix else ""
         pages = self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=base + prefix,
-            PaginationConfig={"PageSize": self._page_size})
+            Bucket=self.bucket, Prefix=base + prefix, PaginationConfig={"PageSize": self._page_size}
+        )
         with self._translated("list", prefix or None):
             for page in pages:
                 for obj in page.get("Contents", ()):
-                    yield ObjectInfo(obj["Key"][len(base):], int(obj["Size"]),
-                                     obj["LastModified"].timestamp(), obj.get("ETag"))
+                    yield ObjectInfo(
+                        obj["Key"][len(base) :],
+                        int(obj["Size"]),
+                        obj["LastModified"].timestamp(),
+                        obj.get("ETag"),
+                    )
 
     # -- writes ------------------------------------------------------------------------
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
-            if_match: str | None = None) -> str:
+    def put(
+        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
         """Store ``data``; conditional on absence or on the current ETag if asked.
 
         A retried conditional write is ambiguous: when an earlier attempt landed but its
@@ -293,8 +339,9 @@ class S3Backend(Backend):
             conditions["IfMatch"] = if_match
         with self._translated("put", key):
             try:
-                resp = self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
-                                               **conditions)
+                resp = self._client.put_object(
+                    Bucket=self.bucket, Key=self._key(key), Body=data, **conditions
+                )
             except ClientError as e:
                 # If-Match on an absent key is a 404 NoSuchKey: the object moved too
                 if not conditions or not (_is_conflict(e) or _code(e) in _ABSENT):
@@ -304,8 +351,9 @@ class S3Backend(Backend):
                     if current is not None and current[0] == data:
                         return current[1]
                 raise PreconditionFailed(
-                    f"{self._where(key)} " + ("exists" if if_none_match else
-                                              f"changed (ETag is no longer {if_match})")) from e
+                    f"{self._where(key)} "
+                    + ("exists" if if_none_match else f"changed (ETag is no longer {if_match})")
+                ) from e
         return str(resp["ETag"])
 
     def upload(self, key: str, src: Path, *, if_none_match: bool = False) -> str:
@@ -338,8 +386,12 @@ class S3Backend(Backend):
             try:
                 parts = self._upload_parts(k, upload_id, src, size, checksums)
                 resp = self._client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": parts},
-                    **({"IfNoneMatch": "*"} if if_none_match else {}))
+                    Bucket=self.bucket,
+                    Key=k,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                    **({"IfNoneMatch": "*"} if if_none_match else {}),
+                )
             except BaseException:
                 self._abort(k, upload_id)
                 raise
@@ -349,20 +401,25 @@ class S3Backend(Backend):
         """A new multipart upload: its id, and whether its parts carry CRC32s."""
         if self._part_checksums:
             try:
-                resp = self._client.create_multipart_upload(Bucket=self.bucket, Key=k,
-                                                            ChecksumAlgorithm="CRC32")
+                resp = self._client.create_multipart_upload(
+                    Bucket=self.bucket, Key=k, ChecksumAlgorithm="CRC32"
+                )
                 return str(resp["UploadId"]), True
             except ClientError as e:
                 if _code(e) not in _NO_CHECKSUMS and _status(e) != 501:
                     raise
-                log.info("%s does not take checksums (%s): uploading without them",
-                         self.endpoint_url, _code(e) or _status(e))
+                log.info(
+                    "%s does not take checksums (%s): uploading without them",
+                    self.endpoint_url,
+                    _code(e) or _status(e),
+                )
                 self._part_checksums = False
         resp = self._client.create_multipart_upload(Bucket=self.bucket, Key=k)
         return str(resp["UploadId"]), False
 
-    def _upload_parts(self, k: str, upload_id: str, src: Path, size: int,
-                      checksums: bool) -> _Parts:
+    def _upload_parts(
+        self, k: str, upload_id: str, src: Path, size: int, checksums: bool
+    ) -> _Parts:
         # parts of about the chunk size, the remainder spread over them: no small last
         # part that would wait for a second round of the thread pool on its own
         count = min(max(1, size // self._chunksize), MAX_PARTS)
@@ -379,13 +436,15 @@ class S3Backend(Backend):
             if checksums:
                 crc = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
                 part["ChecksumCRC32"] = crc  # CompleteMultipartUpload must repeat it
-            resp = self._client.upload_part(Bucket=self.bucket, Key=k, UploadId=upload_id,
-                                            Body=body, **part)
+            resp = self._client.upload_part(
+                Bucket=self.bucket, Key=k, UploadId=upload_id, Body=body, **part
+            )
             return part | {"ETag": resp["ETag"]}
 
         try:
-            with ThreadPoolExecutor(max_workers=min(self._concurrency, count),
-                                    thread_name_prefix="gk-s3-part") as pool:
+            with ThreadPoolExecutor(
+                max_workers=min(self._concurrency, count), thread_name_prefix="gk-s3-part"
+            ) as pool:
                 futures = [pool.submit(send, n) for n in range(1, count + 1)]
                 try:
                     return [f.result() for f in futures]

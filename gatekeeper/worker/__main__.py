@@ -5,6 +5,7 @@ It always writes a response: ``ok`` true with the action's fields, or ``ok`` fal
 ``kind`` (``config``: the user's factory or inputs; ``compile``: torch failed) and a
 one-line ``error``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,11 +19,14 @@ from .protocol import Request, Response
 def handle(req: Request) -> Response:
     if req.action == "measure":
         from .measure import measure
+
         return measure(req)
     if req.action == "precompile":
         from .precompile import verify
+
         return verify(req)
     from .compile import compile_target
+
     return compile_target(req)
 
 

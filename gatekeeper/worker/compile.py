@@ -1,4 +1,5 @@
 """torch.compile a target's model and report what the compile did (runs in the worker)."""
+
 from __future__ import annotations
 
 import time
@@ -16,13 +17,16 @@ from .task import check_precision, shape_sweep, under_autocast
 from .timing import first_call
 
 
-def compile_model(model: Any, cfg: ModelConfig, mode: str, dynamic: bool,
-                  fullgraph: bool | None = None):
+def compile_model(
+    model: Any, cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
+):
     """``torch.compile`` a model (or a training step function) as configured;
     ``fullgraph`` overrides the config's (a training step always breaks at backward)."""
-    kwargs: dict[str, Any] = {"backend": cfg.backend,
-                              "fullgraph": cfg.fullgraph if fullgraph is None else fullgraph,
-                              "dynamic": dynamic}
+    kwargs: dict[str, Any] = {
+        "backend": cfg.backend,
+        "fullgraph": cfg.fullgraph if fullgraph is None else fullgraph,
+        "dynamic": dynamic,
+    }
     if cfg.options:
         kwargs["options"] = cfg.options
     elif mode != "default":
@@ -67,12 +71,20 @@ def compile_target(req: Request) -> Response:
     if req.eager and req.task == "infer":  # the floor of a first compiled call: no compile
         model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
         with torch.no_grad():
-            seconds = first_call(under_autocast(model, req.device, req.precision), inputs,
-                                 req.device)[1]
-        return Response(ok=True, compile_seconds=seconds, call_seconds=[seconds],
-                        counters=snapshot_counters(), torch=torch.__version__, deps=deps)
+            seconds = first_call(
+                under_autocast(model, req.device, req.precision), inputs, req.device
+            )[1]
+        return Response(
+            ok=True,
+            compile_seconds=seconds,
+            call_seconds=[seconds],
+            counters=snapshot_counters(),
+            torch=torch.__version__,
+            deps=deps,
+        )
     if req.precompile:  # probe: what a deploy that loads verified packages gets
         from .precompile import enable_loading
+
         enable_loading()
     megacache_load = None
     if req.megacache_in:  # PyTorch's documented recipe, for comparison
@@ -90,21 +102,29 @@ def compile_target(req: Request) -> Response:
         check_precision(req.device, req.precision)
         imports = _import_inductor()
         start = time.perf_counter()  # torch.compile() itself: a package loads in there
-        compiled = under_autocast(compile_model(model, req.model, req.mode, req.dynamic),
-                                  req.device, req.precision)
+        compiled = under_autocast(
+            compile_model(model, req.model, req.mode, req.dynamic), req.device, req.precision
+        )
         wrap = time.perf_counter() - start
         calls = []
         with torch.no_grad():
             for _ in range(3):  # cudagraph trees record on a later call; run until settled
                 calls.append(first_call(compiled, inputs, req.device)[1])
         calls[0] += wrap + imports
-        resp = Response(ok=True, compile_seconds=calls[0], call_seconds=calls,
-                        import_seconds=imports,
-                        counters=snapshot_counters(), torch=torch.__version__, deps=deps)
+        resp = Response(
+            ok=True,
+            compile_seconds=calls[0],
+            call_seconds=calls,
+            import_seconds=imports,
+            counters=snapshot_counters(),
+            torch=torch.__version__,
+            deps=deps,
+        )
 
         def run(ins: tuple) -> None:
             with torch.no_grad():
                 compiled(*ins)
+
     if req.action == "compile" and req.dynamic:
         # one bundle serves every shape set: whatever else they compile goes in it too
         shape_sweep(req.model, req.base_path, req.device, run)
@@ -116,9 +136,13 @@ def compile_target(req: Request) -> Response:
     precompile = None
     if req.action == "compile" and req.precompile_out:
         precompile = _record_precompile(req)
-    return resp.model_copy(update={"megacache": megacache is not None,
-                                   "megacache_load_seconds": megacache_load,
-                                   "precompile": precompile})
+    return resp.model_copy(
+        update={
+            "megacache": megacache is not None,
+            "megacache_load_seconds": megacache_load,
+            "precompile": precompile,
+        }
+    )
 
 
 def _record_precompile(req: Request) -> dict:
@@ -130,17 +154,17 @@ def _record_precompile(req: Request) -> dict:
 
     def build():
         model, inputs, _ = build_recorded(req.model, req.shapes, req.base_path, req.device)
-        compiled = under_autocast(compile_model(model, req.model, req.mode, req.dynamic),
-                                  req.device, req.precision)
+        compiled = under_autocast(
+            compile_model(model, req.model, req.mode, req.dynamic), req.device, req.precision
+        )
 
         def calls() -> None:
             with torch.no_grad():
                 for _ in range(2):
                     compiled(*inputs)
                 if req.dynamic:  # the one package serves every shape set
-                    shape_sweep(req.model, req.base_path, req.device,
-                                lambda ins: compiled(*ins))
+                    shape_sweep(req.model, req.base_path, req.device, lambda ins: compiled(*ins))
+
         return calls
 
-    return record(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]), Path(req.precompile_out),
-                  build)
+    return record(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]), Path(req.precompile_out), build)

@@ -13,10 +13,12 @@ drift between processes and gate with a single stored baseline run.
 * The user-space instruction count of one compiled call (``torch._C._instruction_counter``,
   perf_event_open); ``"unavailable"`` where the kernel refuses it (VMs, containers).
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -44,8 +46,10 @@ def inductor_metrics() -> dict[str, int | None]:
     from torch._inductor import metrics
 
     nbytes = int(metrics.num_bytes_accessed)
-    return {"kernels": int(metrics.generated_kernel_count),
-            "bytes_accessed": nbytes if nbytes > 0 else None}
+    return {
+        "kernels": int(metrics.generated_kernel_count),
+        "bytes_accessed": nbytes if nbytes > 0 else None,
+    }
 
 
 def _cpu_attention_flops() -> dict:
@@ -58,8 +62,9 @@ def _cpu_attention_flops() -> dict:
     if fwd is not None:
         mapping[fwd] = lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v)
     if bwd is not None:
-        mapping[bwd] = (lambda g, q, k, v, *a, out_shape=None, **kw:
-                        sdpa_backward_flop_count(g, q, k, v))
+        mapping[bwd] = lambda g, q, k, v, *a, out_shape=None, **kw: sdpa_backward_flop_count(
+            g, q, k, v
+        )
     return mapping
 
 

@@ -20,6 +20,7 @@ While the factory builds the model (and the inputs factory its inputs), an audit
 The parent re-checks a recorded set without importing anything
 (:func:`gatekeeper.key.resolve_deps`); the code hash is computed from it.
 """
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -29,10 +30,11 @@ import site
 import stat
 import sys
 import sysconfig
+from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..hashing import sha256_file
 
@@ -70,11 +72,12 @@ def _stdlib_dirs() -> tuple[str, ...]:
 
 def is_stdlib(path: str) -> bool:
     path = _norm(path)
-    return any(_under(path, d) for d in _stdlib_dirs()) and \
-        not any(_under(path, d) for d in _site_dirs())
+    return any(_under(path, d) for d in _stdlib_dirs()) and not any(
+        _under(path, d) for d in _site_dirs()
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _dist_index(entry: str) -> dict[str, tuple[str, str]]:
     """Top-level names in one sys.path entry -> (distribution, version), from the
     ``RECORD`` of each ``.dist-info`` there (egg-info lists sources, not installs)."""
@@ -83,8 +86,7 @@ def _dist_index(entry: str) -> dict[str, tuple[str, str]]:
         record = dist.read_text("RECORD")
         if not record:
             continue
-        tops = {line.rsplit(",", 2)[0].strip('"').split("/", 1)[0]
-                for line in record.splitlines()}
+        tops = {line.rsplit(",", 2)[0].strip('"').split("/", 1)[0] for line in record.splitlines()}
         tops = {t for t in tops if t and t != ".." and not t.endswith((".dist-info", ".data"))}
         meta = dist.metadata  # parsed once: it is an e-mail message
         name = meta["Name"] if meta else None
@@ -188,8 +190,7 @@ class Recorder:
         """Count the modules of these objects' classes (and bases) and of ``refs``."""
         self.extra.update(r.split(":", 1)[0] for r in refs)
         for obj in objects:
-            children = obj.modules() if hasattr(obj, "modules") and callable(obj.modules) \
-                else [obj]
+            children = obj.modules() if hasattr(obj, "modules") and callable(obj.modules) else [obj]
             for child in children:
                 for cls in type(child).__mro__:
                     mod = getattr(cls, "__module__", None)
@@ -203,8 +204,11 @@ class Recorder:
         for name in sorted((set(sys.modules) - self.before) | self.extra):
             mod = sys.modules.get(name)
             spec = getattr(mod, "__spec__", None)
-            origin = getattr(spec, "origin", None) if spec and spec.has_location else \
-                getattr(mod, "__file__", None)
+            origin = (
+                getattr(spec, "origin", None)
+                if spec and spec.has_location
+                else getattr(mod, "__file__", None)
+            )
             if not origin or not os.path.isfile(origin):
                 continue
             origin = _norm(origin)
@@ -219,12 +223,20 @@ class Recorder:
         files: dict[str, str] = {}
         cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         # loaded code is not data (linecache and inspect read sources): it counted above
-        loaded = {_norm(f) for m in list(sys.modules.values())
-                  if isinstance(f := getattr(m, "__file__", None), str)}
+        loaded = {
+            _norm(f)
+            for m in list(sys.modules.values())
+            if isinstance(f := getattr(m, "__file__", None), str)
+        }
         for path in self.opened:
-            if path in module_files or path in loaded or path.startswith(_SKIP_PREFIXES) \
-                    or "__pycache__" in path or path.endswith(".pyc") \
-                    or (cache and _under(path, _norm(cache))):
+            if (
+                path in module_files
+                or path in loaded
+                or path.startswith(_SKIP_PREFIXES)
+                or "__pycache__" in path
+                or path.endswith(".pyc")
+                or (cache and _under(path, _norm(cache)))
+            ):
                 continue
             try:
                 if not stat.S_ISREG(os.stat(path).st_mode):
@@ -239,17 +251,28 @@ class Recorder:
                 continue
             files[data_name(path, self.base_dir)] = sha256_file(Path(path))
         search = search_path(self.base_dir)
-        absent = sorted(n for n in self.attempted
-                        if "." not in n and n not in sys.modules and not locate(n, search)[0])
-        return {"format": DEPS_FORMAT, "modules": modules, "files": files,
-                "distributions": dict(sorted(dists.items())), "absent": absent}
+        absent = sorted(
+            n
+            for n in self.attempted
+            if "." not in n and n not in sys.modules and not locate(n, search)[0]
+        )
+        return {
+            "format": DEPS_FORMAT,
+            "modules": modules,
+            "files": files,
+            "distributions": dict(sorted(dists.items())),
+            "absent": absent,
+        }
 
 
 def data_name(path: str, base_dir: Path) -> str:
     """A data file's name in the key: relative to the config's folder when inside it."""
     base = _norm(str(base_dir))
-    return Path(os.path.relpath(path, base)).as_posix() if _under(path, base) else \
-        Path(path).as_posix()
+    return (
+        Path(os.path.relpath(path, base)).as_posix()
+        if _under(path, base)
+        else Path(path).as_posix()
+    )
 
 
 _active: list[Recorder] = []

@@ -1,15 +1,23 @@
 """Graphs and graph breaks of a model, with each break's reason and the user's file:line."""
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Callable, ContextManager
 
 import torch
 
 
-def graph_breaks(model: Callable, inputs: tuple, base_dir: Path, *, grad: bool = False,
-                 context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict:
+def graph_breaks(
+    model: Callable,
+    inputs: tuple,
+    base_dir: Path,
+    *,
+    grad: bool = False,
+    context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+) -> dict:
     """Graph count and breaks (``torch._dynamo.explain``; it resets dynamo, so explain
     every model before compiling anything). ``grad``: with autograd on (a training
     step); ``context``: entered around the call (autocast)."""
@@ -25,8 +33,9 @@ def graph_breaks(model: Callable, inputs: tuple, base_dir: Path, *, grad: bool =
                 file = Path(file).resolve().relative_to(base_dir.resolve()).as_posix()
             except ValueError:
                 pass
-        reasons.append({"reason": _reason(r.reason), "file": file,
-                        "line": frame.lineno if frame else None})
+        reasons.append(
+            {"reason": _reason(r.reason), "file": file, "line": frame.lineno if frame else None}
+        )
     return {"count": explained.graph_count, "breaks": len(reasons), "break_reasons": reasons}
 
 
@@ -35,6 +44,7 @@ def _reason(text: str) -> str:
     explanation (which names the culprit, e.g. `print`)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     head = lines[0] if lines else "unknown"
-    why = next((ln.split(":", 1)[1].strip() for ln in lines[1:]
-                if ln.startswith("Explanation:")), "")
+    why = next(
+        (ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.startswith("Explanation:")), ""
+    )
     return (f"{head}: {why}" if why else head)[:300]

@@ -1,6 +1,7 @@
 """The parent's one door into a worker: run a :class:`Request` in a fresh Python process
 with an isolated inductor cache dir, and read its :class:`Response`. No torch here.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,15 @@ def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str,
     return env
 
 
-def run_worker(request: Request, *, cache_dir: Path, timeout: float, verbose: bool = False,
-               label: str = "", env: dict[str, str] | None = None) -> Response:
+def run_worker(
+    request: Request,
+    *,
+    cache_dir: Path,
+    timeout: float,
+    verbose: bool = False,
+    label: str = "",
+    env: dict[str, str] | None = None,
+) -> Response:
     """Run ``request`` in a subprocess; returns its response (``ok`` true or false).
 
     Raises WorkerError only when the process dies without answering (crash, timeout).
@@ -42,10 +50,14 @@ def run_worker(request: Request, *, cache_dir: Path, timeout: float, verbose: bo
         cmd = [sys.executable, "-m", "gatekeeper.worker", str(req_path), str(resp_path)]
         with open(log_path, "wb") as log:
             try:
-                proc = subprocess.run(cmd, env=cache_env(cache_dir, env), timeout=timeout,
-                                      stdin=subprocess.DEVNULL,
-                                      stdout=None if verbose else log,
-                                      stderr=None if verbose else subprocess.STDOUT)
+                proc = subprocess.run(
+                    cmd,
+                    env=cache_env(cache_dir, env),
+                    timeout=timeout,
+                    stdin=subprocess.DEVNULL,
+                    stdout=None if verbose else log,
+                    stderr=None if verbose else subprocess.STDOUT,
+                )
             except subprocess.TimeoutExpired:
                 raise WorkerError(f"{label}: worker timed out after {timeout:.0f} s") from None
         if resp_path.is_file():
@@ -55,11 +67,19 @@ def run_worker(request: Request, *, cache_dir: Path, timeout: float, verbose: bo
         raise WorkerError(f"{label}: worker exited with code {proc.returncode}: {last}")
 
 
-def run_or_fail(request: Request, *, cache_dir: Path, timeout: float, verbose: bool = False,
-                label: str = "", env: dict[str, str] | None = None) -> Response:
+def run_or_fail(
+    request: Request,
+    *,
+    cache_dir: Path,
+    timeout: float,
+    verbose: bool = False,
+    label: str = "",
+    env: dict[str, str] | None = None,
+) -> Response:
     """:func:`run_worker`, with a dead worker turned into a failed response."""
     try:
-        return run_worker(request, cache_dir=cache_dir, timeout=timeout, verbose=verbose,
-                          label=label, env=env)
+        return run_worker(
+            request, cache_dir=cache_dir, timeout=timeout, verbose=verbose, label=label, env=env
+        )
     except WorkerError as e:
         return Response.failure("compile", str(e))

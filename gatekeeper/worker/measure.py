@@ -1,6 +1,7 @@
 """``check``'s measurement of one target, inside the worker: graph breaks, compile time,
 parity, peak memory and interleaved latency (and, paired, the base version beside it).
 Returns a :class:`Response` whose nested documents match :mod:`gatekeeper.results`."""
+
 from __future__ import annotations
 
 import os
@@ -11,15 +12,26 @@ from torch._dynamo.utils import counters
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .compile import compile_model, snapshot_counters
-from .counters import (flops, inductor_metrics, instructions, record_inductor_metrics,
-                       reset_inductor_metrics)
+from .counters import (
+    flops,
+    inductor_metrics,
+    instructions,
+    record_inductor_metrics,
+    reset_inductor_metrics,
+)
 from .graphs import graph_breaks
 from .memory import allocated
 from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
 from .protocol import Request, Response
-from .task import (autocast, check_precision, measure_calls, parity_tolerance, start_counting,
-                   under_autocast)
+from .task import (
+    autocast,
+    check_precision,
+    measure_calls,
+    parity_tolerance,
+    start_counting,
+    under_autocast,
+)
 from .timing import first_call
 
 
@@ -30,6 +42,7 @@ def _copied(out):
 def measure(req: Request) -> Response:
     if req.task == "train":
         from .train import measure_train
+
         return measure_train(req)
     cfg, base_dir, device = req.model, req.base_path, req.device
     assert req.budget is not None and req.parity is not None and req.reference_out
@@ -53,8 +66,9 @@ def measure(req: Request) -> Response:
     reset_inductor_metrics()
 
     before_compile = allocated(device)
-    compiled = under_autocast(compile_model(model, cfg, req.mode, req.dynamic), device,
-                              req.precision)
+    compiled = under_autocast(
+        compile_model(model, cfg, req.mode, req.dynamic), device, req.precision
+    )
     with torch.no_grad():
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
         # next call: keep a copy of what the first call returned
@@ -65,27 +79,39 @@ def measure(req: Request) -> Response:
         cache = snapshot_counters()
         # what the compiled model keeps allocated (CUDA graph pools, static buffers),
         # not counting the copy of its first outputs kept for parity
-        copy_bytes = sum(t.numel() * t.element_size() for t in
-                         tree_flatten(out_compiled)[0] if isinstance(t, torch.Tensor)
-                         and t.device.type == "cuda")
+        copy_bytes = sum(
+            t.numel() * t.element_size()
+            for t in tree_flatten(out_compiled)[0]
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda"
+        )
         held = allocated(device) - before_compile - copy_bytes
-        work = {**inductor_metrics(), "flops": flops(lambda: eager(*inputs)),
-                "instructions": instructions(lambda: compiled(*inputs))}
+        work = {
+            **inductor_metrics(),
+            "flops": flops(lambda: eager(*inputs)),
+            "instructions": instructions(lambda: compiled(*inputs)),
+        }
         base_fn = None
         if base_dir_paired is not None:
             reset_inductor_metrics()
-            base_compiled = under_autocast(compile_model(base_model, cfg, req.mode,
-                                                         req.dynamic), device, req.precision)
+            base_compiled = under_autocast(
+                compile_model(base_model, cfg, req.mode, req.dynamic), device, req.precision
+            )
             base_out, base_seconds = first_call(base_compiled, inputs, device)
             base_out = _copied(base_out)
             base_compiled(*inputs)
             base_fn = lambda: base_compiled(*inputs)  # noqa: E731
-            paired = {"compile_seconds": base_seconds, "graphs": base_graphs,
-                      "deps": base_deps,
-                      "work": {**inductor_metrics(),
-                               "flops": flops(lambda: under_autocast(
-                                   base_model, device, req.precision)(*inputs)),
-                               "instructions": instructions(base_fn)}}
+            paired = {
+                "compile_seconds": base_seconds,
+                "graphs": base_graphs,
+                "deps": base_deps,
+                "work": {
+                    **inductor_metrics(),
+                    "flops": flops(
+                        lambda: under_autocast(base_model, device, req.precision)(*inputs)
+                    ),
+                    "instructions": instructions(base_fn),
+                },
+            }
 
         cand = Outputs.of(out_compiled)
         ref64 = fp64_reference(model, inputs)
@@ -99,8 +125,21 @@ def measure(req: Request) -> Response:
         save_reference(req.reference_out, cand, ref64)
         start_counting()  # recompiles from here on: the measured calls
 
-        memory, lat, prof = measure_calls(eager, compiled, inputs, req, graphs,
-                                          base_fn=base_fn, paired=paired, held=held)
-    return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
-                    parity=parity, memory=memory, latency=lat, paired=paired, work=work,
-                    profile=prof, pid=os.getpid(), torch=torch.__version__, deps=deps)
+        memory, lat, prof = measure_calls(
+            eager, compiled, inputs, req, graphs, base_fn=base_fn, paired=paired, held=held
+        )
+    return Response(
+        ok=True,
+        compile_seconds=compile_seconds,
+        counters=cache,
+        graphs=graphs,
+        parity=parity,
+        memory=memory,
+        latency=lat,
+        paired=paired,
+        work=work,
+        profile=prof,
+        pid=os.getpid(),
+        torch=torch.__version__,
+        deps=deps,
+    )

@@ -7,9 +7,11 @@ moved it and every target read 0 MiB. torch has no CPU allocator statistics, but
 profiler records each allocation and free (``profile_memory=True``): walked in time
 order, their running sum peaks at the most bytes the call held at once.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

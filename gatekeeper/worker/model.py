@@ -1,13 +1,15 @@
 """Build a target's model and its seeded inputs (runs inside the worker subprocess), and
 record what they are built from (:mod:`gatekeeper.worker.deps`)."""
+
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -29,8 +31,9 @@ def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as e:  # the user's module may raise anything on import
-        raise ConfigError(f"factory {ref!r}: importing {module_name!r} failed: "
-                          f"{type(e).__name__}: {e}") from None
+        raise ConfigError(
+            f"factory {ref!r}: importing {module_name!r} failed: {type(e).__name__}: {e}"
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"factory {ref!r}: {module_name!r} has no attribute {attr!r}")
@@ -72,8 +75,11 @@ def other_version(base_dir: Path, module_names: list[str]) -> Iterator[None]:
         yield
     finally:
         sys.path.remove(str(base_dir))
-        for k in [k for k in sys.modules if mine(k) or
-                  (k not in before and _file_under(sys.modules[k], root))]:
+        for k in [
+            k
+            for k in sys.modules
+            if mine(k) or (k not in before and _file_under(sys.modules[k], root))
+        ]:
             del sys.modules[k]
         sys.modules.update(saved)
 
@@ -90,13 +96,15 @@ def build_model(cfg: ModelConfig, base_dir: Path, device: str) -> torch.nn.Modul
     torch.manual_seed(cfg.seed)
     model = _call(cfg.factory, load_callable(cfg.factory, base_dir))
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"factory {cfg.factory!r} returned {type(model).__name__}, "
-                          "not a torch.nn.Module")
+        raise ConfigError(
+            f"factory {cfg.factory!r} returned {type(model).__name__}, not a torch.nn.Module"
+        )
     return model.to(device).eval()
 
 
-def _tensor(spec: InputSpec, shape_set: dict[str, int], gen: torch.Generator,
-            device: str) -> torch.Tensor:
+def _tensor(
+    spec: InputSpec, shape_set: dict[str, int], gen: torch.Generator, device: str
+) -> torch.Tensor:
     shape = [shape_set[d] if isinstance(d, str) else d for d in spec.shape]
     dtype = getattr(torch, spec.dtype)
     if dtype == torch.bool:
@@ -113,22 +121,29 @@ def _tensor(spec: InputSpec, shape_set: dict[str, int], gen: torch.Generator,
     return torch.randint(lo, hi, shape, generator=gen, dtype=dtype).to(device)
 
 
-def make_inputs(cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str,
-                seed: int | None = None) -> tuple[Any, ...]:
+def make_inputs(
+    cfg: ModelConfig,
+    shape_set: dict[str, int],
+    base_dir: Path,
+    device: str,
+    seed: int | None = None,
+) -> tuple[Any, ...]:
     """Seeded inputs: the same seed and shape set give the same tensors everywhere."""
     seed = cfg.seed if seed is None else seed
     if cfg.inputs_factory:
         torch.manual_seed(seed)
-        args = _call(cfg.inputs_factory, load_callable(cfg.inputs_factory, base_dir),
-                     dict(shape_set))
+        args = _call(
+            cfg.inputs_factory, load_callable(cfg.inputs_factory, base_dir), dict(shape_set)
+        )
         args = args if isinstance(args, tuple) else (args,)
         return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
     gen = torch.Generator().manual_seed(seed)
     return tuple(_tensor(spec, shape_set, gen, device) for spec in cfg.inputs or [])
 
 
-def build_recorded(cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path,
-                   device: str) -> tuple[torch.nn.Module, tuple[Any, ...], dict]:
+def build_recorded(
+    cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str
+) -> tuple[torch.nn.Module, tuple[Any, ...], dict]:
     """The model, its inputs, and what they were built from (the key's dependencies)."""
     refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
     with recording(base_dir) as rec:
@@ -140,8 +155,9 @@ def build_recorded(cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path,
     return model, inputs, deps
 
 
-def build_base(cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path,
-               device: str) -> tuple[torch.nn.Module, dict]:
+def build_base(
+    cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str
+) -> tuple[torch.nn.Module, dict]:
     """Paired mode: the base version's model, built (with its inputs, as a compile of
     that commit would) from its own checkout, and what it was built from."""
     refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])

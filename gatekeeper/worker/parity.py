@@ -7,6 +7,7 @@ tensor passes by allclose, else by the fp64-reference RMSE test (no further from
 float64 eager output than RMSE_MULTIPLIER times the comparand is), else, for fp16/bf16
 leaves only, by cosine similarity. NaN/Inf always fails.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,15 +34,20 @@ class Outputs:
     leaves: dict[str, Any]
 
     @classmethod
-    def of(cls, out: Any) -> "Outputs":
+    def of(cls, out: Any) -> Outputs:
         structure: dict[str, str] = {}
         leaves: dict[str, Any] = {}
         _walk(out, "output", structure, leaves)
         return cls(structure, leaves)
 
-    def to_cpu(self) -> "Outputs":
-        return Outputs(self.structure, {k: v.detach().cpu() if isinstance(v, torch.Tensor)
-                                        else v for k, v in self.leaves.items()})
+    def to_cpu(self) -> Outputs:
+        return Outputs(
+            self.structure,
+            {
+                k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                for k, v in self.leaves.items()
+            },
+        )
 
 
 def _walk(obj: Any, path: str, structure: dict[str, str], leaves: dict[str, Any]) -> None:
@@ -60,9 +66,15 @@ def _walk(obj: Any, path: str, structure: dict[str, str], leaves: dict[str, Any]
 
 
 def save_reference(path: str, compiled: Outputs, fp64: Outputs | None) -> None:
-    torch.save({"format": REFERENCE_FORMAT, "structure": compiled.structure,
-                "leaves": compiled.to_cpu().leaves,
-                "fp64": fp64.to_cpu().leaves if fp64 is not None else None}, path)
+    torch.save(
+        {
+            "format": REFERENCE_FORMAT,
+            "structure": compiled.structure,
+            "leaves": compiled.to_cpu().leaves,
+            "fp64": fp64.to_cpu().leaves if fp64 is not None else None,
+        },
+        path,
+    )
 
 
 def load_reference(path: str) -> tuple[Outputs, dict[str, Any] | None]:
@@ -73,16 +85,19 @@ def load_reference(path: str) -> tuple[Outputs, dict[str, Any] | None]:
     # format 1: flat lists in tree_flatten order, no structure
     flat = {f"[{i}]": v for i, v in enumerate(doc["compiled"])}
     fp64 = doc.get("fp64")
-    return Outputs(None, flat), ({f"[{i}]": v for i, v in enumerate(fp64)}
-                                 if fp64 is not None else None)
+    return Outputs(None, flat), (
+        {f"[{i}]": v for i, v in enumerate(fp64)} if fp64 is not None else None
+    )
 
 
 def fp64_reference(model: torch.nn.Module, inputs: tuple) -> Outputs | None:
     """The eager model's outputs computed in float64, or None where it cannot run so."""
     try:
         m64 = copy.deepcopy(model).double()
-        args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                     else a for a in inputs)
+        args = tuple(
+            a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in inputs
+        )
         with torch.no_grad():
             return Outputs.of(m64(*args))
     except Exception:  # a model with fp32-only kernels: the RMSE test is skipped
@@ -103,22 +118,24 @@ def _pairs(candidate: Outputs, other: Outputs) -> list[tuple[str, Any, Any, str]
         cand, oth = list(candidate.leaves.items()), list(other.leaves.items())
         if len(cand) != len(oth):
             return _fail("structure", f"{len(cand)} output leaves, expected {len(oth)}")
-        return [(p, c, o, k) for (p, c), (k, o) in zip(cand, oth)]
+        return [(p, c, o, k) for (p, c), (k, o) in zip(cand, oth, strict=True)]
     if candidate.structure != other.structure:
         for path in sorted(set(candidate.structure) | set(other.structure)):
             got, want = candidate.structure.get(path), other.structure.get(path)
             if got != want:
-                return _fail("structure", f"{path}: {got or 'a leaf'}, expected "
-                                          f"{want or 'a leaf'}")
+                return _fail("structure", f"{path}: {got or 'a leaf'}, expected {want or 'a leaf'}")
     if candidate.leaves.keys() != other.leaves.keys():
         path = sorted(candidate.leaves.keys() ^ other.leaves.keys())[0]
-        return _fail("structure", f"{path}: only in "
-                     f"{'the candidate' if path in candidate.leaves else 'the reference'}")
+        return _fail(
+            "structure",
+            f"{path}: only in {'the candidate' if path in candidate.leaves else 'the reference'}",
+        )
     return [(p, c, other.leaves[p], p) for p, c in candidate.leaves.items()]
 
 
-def check_parity(candidate: Outputs, other: Outputs, ref64: dict[str, Any] | None,
-                 tol: dict) -> dict:
+def check_parity(
+    candidate: Outputs, other: Outputs, ref64: dict[str, Any] | None, tol: dict
+) -> dict:
     """Is ``candidate`` the same computation as ``other`` (see the module docstring)?"""
     pairs = _pairs(candidate, other)
     if isinstance(pairs, dict):
@@ -127,15 +144,21 @@ def check_parity(candidate: Outputs, other: Outputs, ref64: dict[str, Any] | Non
     method, max_abs, worst_rmse, min_cos = "allclose", 0.0, 0.0, 1.0
     for path, c, o, key in pairs:
         if isinstance(c, torch.Tensor) != isinstance(o, torch.Tensor):
-            return _fail("structure", f"{path}: {'a tensor' if isinstance(c, torch.Tensor) else type(c).__name__}"
-                         f", expected {'a tensor' if isinstance(o, torch.Tensor) else type(o).__name__}")
+            return _fail(
+                "structure",
+                f"{path}: {'a tensor' if isinstance(c, torch.Tensor) else type(c).__name__}"
+                f", expected {'a tensor' if isinstance(o, torch.Tensor) else type(o).__name__}",
+            )
         if not isinstance(c, torch.Tensor):
             if c != o:
                 return _fail("failed", f"{path}: {c!r}, expected {o!r}")
             continue
         if c.dtype != o.dtype:
-            return _fail("dtype", f"{path}: dtype {str(c.dtype).removeprefix('torch.')}, "
-                                  f"expected {str(o.dtype).removeprefix('torch.')}")
+            return _fail(
+                "dtype",
+                f"{path}: dtype {str(c.dtype).removeprefix('torch.')}, "
+                f"expected {str(o.dtype).removeprefix('torch.')}",
+            )
         if c.shape != o.shape:
             return _fail("shape", f"{path}: shape {tuple(c.shape)}, expected {tuple(o.shape)}")
         c, o = c.detach().cpu(), o.detach().cpu()
@@ -148,8 +171,13 @@ def check_parity(candidate: Outputs, other: Outputs, ref64: dict[str, Any] | Non
         diff = (c.double() - o.double()).abs()
         max_abs = max(max_abs, diff.max().item() if diff.numel() else 0.0)
         worst_rmse = max(worst_rmse, _rmse(c, o))
-        cos = torch.nn.functional.cosine_similarity(c.double().flatten(), o.double().flatten(),
-                                                    dim=0).item() if c.numel() else 1.0
+        cos = (
+            torch.nn.functional.cosine_similarity(
+                c.double().flatten(), o.double().flatten(), dim=0
+            ).item()
+            if c.numel()
+            else 1.0
+        )
         min_cos = min(min_cos, cos)
         if torch.allclose(c.float(), o.float(), atol=tol["atol"], rtol=tol["rtol"]):
             continue
@@ -162,8 +190,18 @@ def check_parity(candidate: Outputs, other: Outputs, ref64: dict[str, Any] | Non
         if c.dtype in LOW_PRECISION and cos >= tol["cosine"]:
             method = "cosine"
             continue
-        return _fail("failed", f"{path}: max |diff| {diff.max().item():.3g} beyond "
-                               f"atol {tol['atol']:g} / rtol {tol['rtol']:g}",
-                     max_abs_err=max_abs, rmse=worst_rmse, cosine=min_cos)
-    return {"passed": True, "method": method, "max_abs_err": max_abs, "rmse": worst_rmse,
-            "cosine": min_cos}
+        return _fail(
+            "failed",
+            f"{path}: max |diff| {diff.max().item():.3g} beyond "
+            f"atol {tol['atol']:g} / rtol {tol['rtol']:g}",
+            max_abs_err=max_abs,
+            rmse=worst_rmse,
+            cosine=min_cos,
+        )
+    return {
+        "passed": True,
+        "method": method,
+        "max_abs_err": max_abs,
+        "rmse": worst_rmse,
+        "cosine": min_cos,
+    }

@@ -19,6 +19,7 @@ What torch does and does not do here (measured on 2.13.0, see the README):
   clash in the module's globals (``__builtins_dict___0``) unless the per-process name
   counter was moved on first: :func:`enable_loading` does that.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,9 +27,10 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._dynamo.utils import counters
@@ -98,8 +100,7 @@ def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]
 
     Returns ``{"status": "recorded", "entries": [...], "unguarded": [...]}`` or
     ``{"status": "unavailable", "reason": ...}``; never raises for the model's sake."""
-    shutil.copytree(cache_dir, out_dir, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("locks"))
+    shutil.copytree(cache_dir, out_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("locks"))
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(out_dir)  # inductor reads it per lookup
     torch._dynamo.reset()
@@ -110,18 +111,24 @@ def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]
                 build()()
                 torch.compiler.save_cache_artifacts()
             except Exception as e:  # noqa: BLE001 - torch cannot package this model
-                bypass = next((m.group(1) for ln in log.lines
-                               if (m := _BYPASS.search(ln))), None)
-                return {"status": "unavailable",
-                        "reason": f"torch could not package it: {bypass or first_line(e)}"}
+                bypass = next((m.group(1) for ln in log.lines if (m := _BYPASS.search(ln))), None)
+                return {
+                    "status": "unavailable",
+                    "reason": f"torch could not package it: {bypass or first_line(e)}",
+                }
         entries = sorted(p.parent.name for p in out_dir.glob("dynamo/*/entry"))
         if not entries:
             return {"status": "unavailable", "reason": "torch wrote no precompile entry"}
         # module globals whose identity torch no longer guards (it drops those guards
         # when it packages): a change to one is what only the parity check can see
-        unguarded = sorted({m.group(1) for ln in log.lines if (m := _DROPPED.search(ln))
-                            and not m.group(1).startswith(("G['__import_",
-                                                           "G['__builtins"))})
+        unguarded = sorted(
+            {
+                m.group(1)
+                for ln in log.lines
+                if (m := _DROPPED.search(ln))
+                and not m.group(1).startswith(("G['__import_", "G['__builtins"))
+            }
+        )
         return {"status": "recorded", "entries": entries, "unguarded": unguarded}
     finally:
         torch._dynamo.config.caching_precompile = False
@@ -132,7 +139,7 @@ def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
-def verify(req: "Request") -> "Response":
+def verify(req: Request) -> Response:
     """``precompile``: in this fresh process, load the package the parent restored,
     make the first call, and compare it with eager and with the reference outputs of
     the check that asked (the ordinary compiled path). Verified only when Dynamo was
@@ -152,8 +159,9 @@ def verify(req: "Request") -> "Response":
     tol = parity_tolerance(req.parity.model_dump(), req.precision)
     with _torch_log() as log:
         start = time.perf_counter()  # the package loads inside torch.compile()
-        compiled = under_autocast(compile_model(model, req.model, req.mode, req.dynamic),
-                                  req.device, req.precision)
+        compiled = under_autocast(
+            compile_model(model, req.model, req.mode, req.dynamic), req.device, req.precision
+        )
         wrap = time.perf_counter() - start
         with torch.no_grad():
             out, seconds = first_call(compiled, inputs, req.device)
@@ -171,15 +179,27 @@ def verify(req: "Request") -> "Response":
     failed = [k for k, v in parity.items() if not v.get("passed")]
     reason = None
     if not skipped:
-        said = next((ln for ln in log.lines if "dynamo cache" in ln.lower()
-                     or "Source code changes" in ln), None)
-        reason = "Dynamo traced the model: the package did not load" + \
-            (f" ({' '.join(said.split())[:200]})" if said else "")
+        said = next(
+            (ln for ln in log.lines if "dynamo cache" in ln.lower() or "Source code changes" in ln),
+            None,
+        )
+        reason = "Dynamo traced the model: the package did not load" + (
+            f" ({' '.join(said.split())[:200]})" if said else ""
+        )
     elif failed:
         detail = parity[failed[0]].get("detail") or parity[failed[0]].get("method")
         reason = f"the package's outputs differ {failed[0].replace('_', ' ')}: {detail}"
-    return Response(ok=True, compile_seconds=seconds, counters=counts,
-                    parity=parity, torch=torch.__version__, deps=deps,
-                    precompile={"dynamo": "skipped" if skipped else "traced",
-                                "verified": skipped and not failed, "reason": reason,
-                                "first_call_seconds": seconds})
+    return Response(
+        ok=True,
+        compile_seconds=seconds,
+        counters=counts,
+        parity=parity,
+        torch=torch.__version__,
+        deps=deps,
+        precompile={
+            "dynamo": "skipped" if skipped else "traced",
+            "verified": skipped and not failed,
+            "reason": reason,
+            "first_call_seconds": seconds,
+        },
+    )

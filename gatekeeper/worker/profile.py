@@ -6,11 +6,12 @@ On CPU inductor's fused C++ kernels run inside one profiler row per compiled gra
 are summed under one name, ``inductor kernels (compiled graph)``, so base and head
 compare. On CUDA each Triton kernel is its own row (device time).
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 from .timing import sync
 
@@ -23,8 +24,9 @@ def _name(key: str) -> str:
     return COMPILED_GRAPH if _GRAPH_ROW.match(key) else key
 
 
-def profile_calls(fn: Callable[[], Any], device: str, *, calls: int = 20,
-                  trace: str | None = None) -> dict:
+def profile_calls(
+    fn: Callable[[], Any], device: str, *, calls: int = 20, trace: str | None = None
+) -> dict:
     """Profile ``calls`` calls of ``fn``: the top operators by self time per call
     (microseconds) and how often each ran per call; the Chrome trace to ``trace``."""
     from torch.profiler import ProfilerActivity, profile
@@ -43,13 +45,18 @@ def profile_calls(fn: Callable[[], Any], device: str, *, calls: int = 20,
         prof.export_chrome_trace(trace)
     totals: dict[str, list[float]] = {}
     for e in prof.key_averages():
-        self_us = (e.self_device_time_total if cuda and getattr(e, "self_device_time_total", 0)
-                   else e.self_cpu_time_total)
+        self_us = (
+            e.self_device_time_total
+            if cuda and getattr(e, "self_device_time_total", 0)
+            else e.self_cpu_time_total
+        )
         if self_us <= 0:
             continue
         row = totals.setdefault(_name(e.key), [0.0, 0.0])
         row[0] += self_us / calls
         row[1] += e.count / calls
-    ops = sorted(({"name": k, "self_us": v[0], "count": v[1]} for k, v in totals.items()),
-                 key=lambda op: -op["self_us"])[:TOP]
+    ops = sorted(
+        ({"name": k, "self_us": v[0], "count": v[1]} for k, v in totals.items()),
+        key=lambda op: -op["self_us"],
+    )[:TOP]
     return {"calls": calls, "device_time": cuda, "ops": ops}

@@ -4,6 +4,7 @@ sides, and free of torch (the parent never imports it).
 The parent writes a :class:`Request` as JSON, runs ``python -m gatekeeper.worker REQ
 RESP`` (:mod:`gatekeeper.worker.launch`), and reads back a :class:`Response`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,6 @@ from pydantic import BaseModel, ConfigDict
 
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance
 from ..targets import Target
-
 
 # the environment of a service that loads precompile packages (see gatekeeper.warm.service_env):
 PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"  # torch loads packages inside torch.compile
@@ -67,12 +67,21 @@ class Request(_Msg):
     trace_out: str | None = None  # measure: Chrome trace of the compiled call (".base" too)
 
     @classmethod
-    def for_target(cls, action: str, target: Target, config: Config, device: str,
-                   **extra: Any) -> "Request":
-        return cls(action=action, model=target.model, base_dir=str(config.base_dir),
-                   device=device, shapes=target.shape_set, mode=target.mode,
-                   dynamic=target.dynamic, task=target.task, precision=target.precision,
-                   **extra)
+    def for_target(
+        cls, action: str, target: Target, config: Config, device: str, **extra: Any
+    ) -> Request:
+        return cls(
+            action=action,
+            model=target.model,
+            base_dir=str(config.base_dir),
+            device=device,
+            shapes=target.shape_set,
+            mode=target.mode,
+            dynamic=target.dynamic,
+            task=target.task,
+            precision=target.precision,
+            **extra,
+        )
 
     @property
     def base_path(self) -> Path:
@@ -116,5 +125,5 @@ class Response(_Msg):
     pid: int | None = None
 
     @classmethod
-    def failure(cls, kind: str, error: str) -> "Response":
+    def failure(cls, kind: str, error: str) -> Response:
         return cls(ok=False, kind=kind, error=error)

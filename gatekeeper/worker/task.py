@@ -13,13 +13,15 @@ training step, and the shape sweep that counts recompiles (runs in the worker).
   model in turn; each recompile is counted with the guard that failed, as torch reports
   it (``get_compilation_metrics()[i].recompile_reason``).
 """
+
 from __future__ import annotations
 
 import contextlib
 import copy
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -49,16 +51,19 @@ def check_precision(device: str, precision: str) -> None:
         return
     dev = device_type(device)
     if dev == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"precisions: bf16 is not supported on "
-                          f"{torch.cuda.get_device_name(device)}")
+        raise ConfigError(
+            f"precisions: bf16 is not supported on {torch.cuda.get_device_name(device)}"
+        )
     # autocast warns and disables itself for a dtype the device does not support
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.autocast(dev, dtype=dtype):
             enabled = torch.is_autocast_enabled(dev)
     if not enabled or any("not supported" in str(w.message) for w in caught):
-        raise ConfigError(f"precisions: {precision} autocast is not supported on {dev} "
-                          f"by torch {torch.__version__}")
+        raise ConfigError(
+            f"precisions: {precision} autocast is not supported on {dev} "
+            f"by torch {torch.__version__}"
+        )
 
 
 def autocast(device: str, precision: str) -> contextlib.AbstractContextManager:
@@ -76,6 +81,7 @@ def under_autocast(fn: Callable, device: str, precision: str) -> Callable:
     def call(*args: Any) -> Any:
         with autocast(device, precision):
             return fn(*args)
+
     return call
 
 
@@ -104,14 +110,17 @@ def make_loss(cfg: ModelConfig, base_dir: Path, sample_out: Any) -> Callable:
         return lambda out, inputs: fn(out, inputs)
     index = _first_float(sample_out)
     if index is None:
-        raise ConfigError(f"tasks: \"train\" needs a floating-point output for the default "
-                          f"loss, and model {cfg.name!r} returns none (set train.loss)")
+        raise ConfigError(
+            f'tasks: "train" needs a floating-point output for the default '
+            f"loss, and model {cfg.name!r} returns none (set train.loss)"
+        )
 
     def loss(out: Any, inputs: tuple) -> torch.Tensor:
         t = tree_flatten(out)[0][index]
         if t.dtype in (torch.float16, torch.bfloat16):
             t = t.float()
         return (t * t).mean()
+
     return loss
 
 
@@ -121,15 +130,23 @@ def make_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Op
         return cls(model.parameters(), lr=train.lr, **train.kwargs)
     except (TypeError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"train: torch.optim.{train.optimizer} rejects its arguments "
-                          f"{ {'lr': train.lr, **train.kwargs} }: {first}") from None
+        raise ConfigError(
+            f"train: torch.optim.{train.optimizer} rejects its arguments "
+            f"{ {'lr': train.lr, **train.kwargs} }: {first}"
+        ) from None
 
 
-def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss_fn: Callable,
-              device: str, precision: str) -> Callable:
+def make_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loss_fn: Callable,
+    device: str,
+    precision: str,
+) -> Callable:
     """One training step as one function (what ``torch.compile`` compiles whole)."""
     dtype, dev = DTYPES[precision], device_type(device)
     if dtype is None:
+
         def step(*inputs: Any) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(*inputs), inputs)
@@ -137,6 +154,7 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss_fn: Calla
             opt.step()
             return loss  # detached outside: a detach here is one more graph
     else:
+
         def step(*inputs: Any) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
             with torch.autocast(dev, dtype=dtype):
@@ -144,37 +162,56 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss_fn: Calla
             loss.backward()
             opt.step()
             return loss  # detached outside: a detach here is one more graph
+
     return step
 
 
 class Trainer:
     """A model, its optimizer and its step function (eager or compiled)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable,
-                 device: str, precision: str) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: ModelConfig,
+        loss_fn: Callable,
+        device: str,
+        precision: str,
+    ) -> None:
         self.model = model.train()
         self.opt = make_optimizer(self.model, cfg.training)
         self.step = make_step(self.model, self.opt, loss_fn, device, precision)
 
     @classmethod
-    def copy_of(cls, model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable,
-                device: str, precision: str) -> "Trainer":
+    def copy_of(
+        cls,
+        model: torch.nn.Module,
+        cfg: ModelConfig,
+        loss_fn: Callable,
+        device: str,
+        precision: str,
+    ) -> Trainer:
         return cls(copy.deepcopy(model), cfg, loss_fn, device, precision)
 
     def tensors(self) -> list[torch.Tensor]:
         """Everything a step reads and writes: parameters, buffers, optimizer state."""
         out = list(self.model.parameters()) + list(self.model.buffers())
         for p in self.model.parameters():
-            out += [v for _, v in sorted(self.opt.state.get(p, {}).items())
-                    if isinstance(v, torch.Tensor)]
+            out += [
+                v
+                for _, v in sorted(self.opt.state.get(p, {}).items())
+                if isinstance(v, torch.Tensor)
+            ]
         return out
 
     def outputs(self, losses: list[torch.Tensor]) -> dict:
         """What training parity compares: the updated parameters (first: they say which
         layer stopped learning) and the loss trajectory."""
-        return {"params": {n: p.detach().clone() for n, p in self.model.named_parameters()},
-                "loss": torch.stack([x.detach().float() if x.dtype != torch.float64 else x
-                                     for x in losses])}
+        return {
+            "params": {n: p.detach().clone() for n, p in self.model.named_parameters()},
+            "loss": torch.stack(
+                [x.detach().float() if x.dtype != torch.float64 else x for x in losses]
+            ),
+        }
 
 
 def copy_state(src: Trainer, dst: Trainer) -> None:
@@ -184,7 +221,7 @@ def copy_state(src: Trainer, dst: Trainer) -> None:
     if len(a) != len(b):
         return
     with torch.no_grad():
-        for s, d in zip(a, b):
+        for s, d in zip(a, b, strict=True):
             if s.shape == d.shape:
                 d.copy_(s)
 
@@ -193,13 +230,16 @@ def run_steps(step: Callable, inputs: tuple, steps: int) -> list[torch.Tensor]:
     return [step(*inputs) for _ in range(steps)]
 
 
-def fp64_trajectory(model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable,
-                    inputs: tuple, device: str) -> dict | None:
+def fp64_trajectory(
+    model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable, inputs: tuple, device: str
+) -> dict | None:
     """The eager training run in float64 (no autocast), or None where it cannot run."""
     try:
         t = Trainer(copy.deepcopy(model).double(), cfg, loss_fn, device, "fp32")
-        args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                     else a for a in inputs)
+        args = tuple(
+            a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in inputs
+        )
         return t.outputs(run_steps(t.step, args, cfg.training.steps))
     except Exception:  # fp32-only kernels: the RMSE rung is skipped
         return None
@@ -210,8 +250,13 @@ def name_task(check: dict, steps: int) -> dict:
     if check.get("passed"):
         return check
     detail = check.get("detail") or check.get("method", "")
-    what = "loss trajectory" if "['loss']" in detail else \
-        "parameters" if "['params']" in detail else "outputs"
+    what = (
+        "loss trajectory"
+        if "['loss']" in detail
+        else "parameters"
+        if "['params']" in detail
+        else "outputs"
+    )
     return {**check, "detail": f"train: {what} after {steps} steps differ: {detail}"}
 
 
@@ -231,8 +276,9 @@ def recompiles() -> tuple[int, list[str]]:
     return len(reasons), [" ".join(r.split())[:300] for r in reasons]
 
 
-def shape_sweep(cfg: ModelConfig, base_dir: Path, device: str,
-                call: Callable[[tuple], Any]) -> dict:
+def shape_sweep(
+    cfg: ModelConfig, base_dir: Path, device: str, call: Callable[[tuple], Any]
+) -> dict:
     """Every shape set of the model, in turn, through ``call`` (the compiled model or
     step): the recompiles they cause, with the guards torch names."""
     from torch._dynamo.utils import counters
@@ -244,15 +290,25 @@ def shape_sweep(cfg: ModelConfig, base_dir: Path, device: str,
     for shape_set in cfg.shapes:
         call(make_inputs(cfg, shape_set, base_dir, device))
     count, guards = recompiles()
-    fx = {k: counters["inductor"].get(k, 0) - before.get(k, 0)
-          for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+    fx = {
+        k: counters["inductor"].get(k, 0) - before.get(k, 0)
+        for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")
+    }
     return {"shape_sets": len(cfg.shapes), "recompiles": count, "guards": guards, **fx}
 
 
-def measure_calls(eager: Callable[..., Any], compiled: Callable[..., Any], inputs: tuple,
-                  req: Any, graphs: dict, *, base_fn: Callable[[], Any] | None = None,
-                  paired: dict | None = None, held: int = 0,
-                  before_timing: Callable[[], Any] | None = None) -> tuple[dict, dict, Any]:
+def measure_calls(
+    eager: Callable[..., Any],
+    compiled: Callable[..., Any],
+    inputs: tuple,
+    req: Any,
+    graphs: dict,
+    *,
+    base_fn: Callable[[], Any] | None = None,
+    paired: dict | None = None,
+    held: int = 0,
+    before_timing: Callable[[], Any] | None = None,
+) -> tuple[dict, dict, Any]:
     """Peak memory, interleaved latency and the profile of a target's calls (a forward or
     a training step, called on ``inputs``), the same for every task; then the recompiles
     of the measured calls and the shape sweep go into ``graphs``. With ``base_fn`` the
@@ -262,20 +318,23 @@ def measure_calls(eager: Callable[..., Any], compiled: Callable[..., Any], input
     device = req.device
     eager_fn = lambda: eager(*inputs)  # noqa: E731
     compiled_fn = lambda: compiled(*inputs)  # noqa: E731
-    memory = {"kind": "cuda" if device.startswith("cuda") else "cpu",
-              "eager_peak_bytes": peak_memory(eager_fn, device),
-              "compiled_peak_bytes": peak_memory(compiled_fn, device, held=max(held, 0))}
+    memory = {
+        "kind": "cuda" if device.startswith("cuda") else "cpu",
+        "eager_peak_bytes": peak_memory(eager_fn, device),
+        "compiled_peak_bytes": peak_memory(compiled_fn, device, held=max(held, 0)),
+    }
     if before_timing is not None:
         before_timing()
     lat = latency(eager_fn, compiled_fn, device, req.budget.model_dump(), base=base_fn)
     prof = profile_calls(compiled_fn, device, trace=req.trace_out)
     if base_fn is not None and paired is not None:
         paired["profile"] = profile_calls(
-            base_fn, device, trace=req.trace_out.replace(".json.gz", ".base.json.gz")
-            if req.trace_out else None)
+            base_fn,
+            device,
+            trace=req.trace_out.replace(".json.gz", ".base.json.gz") if req.trace_out else None,
+        )
         paired["samples"] = lat["samples"].pop("base")
     graphs["recompiles"], graphs["recompile_guards"] = recompiles()
     if req.sweep:
-        graphs["sweep"] = shape_sweep(req.model, req.base_path, device,
-                                      lambda ins: compiled(*ins))
+        graphs["sweep"] = shape_sweep(req.model, req.base_path, device, lambda ins: compiled(*ins))
     return memory, lat, prof

@@ -1,13 +1,15 @@
 """Latency: warmup, then eager, compiled (and paired mode's base) timed in interleaved
 rounds with device synchronisation, plus a fixed drift-reference workload."""
+
 from __future__ import annotations
 
 import math
 import os
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -126,8 +128,13 @@ def _round_order(names: list[str], k: int) -> list[str]:
     return pair + [n for n in names if n not in pair]
 
 
-def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
-            budget: dict, base: Callable[[], Any] | None = None) -> dict:
+def latency(
+    eager: Callable[[], Any],
+    compiled: Callable[[], Any],
+    device: str,
+    budget: dict,
+    base: Callable[[], Any] | None = None,
+) -> dict:
     """Warm up, then time eager, compiled and the reference interleaved (see
     :func:`_round_order`) until ``min_time`` seconds have passed or ``max_samples``
     rounds were taken.
@@ -142,30 +149,48 @@ def latency(eager: Callable[[], Any], compiled: Callable[[], Any], device: str,
     for _ in range(budget["warmup"]):
         for fn in fns.values():
             fn()
-    one = max(max(_timed(fn, 1, device) for name, fn in fns.items() if name != "reference"),
-              1e-7)
+    one = max(max(_timed(fn, 1, device) for name, fn in fns.items() if name != "reference"), 1e-7)
     loops = _loops(one)
     ref_loops = _loops(max(_timed(ref, 1, device), 1e-7))  # same sample length as the model's
     samples: dict[str, list[float]] = {name: [] for name in fns}
     watch = CpuWatch()
     start = time.perf_counter()
-    while (time.perf_counter() - start < budget["min_time"] or len(samples["eager"]) < 5) \
-            and len(samples["eager"]) < budget["max_samples"]:
+    while (time.perf_counter() - start < budget["min_time"] or len(samples["eager"]) < 5) and len(
+        samples["eager"]
+    ) < budget["max_samples"]:
         for name in _round_order(list(fns), len(samples["eager"])):
-            samples[name].append(_timed(fns[name], ref_loops if name == "reference" else loops,
-                                        device))
+            samples[name].append(
+                _timed(fns[name], ref_loops if name == "reference" else loops, device)
+            )
 
     def summary(xs: list[float]) -> dict:
         s = stats.summarize(xs)
-        return {"n": s.n, "mean": s.mean, "p50": s.median, "p95": s.p95, "p99": s.p99,
-                "min": s.min, "max": s.max, "stdev": s.stdev}
+        return {
+            "n": s.n,
+            "mean": s.mean,
+            "p50": s.median,
+            "p95": s.p95,
+            "p99": s.p99,
+            "min": s.min,
+            "max": s.max,
+            "stdev": s.stdev,
+        }
 
     watch.stop()
     e, c = summary(samples["eager"]), summary(samples["compiled"])
-    return {"eager": e, "compiled": c, "reference": summary(samples["reference"]),
-            "speedup": e["p50"] / c["p50"], "throughput": 1.0 / c["p50"],
-            "inner_loops": loops, "samples": samples,
-            "disturbance": {"others_cores": watch.others, "own_cores": watch.own,
-                            "cores": os.cpu_count() or 1,
-                            "reference_noise": stats.noise(samples["reference"]),
-                            "seconds": time.perf_counter() - start}}
+    return {
+        "eager": e,
+        "compiled": c,
+        "reference": summary(samples["reference"]),
+        "speedup": e["p50"] / c["p50"],
+        "throughput": 1.0 / c["p50"],
+        "inner_loops": loops,
+        "samples": samples,
+        "disturbance": {
+            "others_cores": watch.others,
+            "own_cores": watch.own,
+            "cores": os.cpu_count() or 1,
+            "reference_noise": stats.noise(samples["reference"]),
+            "seconds": time.perf_counter() - start,
+        },
+    }

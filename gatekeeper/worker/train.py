@@ -11,25 +11,41 @@ and the updated parameters are compared (the inference ladder: allclose, then th
 float64 eager run's RMSE, then cosine for autocast), and saved as this target's
 reference outputs, so the next run compares with the baseline's too.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch._dynamo.utils import counters
 
 from .compile import compile_model, snapshot_counters
-from .counters import (flops, inductor_metrics, instructions, record_inductor_metrics,
-                       reset_inductor_metrics)
+from .counters import (
+    flops,
+    inductor_metrics,
+    instructions,
+    record_inductor_metrics,
+    reset_inductor_metrics,
+)
 from .graphs import graph_breaks
 from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, load_reference, save_reference
 from .protocol import Request, Response
-from .task import (Trainer, autocast, check_precision, copy_state, fp64_trajectory,
-                   make_loss, measure_calls, name_task, parity_tolerance, run_steps,
-                   start_counting)
+from .task import (
+    Trainer,
+    autocast,
+    check_precision,
+    copy_state,
+    fp64_trajectory,
+    make_loss,
+    measure_calls,
+    name_task,
+    parity_tolerance,
+    run_steps,
+    start_counting,
+)
 from .timing import first_call
 
 
@@ -53,8 +69,14 @@ def compile_steps(req: Request) -> tuple[Response, Callable]:
     trainer = Trainer.copy_of(model, cfg, loss_fn, device, req.precision)
     cstep = compile_model(trainer.step, cfg, req.mode, req.dynamic, fullgraph=False)
     calls = [first_call(cstep, inputs, device)[1] for _ in range(max(2, cfg.training.steps))]
-    return Response(ok=True, compile_seconds=calls[0], call_seconds=calls,
-                    counters=snapshot_counters(), torch=torch.__version__, deps=deps), cstep
+    return Response(
+        ok=True,
+        compile_seconds=calls[0],
+        call_seconds=calls,
+        counters=snapshot_counters(),
+        torch=torch.__version__,
+        deps=deps,
+    ), cstep
 
 
 def measure_train(req: Request) -> Response:
@@ -86,9 +108,17 @@ def measure_train(req: Request) -> Response:
     cand = Outputs.of(comp.outputs(losses))
     ref64 = fp64_trajectory(model, cfg, loss_fn, inputs, device)
     ref64_leaves = Outputs.of(ref64).leaves if ref64 is not None else None
-    parity = {"vs_eager": name_task(check_parity(
-        cand, Outputs.of(eager.outputs(run_steps(eager.step, inputs, steps))), ref64_leaves,
-        tol), steps)}
+    parity = {
+        "vs_eager": name_task(
+            check_parity(
+                cand,
+                Outputs.of(eager.outputs(run_steps(eager.step, inputs, steps))),
+                ref64_leaves,
+                tol,
+            ),
+            steps,
+        )
+    }
 
     paired, base_fn = None, None
     if base_dir_paired is not None:
@@ -96,14 +126,19 @@ def measure_train(req: Request) -> Response:
         base = new(base_model)
         base_step = compile_model(base.step, cfg, req.mode, req.dynamic, fullgraph=False)
         base_first, base_seconds = first_call(base_step, inputs, device)
-        base_out = Outputs.of(base.outputs([base_first] + run_steps(base_step, inputs,
-                                                                    steps - 1)))
+        base_out = Outputs.of(base.outputs([base_first] + run_steps(base_step, inputs, steps - 1)))
         parity["vs_baseline"] = name_task(check_parity(cand, base_out, None, tol), steps)
         base_fn = lambda: base_step(*inputs)  # noqa: E731
-        paired = {"compile_seconds": base_seconds, "graphs": base_graphs, "deps": base_deps,
-                  "work": {**inductor_metrics(),
-                           "flops": flops(lambda: new(base_model).step(*inputs)),
-                           "instructions": instructions(base_fn)}}
+        paired = {
+            "compile_seconds": base_seconds,
+            "graphs": base_graphs,
+            "deps": base_deps,
+            "work": {
+                **inductor_metrics(),
+                "flops": flops(lambda: new(base_model).step(*inputs)),
+                "instructions": instructions(base_fn),
+            },
+        }
     elif req.baseline_reference:
         base_outputs, base64 = load_reference(req.baseline_reference)
         parity["vs_baseline"] = name_task(check_parity(cand, base_outputs, base64, tol), steps)
@@ -112,8 +147,27 @@ def measure_train(req: Request) -> Response:
     start_counting()  # recompiles from here on: the measured steps
     work["instructions"] = instructions(lambda: cstep(*inputs))
     memory, lat, prof = measure_calls(
-        eager.step, cstep, inputs, req, graphs, base_fn=base_fn, paired=paired,
-        before_timing=lambda: copy_state(eager, comp))  # both timed from the same state
-    return Response(ok=True, compile_seconds=compile_seconds, counters=cache, graphs=graphs,
-                    parity=parity, memory=memory, latency=lat, paired=paired, work=work,
-                    profile=prof, pid=os.getpid(), torch=torch.__version__, deps=deps)
+        eager.step,
+        cstep,
+        inputs,
+        req,
+        graphs,
+        base_fn=base_fn,
+        paired=paired,
+        before_timing=lambda: copy_state(eager, comp),
+    )  # both timed from the same state
+    return Response(
+        ok=True,
+        compile_seconds=compile_seconds,
+        counters=cache,
+        graphs=graphs,
+        parity=parity,
+        memory=memory,
+        latency=lat,
+        paired=paired,
+        work=work,
+        profile=prof,
+        pid=os.getpid(),
+        torch=torch.__version__,
+        deps=deps,
+    )

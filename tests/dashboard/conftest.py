@@ -1,5 +1,6 @@
 """A store with a baseline history (published as ``run --publish`` would, no compiles),
 and headless Chromium to look at the dashboard built from it."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,21 +12,28 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from factories import make_result  # noqa: E402
 
 from gatekeeper.gate.baseline import publish_result
 from gatekeeper.gate.drift import HISTORY_FOR_NOISE, measure_noise
 from gatekeeper.results import Baseline
 from gatekeeper.store import Store, baselines, open_store
 
-from factories import make_result  # noqa: E402
-
 CHROMIUM = "/usr/bin/chromium"
 # what headless Chromium needs on a CI container: no sandbox (root), no GPU, and nothing
 # that reaches the network or a profile shared with another run
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-                  "--force-device-scale-factor=1"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--force-device-scale-factor=1",
+]
 WINDOW = (1280, 1500)
 
 
@@ -35,12 +43,25 @@ def sha(i: int, salt: str = "") -> str:
 
 # per run: compiled seconds, compile seconds, warm, compiled peak MiB (a regression in
 # run 4, fixed in run 5; the first compile is cold)
-RUNS = [(1.00e-3, 18.2, False, 40), (0.98e-3, 2.6, True, 40), (1.01e-3, 2.5, True, 41),
-        (1.22e-3, 2.9, True, 48), (0.97e-3, 2.4, True, 41), (0.93e-3, 2.4, True, 40)]
+RUNS = [
+    (1.00e-3, 18.2, False, 40),
+    (0.98e-3, 2.6, True, 40),
+    (1.01e-3, 2.5, True, 41),
+    (1.22e-3, 2.9, True, 48),
+    (0.97e-3, 2.4, True, 41),
+    (0.93e-3, 2.4, True, 40),
+]
 
 
-def publish_history(store: Store, target: str, runs: int = 3, *, ref: str = "main",
-                    salt: str = "", verdicts: list[str] | None = None) -> list[str]:
+def publish_history(
+    store: Store,
+    target: str,
+    runs: int = 3,
+    *,
+    ref: str = "main",
+    salt: str = "",
+    verdicts: list[str] | None = None,
+) -> list[str]:
     """``runs`` baselines of ``target`` on ``ref``, one per commit, with changing
     numbers (published by publish_result); returns the commits, oldest first.
 
@@ -49,9 +70,16 @@ def publish_history(store: Store, target: str, runs: int = 3, *, ref: str = "mai
     commits = []
     for i in range(runs):
         compiled, compile_s, warm, peak = RUNS[i % len(RUNS)]
-        r = make_result(target, seed=i + 1, compiled_s=compiled, compile_s=compile_s,
-                        warm=warm, cache="hit" if warm else "cold", peak=peak << 20,
-                        code_hash="c0de1234" if i < 3 else "c0de5678")
+        r = make_result(
+            target,
+            seed=i + 1,
+            compiled_s=compiled,
+            compile_s=compile_s,
+            warm=warm,
+            cache="hit" if warm else "cold",
+            peak=peak << 20,
+            code_hash="c0de1234" if i < 3 else "c0de5678",
+        )
         r.measured_at = f"2025-03-{i + 1:02d}T12:00:00Z"
         commits.append(sha(i, salt))
         if verdicts is None:
@@ -59,9 +87,17 @@ def publish_history(store: Store, target: str, runs: int = 3, *, ref: str = "mai
         else:
             key = baselines.BaselineKey(target, r.env_key, ref)
             recent = [d.result for d in baselines.history(store, key, HISTORY_FOR_NOISE)]
-            doc = Baseline(target=target, env_key=r.env_key, ref=ref, commit=commits[-1],
-                           created_at=r.measured_at, published_at=r.measured_at, result=r,
-                           noise=measure_noise(r, recent), verdict=verdicts[i])
+            doc = Baseline(
+                target=target,
+                env_key=r.env_key,
+                ref=ref,
+                commit=commits[-1],
+                created_at=r.measured_at,
+                published_at=r.measured_at,
+                result=r,
+                noise=measure_noise(r, recent),
+                verdict=verdicts[i],
+            )
             status = baselines.publish(store, key, doc)
         assert status == "published"
     return commits
@@ -87,9 +123,18 @@ def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     profile = tempfile.mkdtemp(prefix="gk-chromium-")
     try:
         return subprocess.run(
-            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-             f"--window-size={WINDOW[0]},{WINDOW[1]}", *args],
-            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            [
+                CHROMIUM,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         shutil.rmtree(profile, ignore_errors=True)
 
@@ -127,8 +172,9 @@ class Dom(HTMLParser):
             self.links.append(a["href"])
 
 
-def line_pixels(png: Path, colors: list[str], box: tuple[int, int, int, int] | None = None,
-                tolerance: int = 12) -> int:
+def line_pixels(
+    png: Path, colors: list[str], box: tuple[int, int, int, int] | None = None, tolerance: int = 12
+) -> int:
     """Pixels of ``png`` (inside ``box``: x, y, width, height) within ``tolerance`` of
     any of ``colors`` (``#rrggbb``)."""
     import numpy as np
@@ -137,10 +183,10 @@ def line_pixels(png: Path, colors: list[str], box: tuple[int, int, int, int] | N
     img = np.asarray(Image.open(png).convert("RGB")).astype(int)
     if box is not None:
         x, y, w, h = box
-        img = img[y:y + h, x:x + w]
+        img = img[y : y + h, x : x + w]
     hit = np.zeros(img.shape[:2], dtype=bool)
     for c in colors:
-        rgb = np.array([int(c[i:i + 2], 16) for i in (1, 3, 5)])
+        rgb = np.array([int(c[i : i + 2], 16) for i in (1, 3, 5)])
         hit |= np.abs(img - rgb).max(axis=2) <= tolerance
     return int(hit.sum())
 
@@ -148,6 +194,12 @@ def line_pixels(png: Path, colors: list[str], box: tuple[int, int, int, int] | N
 @pytest.fixture
 def dash():
     """The helpers above, for the test modules (conftest is not importable by them)."""
-    return SimpleNamespace(publish_history=publish_history, sha=sha, dump_dom=dump_dom,
-                           screenshot=screenshot, Dom=Dom, line_pixels=line_pixels,
-                           chromium=chromium)
+    return SimpleNamespace(
+        publish_history=publish_history,
+        sha=sha,
+        dump_dom=dump_dom,
+        screenshot=screenshot,
+        Dom=Dom,
+        line_pixels=line_pixels,
+        chromium=chromium,
+    )

@@ -9,6 +9,7 @@ control breaks the chart library and checks that both witnesses say so.
 ``GATEKEEPER_WRITE_EXAMPLE=1`` also writes the realistic page's screenshot to
 ``examples/dashboard.png`` (the README's picture).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,19 @@ CHARTS = ["latency", "p50", "speedup", "compile", "memory"]
 
 
 def build(store_dir: Path, out: Path, capsys, *extra: str) -> dict:
-    rc = main(["dashboard", "--store", str(store_dir), "--out", str(out), "--json",
-               "--repository", "acme/models", *extra])
+    rc = main(
+        [
+            "dashboard",
+            "--store",
+            str(store_dir),
+            "--out",
+            str(out),
+            "--json",
+            "--repository",
+            "acme/models",
+            *extra,
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
     return doc
@@ -93,12 +105,12 @@ def test_a_broken_chart_library_is_caught(site, dash, tmp_path: Path) -> None:
     assert dash.line_pixels(png, list(COLORS)) == 0
 
 
-def test_the_example_page_renders(tmp_path: Path, store, store_dir: Path, dash,
-                                  capsys) -> None:
+def test_the_example_page_renders(tmp_path: Path, store, store_dir: Path, dash, capsys) -> None:
     """The README's picture: six runs (a regression at the fourth, fixed at the fifth;
     the first compile cold) with the gate's verdicts, and a second target."""
-    dash.publish_history(store, TARGET, 6, verdicts=["no-baseline", "pass", "pass",
-                                                     "regressed", "improved", "pass"])
+    dash.publish_history(
+        store, TARGET, 6, verdicts=["no-baseline", "pass", "pass", "regressed", "improved", "pass"]
+    )
     dash.publish_history(store, "mlp/b1/default", 3, salt="mlp")
     out = tmp_path / "site"
     doc = build(store_dir, out, capsys)

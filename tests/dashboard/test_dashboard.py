@@ -1,5 +1,6 @@
 """``gatekeeper dashboard`` without a browser: what it reads from the store, the chart
 data and pages it writes, its links, its JSON and its errors."""
+
 from __future__ import annotations
 
 import html
@@ -8,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from factories import ENV, make_baseline, make_result  # noqa: E402
 
 from gatekeeper.cli import main
 from gatekeeper.dashboard import build
@@ -15,8 +17,6 @@ from gatekeeper.dashboard.data import charts, commit_url, metrics
 from gatekeeper.results import Baseline, Work
 from gatekeeper.store import open_store
 from gatekeeper.store.baselines import BaselineKey
-
-from factories import ENV, make_baseline, make_result  # noqa: E402
 
 TARGET = "resnet-tiny/b8/max-autotune"
 
@@ -43,8 +43,7 @@ def test_json_lists_pages_targets_and_points(tmp_path, store, store_dir, dash, c
     commits = dash.publish_history(store, TARGET, 3)
     dash.publish_history(store, "mlp/b1/default", 2, salt="m")
     dash.publish_history(store, TARGET, 2, ref="feature/x", salt="f")  # another branch
-    rc, out, err = run(capsys, "--store", str(store_dir), "--out", str(tmp_path / "site"),
-                       "--json")
+    rc, out, err = run(capsys, "--store", str(store_dir), "--out", str(tmp_path / "site"), "--json")
     assert rc == 0
     doc = json.loads(out)
     assert doc["command"] == "dashboard" and doc["ref"] == "main"
@@ -53,8 +52,13 @@ def test_json_lists_pages_targets_and_points(tmp_path, store, store_dir, dash, c
     (t,) = [t for t in doc["targets"] if t["target"] == TARGET]
     assert t["points"] == 3 and t["latest_commit"] == commits[-1] and t["env_key"] == ENV
     assert all((tmp_path / "site" / p).is_file() for p in doc["pages"])
-    for asset in ("uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE", "dashboard.js",
-                  "dashboard.css"):
+    for asset in (
+        "uPlot.iife.min.js",
+        "uPlot.min.css",
+        "uPlot.LICENSE",
+        "dashboard.js",
+        "dashboard.css",
+    ):
         assert (tmp_path / "site" / "assets" / asset).stat().st_size > 0
     assert "[2/2]" in err  # progress on stderr, stdout is the one JSON document
 
@@ -63,24 +67,40 @@ def test_the_other_branch_and_target_globs(tmp_path, store, store_dir, dash, cap
     dash.publish_history(store, TARGET, 3)
     dash.publish_history(store, TARGET, 2, ref="feature/x", salt="f")
     dash.publish_history(store, "mlp/b1/default", 2, salt="m")
-    rc, out, _ = run(capsys, "--store", str(store_dir), "--out", str(tmp_path / "a"),
-                     "--ref", "feature/x", "--json")
+    rc, out, _ = run(
+        capsys,
+        "--store",
+        str(store_dir),
+        "--out",
+        str(tmp_path / "a"),
+        "--ref",
+        "feature/x",
+        "--json",
+    )
     assert rc == 0 and json.loads(out)["points"] == 2
-    rc, out, _ = run(capsys, "--store", str(store_dir), "--out", str(tmp_path / "a"),
-                     "--target", "mlp/*", "--json")
+    rc, out, _ = run(
+        capsys,
+        "--store",
+        str(store_dir),
+        "--out",
+        str(tmp_path / "a"),
+        "--target",
+        "mlp/*",
+        "--json",
+    )
     doc = json.loads(out)
     assert [t["target"] for t in doc["targets"]] == ["mlp/b1/default"]
     # the resnet page of the first build is gone: the folder holds this build only
-    assert sorted(p.name for p in (tmp_path / "a" / "targets").iterdir()) == \
-        [Path(doc["pages"][1]).name]
+    assert sorted(p.name for p in (tmp_path / "a" / "targets").iterdir()) == [
+        Path(doc["pages"][1]).name
+    ]
 
 
 def test_chart_data_follows_the_runs(tmp_path, store, dash):
     dash.publish_history(store, TARGET, 4)
     built = build(store, tmp_path / "site")
     data = page_json(built.pages[1])
-    assert [c["id"] for c in data["charts"]] == ["latency", "p50", "speedup", "compile",
-                                                 "memory"]
+    assert [c["id"] for c in data["charts"]] == ["latency", "p50", "speedup", "compile", "memory"]
     by_id = {c["id"]: c for c in data["charts"]}
     assert data["x"] == [0, 1, 2, 3]
     p50 = by_id["p50"]
@@ -90,8 +110,12 @@ def test_chart_data_follows_the_runs(tmp_path, store, dash):
     assert (cold["label"], warm["label"]) == ("cold", "warm")
     assert cold["values"] == [18.2, None, None, None]
     assert warm["values"] == [None, 2.6, 2.5, 2.9]
-    assert by_id["memory"]["unit"] == "MiB" and \
-        by_id["memory"]["series"][0]["values"] == [40, 40, 41, 48]
+    assert by_id["memory"]["unit"] == "MiB" and by_id["memory"]["series"][0]["values"] == [
+        40,
+        40,
+        41,
+        48,
+    ]
     # normalised latency: median of compiled / reference per round (~1 ms / 0.2 ms)
     assert all(4 < v < 7 for v in by_id["latency"]["series"][0]["values"])
     assert data["labels"] == [c[:7] for c in data["commits"]]
@@ -102,8 +126,12 @@ def test_work_counters_are_charted_when_results_carry_them():
     assert all(metrics(r)[k] is None for k in ("flops", "kernels"))
     with_work = make_result(TARGET, work=Work(flops=2_000_000, kernels=7))
     m = metrics(with_work)
-    assert (m["flops"], m["bytes_accessed"], m["kernels"], m["instructions"]) == \
-        (2e6, None, 7.0, None)
+    assert (m["flops"], m["bytes_accessed"], m["kernels"], m["instructions"]) == (
+        2e6,
+        None,
+        7.0,
+        None,
+    )
     ids = [c["id"] for c in charts([metrics(r), m])]
     assert ids[-2:] == ["work-flops", "work-kernels"]
     assert "work-bytes_accessed" not in ids
@@ -148,8 +176,7 @@ def test_text_from_the_store_is_escaped(tmp_path, store, dash):
     assert html.escape(nasty) in built.pages[0].read_text()
 
 
-def test_unreadable_documents_are_skipped_and_counted(tmp_path, store, store_dir, dash,
-                                                      capsys):
+def test_unreadable_documents_are_skipped_and_counted(tmp_path, store, store_dir, dash, capsys):
     dash.publish_history(store, TARGET, 3)
     bad = BaselineKey(TARGET, ENV, "main").history("2025-04-01T00:00:00Z", "deadbeef")
     (store_dir / bad).write_text("{not json")
@@ -176,8 +203,15 @@ def test_bad_out_store_and_repository_are_errors(tmp_path, store, store_dir, das
     assert rc == 2 and "not a directory" in err
     rc, _, err = run(capsys, "--store", str(afile), "--out", str(tmp_path / "s"))
     assert rc == 2 and err.startswith("gatekeeper: error:") and err.count("\n") == 1
-    rc, _, err = run(capsys, "--store", str(store_dir), "--out", str(tmp_path / "s"),
-                     "--repository", "not a repo")
+    rc, _, err = run(
+        capsys,
+        "--store",
+        str(store_dir),
+        "--out",
+        str(tmp_path / "s"),
+        "--repository",
+        "not a repo",
+    )
     assert rc == 2 and "owner/name" in err
     with pytest.raises(SystemExit) as exit_:
         run(capsys, "--store", str(store_dir))
@@ -187,7 +221,8 @@ def test_bad_out_store_and_repository_are_errors(tmp_path, store, store_dir, das
 def test_from_an_s3_store(tmp_path, s3_bucket_uri, dash, capsys):
     store = open_store(str(s3_bucket_uri), endpoint_url=s3_bucket_uri.endpoint_url)
     dash.publish_history(store, TARGET, 3)
-    rc, out, _ = run(capsys, "--store", str(s3_bucket_uri), "--out", str(tmp_path / "site"),
-                     "--json")
+    rc, out, _ = run(
+        capsys, "--store", str(s3_bucket_uri), "--out", str(tmp_path / "site"), "--json"
+    )
     doc = json.loads(out)
     assert rc == 0 and doc["points"] == 3 and len(doc["pages"]) == 2

@@ -3,19 +3,25 @@
 The base model is compiled, measured and published once per session; each PR version
 runs `gatekeeper run` on a private copy of that project (store included), as CI would.
 """
+
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
 import pytest
+from helpers import gk, write_project
+from projects import (
+    BASE_MODEL,
+    CONFIG,
+    QUIET,
+    TARGET,
+    measure_main_again,  # noqa: E402
+    pr_version,
+    run_gate,
+)
 
 from gatekeeper.results import Baseline, Results
-from helpers import gk, write_project
-
-from projects import (BASE_MODEL, CONFIG, QUIET, TARGET, measure_main_again,  # noqa: E402
-                      pr_version, run_gate)
-
 
 
 @pytest.fixture(scope="session")
@@ -56,37 +62,45 @@ def test_unchanged_model_in_new_process_passes(project: Path):
     t = target_of(doc)
     # unchanged code: a pass, or (only when other processes disturbed the timing, as on
     # a shared machine) inconclusive; never regressed
-    assert t["verdict"] in ("pass", "improved") or \
-        (t["verdict"] == "inconclusive" and t["disturbed"]), (t["reasons"], t["notes"])
+    assert t["verdict"] in ("pass", "improved") or (
+        t["verdict"] == "inconclusive" and t["disturbed"]
+    ), (t["reasons"], t["notes"])
     results = Results.model_validate_json((project / "results.json").read_text())
     assert results.targets[0].compile.cache == "hit"
     assert results.targets[0].parity.vs_baseline.passed
 
 
 def test_new_graph_break_is_regressed_and_located(project: Path):
-    (project / "tinymodel.py").write_text(pr_version('''
+    (project / "tinymodel.py").write_text(
+        pr_version("""
         def forward(self, x):
             h = torch.relu(self.fc1(x))
             print("debugging")
             return self.fc2(h)
-    '''))
+    """)
+    )
     code, doc, err = run_gate(project)
     assert code == 1, err
     t = target_of(doc)
     assert t["verdict"] == "regressed"
     report = (project / "report.md").read_text()
-    (line_no,) = [n for n, line in enumerate((project / "tinymodel.py").read_text()
-                                             .splitlines(), 1) if "print(" in line]
+    (line_no,) = [
+        n
+        for n, line in enumerate((project / "tinymodel.py").read_text().splitlines(), 1)
+        if "print(" in line
+    ]
     assert f"tinymodel.py:{line_no}" in report
     assert "print" in report
 
 
 def test_outputs_beyond_tolerance_fail_parity(project: Path):
-    (project / "tinymodel.py").write_text(pr_version('''
+    (project / "tinymodel.py").write_text(
+        pr_version("""
         def forward(self, x):
             h = torch.relu(self.fc1(x))
             return self.fc2(h) * 1.01
-    '''))
+    """)
+    )
     code, doc, err = run_gate(project)
     assert code == 1, err
     assert target_of(doc)["verdict"] == "parity-failed"
@@ -94,12 +108,14 @@ def test_outputs_beyond_tolerance_fail_parity(project: Path):
 
 
 def test_reordered_float_work_passes_parity(project: Path):
-    (project / "tinymodel.py").write_text(pr_version('''
+    (project / "tinymodel.py").write_text(
+        pr_version("""
         def forward(self, x):
             h = torch.relu(self.fc1(x))
             w = self.fc2.weight  # the same sum, added up in two halves: another order
             return (h[:, :128] @ w[:, :128].t() + h[:, 128:] @ w[:, 128:].t()) + self.fc2.bias
-    '''))
+    """)
+    )
     code, doc, err = run_gate(project)
     t = target_of(doc)
     # two half-sums may also be slower than one addmm: only parity is asserted here
@@ -116,13 +132,15 @@ def test_clearly_slower_model_is_regressed(main_once: Path, tmp_path: Path):
     serial phase builds only this much of main."""
     project = tmp_path / "pr"
     shutil.copytree(main_once, project)
-    (project / "tinymodel.py").write_text(pr_version('''
+    (project / "tinymodel.py").write_text(
+        pr_version("""
         def forward(self, x):
             h = torch.relu(self.fc1(x))
             for _ in range(4):  # new work, which barely touches the outputs
                 h = h + 1e-9 * torch.tanh(self.extra(h))
             return self.fc2(h)
-    '''))
+    """)
+    )
     code, doc, err = run_gate(project)
     assert code == 1, err
     t = target_of(doc)
@@ -133,8 +151,9 @@ def test_clearly_slower_model_is_regressed(main_once: Path, tmp_path: Path):
     assert "**Where the time went**" in report
     grown = max(t["profile_diff"], key=lambda c: c["delta_us"])
     assert grown["delta_us"] > 0 and grown["name"] in report
-    assert any(c["name"] in ("aten::addmm", "aten::mm") and c["delta_us"] > 0
-               for c in t["profile_diff"]), t["profile_diff"]
+    assert any(
+        c["name"] in ("aten::addmm", "aten::mm") and c["delta_us"] > 0 for c in t["profile_diff"]
+    ), t["profile_diff"]
     trace = project / t["profile"]["pr"]["trace"]
     assert trace.is_file() and trace.name.endswith(".json.gz")
 
@@ -145,18 +164,26 @@ def test_documents_validate_and_older_baseline_never_wins(project: Path):
 
     results = Results.model_validate_json((project / "results.json").read_text())
     store = open_store(str(project / "store"))
-    current = baselines.fetch(store, baselines.BaselineKey(TARGET, results.targets[0].env_key, "main"))
+    current = baselines.fetch(
+        store, baselines.BaselineKey(TARGET, results.targets[0].env_key, "main")
+    )
     assert isinstance(current, Baseline)
     older = current.result.model_copy(update={"measured_at": "2000-01-01T00:00:00.000+00:00"})
     assert publish_result(store, older, ref="main", commit="0ld") == "older"
-    after = baselines.fetch(store, baselines.BaselineKey(TARGET, results.targets[0].env_key, "main"))
+    after = baselines.fetch(
+        store, baselines.BaselineKey(TARGET, results.targets[0].env_key, "main")
+    )
     assert after.created_at == current.created_at
-    history = list(store.list(baselines.BaselineKey(TARGET, results.targets[0].env_key, "main").prefix
-                              + "/history/"))
+    history = list(
+        store.list(
+            baselines.BaselineKey(TARGET, results.targets[0].env_key, "main").prefix + "/history/"
+        )
+    )
     assert len(history) == 4  # three pushes, and the older run kept in history only
 
 
 # -- work counters, structure, disturbance (issues 11 and 16) ----------------------------
+
 
 def _result(project: Path):
     return Results.model_validate_json((project / "results.json").read_text()).targets[0]
@@ -176,18 +203,22 @@ def test_counters_are_identical_cold_and_warm(project: Path):
     assert w.work.kernels == c.work.kernels > 0
     assert w.work.bytes_accessed == c.work.bytes_accessed > 0
     assert w.work.instructions == c.work.instructions or "unavailable" in (
-        w.work.instructions, c.work.instructions)
+        w.work.instructions,
+        c.work.instructions,
+    )
     assert w.memory.kind == "cpu" and w.memory.compiled_peak_bytes > 0
 
 
 def test_ten_percent_more_flops_is_regressed_by_the_counters(project: Path):
-    (project / "tinymodel.py").write_text(pr_version('''
+    (project / "tinymodel.py").write_text(
+        pr_version("""
         def forward(self, x):
             h = torch.relu(self.fc1(x))
             # 52 more output features of work: +10% FLOPs, the same outputs
             extra = torch.nn.functional.linear(h, self.extra.weight[:52])
             return self.fc2(h) + 0 * extra.sum()
-    '''))
+    """)
+    )
     code, doc, err = run_gate(project, "--mode", "stored")
     assert code == 1, err
     t = target_of(doc)
@@ -197,10 +228,12 @@ def test_ten_percent_more_flops_is_regressed_by_the_counters(project: Path):
 
 
 def test_a_renamed_output_fails_parity_naming_the_leaf(project: Path):
-    (project / "tinymodel.py").write_text(pr_version('''
+    (project / "tinymodel.py").write_text(
+        pr_version("""
         def forward(self, x):
             return {"logits": self.fc2(torch.relu(self.fc1(x)))}
-    '''))
+    """)
+    )
     code, doc, err = run_gate(project)
     assert code == 1, err
     t = target_of(doc)

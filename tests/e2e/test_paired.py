@@ -1,5 +1,6 @@
 """Paired mode: BASE_REF's model code from a git worktree, measured with the head's in
 one process, round by round."""
+
 from __future__ import annotations
 
 import json
@@ -7,22 +8,24 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import gk, write_project
 from projects import BASE_MODEL, CONFIG, QUIET, pr_version
 
-SLOWER = '''
+SLOWER = """
     def forward(self, x):
         h = torch.relu(self.fc1(x))
         for _ in range(4):  # new work, which barely touches the outputs
             h = h + 1e-9 * torch.tanh(self.extra(h))
         return self.fc2(h)
-'''
+"""
 
 
 def git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
-                    *args], check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,9 @@ def test_the_default_run_pairs_and_flags_the_slower_head(repo: Path):
     assert len(pair["samples"]) == len(results["targets"][0]["latency"]["samples"]["compiled"])
     assert results["targets"][0]["parity"]["vs_baseline"]["passed"]
     # the worktree is gone again
-    listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
-                            text=True).stdout
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True
+    ).stdout
     assert len(listed.strip().splitlines()) == 1
 
 
@@ -109,8 +113,10 @@ def test_paired_rounds_give_base_and_head_the_same_neighbours():
     assert all(sorted(r) == sorted(names) for r in rounds)
     seq = [n for r in rounds for n in r]
     role = lambda n, m: "the other" if n in ("base", "compiled") and n != m else n  # noqa: E731
-    before = {m: [role(seq[i - 1], m) for i in range(len(names), len(seq)) if seq[i] == m]
-              for m in ("base", "compiled")}
+    before = {
+        m: [role(seq[i - 1], m) for i in range(len(names), len(seq)) if seq[i] == m]
+        for m in ("base", "compiled")
+    }
     assert sorted(before["base"]) == sorted(before["compiled"]) != []
     for m in ("base", "compiled"):
         assert [r.index(m) for r in rounds[1:]].count(0) == 5

@@ -7,6 +7,7 @@ The tiny model calls its activation through a module-level alias: torch 2.13 dro
 guard on such a name when it packages a graph, so a changed alias loads the old graph
 silently. That is the change only gatekeeper's parity check catches.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import TINY_MODEL, gk_json, parity_only_config, write_project
 
 from gatekeeper import bundle
 from gatekeeper.config import load_config
@@ -21,15 +23,15 @@ from gatekeeper.targets import expand
 from gatekeeper.warm import warm_target
 from gatekeeper.worker.launch import run_or_fail
 from gatekeeper.worker.protocol import Request
-from helpers import TINY_MODEL, gk_json, parity_only_config, write_project
 
 TARGET = "tiny/b4/default"
 SIGNING = {"GATEKEEPER_SIGNING_KEY": "precompile-test-key"}
 
 # the tiny model, its activation called through a module-level alias
-MODEL = TINY_MODEL.replace("from torch import nn\n", "from torch import nn\n\n"
-                           "ACT = torch.relu  # torch does not guard this name in a package\n"
-                           ).replace("torch.relu(self.fc1(x))", "ACT(self.fc1(x))")
+MODEL = TINY_MODEL.replace(
+    "from torch import nn\n",
+    "from torch import nn\n\nACT = torch.relu  # torch does not guard this name in a package\n",
+).replace("torch.relu(self.fc1(x))", "ACT(self.fc1(x))")
 CONFIG = parity_only_config("[{ batch = 4 }]", precompile=True)
 
 
@@ -60,8 +62,9 @@ def copy_of(root: Path, tmp_path: Path) -> Path:
 
 def manifest(project: Path) -> bundle.Manifest:
     (path,) = (project / "store" / "bundles").rglob("manifest.json")
-    return bundle.verify_manifest(path.read_bytes(), target=TARGET,
-                                  signing_key=SIGNING["GATEKEEPER_SIGNING_KEY"].encode())
+    return bundle.verify_manifest(
+        path.read_bytes(), target=TARGET, signing_key=SIGNING["GATEKEEPER_SIGNING_KEY"].encode()
+    )
 
 
 def packages(cache: Path) -> list[str]:
@@ -69,7 +72,8 @@ def packages(cache: Path) -> list[str]:
 
 
 def test_compile_records_a_package_that_warm_does_not_serve_before_a_check(
-        compiled: Path, tmp_path: Path):
+    compiled: Path, tmp_path: Path
+):
     project = copy_of(compiled, tmp_path)
     m = manifest(project)
     info = bundle.precompile_info(m)
@@ -78,8 +82,9 @@ def test_compile_records_a_package_that_warm_does_not_serve_before_a_check(
     assert bundle.precompile_entries(m) == {f"dynamo/{e}" for e in info["entries"]}
 
     cache = tmp_path / "cache"
-    (w,) = gk_json("warm", "--cache-dir", str(cache), "--probe", cwd=project,
-                   env=SIGNING)["targets"]
+    (w,) = gk_json("warm", "--cache-dir", str(cache), "--probe", cwd=project, env=SIGNING)[
+        "targets"
+    ]
     assert w["status"] == "hit"
     assert w["precompile"] == "unverified" and "no check" in w["precompile_reason"]
     assert packages(cache) == []  # the plain cache only
@@ -102,12 +107,10 @@ def test_check_verifies_the_package_and_warm_then_skips_dynamo(verified, tmp_pat
     assert w["precompile"] == "served" and packages(cache) == info["entries"]
     assert w["dynamo"] == "skipped", w  # the deploy's first call never ran Dynamo
     # one target, served from its package: the ISA probe is skipped too
-    assert doc["service_env"] == {"TORCH_CACHING_PRECOMPILE": "1",
-                                  "TORCHINDUCTOR_VEC_ISA_OK": "1"}
+    assert doc["service_env"] == {"TORCH_CACHING_PRECOMPILE": "1", "TORCHINDUCTOR_VEC_ISA_OK": "1"}
 
 
-def test_a_package_whose_outputs_differ_from_eager_is_never_served(compiled: Path,
-                                                                   tmp_path: Path):
+def test_a_package_whose_outputs_differ_from_eager_is_never_served(compiled: Path, tmp_path: Path):
     """The model's code changes after compile (same target id): an alias torch does not
     guard. Loaded by torch as it is, the package computes the old model; the check's
     worker catches that, and warm never serves a package to other code."""
@@ -115,15 +118,25 @@ def test_a_package_whose_outputs_differ_from_eager_is_never_served(compiled: Pat
     config = load_config(project / "gatekeeper.toml")
     (target,) = expand(config)
     cache = tmp_path / "cache"
-    w = warm_target(target, config, config_store(config), cache, megacache=False,
-                    signing_key=SIGNING["GATEKEEPER_SIGNING_KEY"].encode(), precompile="any")
+    w = warm_target(
+        target,
+        config,
+        config_store(config),
+        cache,
+        megacache=False,
+        signing_key=SIGNING["GATEKEEPER_SIGNING_KEY"].encode(),
+        precompile="any",
+    )
     assert w.precompile == "served" and packages(cache)
 
     model = project / "tinymodel.py"
     model.write_text(model.read_text().replace("ACT = torch.relu", "ACT = torch.tanh"))
-    resp = run_or_fail(Request.for_target("precompile", target, config, "cpu",
-                                          parity=config.gate.parity),
-                       cache_dir=cache, timeout=300, label=TARGET)
+    resp = run_or_fail(
+        Request.for_target("precompile", target, config, "cpu", parity=config.gate.parity),
+        cache_dir=cache,
+        timeout=300,
+        label=TARGET,
+    )
     assert resp.ok, resp.error
     assert resp.precompile["dynamo"] == "skipped"  # torch loaded the stale graph
     assert resp.precompile["verified"] is False
@@ -145,8 +158,13 @@ def test_another_cpu_capability_never_loads_the_package(verified, tmp_path: Path
     default = gk_json("key", cwd=project)["targets"][0]
     lower = "avx2" if default["env"]["cpu_capability"] == "avx512" else "default"
     cache = tmp_path / "cache"
-    (w,) = gk_json("warm", "--cache-dir", str(cache), cwd=project,
-                   env={**SIGNING, "ATEN_CPU_CAPABILITY": lower})["targets"]
+    (w,) = gk_json(
+        "warm",
+        "--cache-dir",
+        str(cache),
+        cwd=project,
+        env={**SIGNING, "ATEN_CPU_CAPABILITY": lower},
+    )["targets"]
     assert w["status"] == "miss" and "precompile" not in w
     assert packages(cache) == []
 
@@ -159,7 +177,7 @@ def config_store(config):
 
 # a service: warm-started (in this process, or by `gatekeeper warm` before it), then a
 # call at the compiled batch size (the package) and one at another (a guard fails)
-SERVICE = '''
+SERVICE = """
 import os, sys
 import torch
 if sys.argv[1] == "in-process":
@@ -176,12 +194,13 @@ with torch.no_grad():
         x = torch.randn(batch, 16)
         assert torch.allclose(compiled(x), model(x), atol=1e-5), batch
 print(counters["dynamo_cache"]["dynamo_cache_hit"], counters["stats"]["unique_graphs"])
-'''
+"""
 
 
 @pytest.mark.parametrize("how", ["in-process", "service-env"])
 def test_a_guard_that_fails_after_loading_recompiles_and_computes_the_same(
-        verified, tmp_path: Path, how: str):
+    verified, tmp_path: Path, how: str
+):
     """Another batch size than the package's fails its guards: the service recompiles
     (one graph) and computes what eager computes; it never crashes."""
     import os
@@ -195,8 +214,14 @@ def test_a_guard_that_fails_after_loading_recompiles_and_computes_the_same(
     if how == "service-env":  # `gatekeeper warm` first, then the environment it prints
         doc = gk_json("warm", "--cache-dir", str(cache), cwd=project, env=SIGNING)
         env |= {**doc["service_env"], "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    proc = subprocess.run([sys.executable, "-c", SERVICE, how, str(cache)], cwd=project,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVICE, how, str(cache)],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     hits, graphs = map(int, proc.stdout.split()[-2:])
     assert hits == 1 and graphs == 1, proc.stdout  # batch 4 loaded, batch 3 recompiled

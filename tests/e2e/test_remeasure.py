@@ -6,6 +6,7 @@ ones). The one stand-in: the first gate marks the target borderline, which real 
 do only by chance. The model's weights come from an unseeded source, as outputs of
 nondeterministic kernels (CUDA atomics) would: each run's reference outputs differ.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import TINY_CONFIG, TINY_MODEL, write_project
 
 from gatekeeper import pipeline
 from gatekeeper.config import load_config
@@ -21,19 +23,22 @@ from gatekeeper.paired import Mode
 from gatekeeper.results import Results
 from gatekeeper.store import baselines, maintenance, open_store
 from gatekeeper.targets import expand
-from helpers import TINY_CONFIG, TINY_MODEL, write_project
 
 TARGET = "tiny/b4/default"
-MODEL = TINY_MODEL.replace("def make():\n    return Tiny()", textwrap.dedent('''
+MODEL = TINY_MODEL.replace(
+    "def make():\n    return Tiny()",
+    textwrap.dedent("""
     def make():
         import os
         torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # differs run to run
-        return Tiny()'''))
+        return Tiny()"""),
+)
 CONFIG = TINY_CONFIG + "\n[tool.gatekeeper.measure]\nwarmup = 2\nmin_time = 0.3\n"
 
 
 def test_publish_after_a_remeasure_stores_outputs_that_match_their_sha256(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     assert MODEL != TINY_MODEL
     project = write_project(tmp_path / "project", model=MODEL, config=CONFIG)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -52,8 +57,14 @@ def test_publish_after_a_remeasure_stores_outputs_that_match_their_sha256(
 
     monkeypatch.setattr(pipeline, "judge", first_one_borderline)
     out = tmp_path / "out"
-    outcome = pipeline.run(expand(config), config, store, out_dir=out, base_ref="main",
-                           mode=Mode("stored", "stored mode: a test"))
+    outcome = pipeline.run(
+        expand(config),
+        config,
+        store,
+        out_dir=out,
+        base_ref="main",
+        mode=Mode("stored", "stored mode: a test"),
+    )
     assert outcome.report.remeasured == [TARGET] and len(reports) == 2
     (result,) = outcome.results.targets
     assert result.status == "ok" and result.reference is not None
@@ -63,8 +74,8 @@ def test_publish_after_a_remeasure_stores_outputs_that_match_their_sha256(
     on_disk = Results.model_validate_json((out / "results.json").read_text())
     assert on_disk.targets[0].reference == result.reference
     assert sorted(p.name for p in out.rglob("*") if p.is_file()) == sorted(
-        ["results.json", Path(result.reference.file).name,
-         Path(result.profile.trace).name])  # no second run's leftovers
+        ["results.json", Path(result.reference.file).name, Path(result.profile.trace).name]
+    )  # no second run's leftovers
 
     rows = pipeline.publish(outcome, store, "main")
     assert [r["status"] for r in rows] == ["published"]
@@ -73,5 +84,6 @@ def test_publish_after_a_remeasure_stores_outputs_that_match_their_sha256(
     assert doc is not None and doc.reference_key is not None
     got = store.read(doc.reference_key)
     assert got is not None
-    assert hashlib.sha256(got[0]).hexdigest() == doc.result.reference.sha256 \
-        == result.reference.sha256
+    assert (
+        hashlib.sha256(got[0]).hexdigest() == doc.result.reference.sha256 == result.reference.sha256
+    )

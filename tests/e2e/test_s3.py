@@ -5,6 +5,7 @@ more by a runner whose store is read-only). Tests that change the store work on 
 server-side copy of that bucket. Every command runs in a new process that finds S3
 through ``AWS_ENDPOINT_URL_S3`` and fake credentials, as a runner would.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from helpers import TINY_CONFIG, write_project
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY, FaultProxy, S3Server, unreachable_endpoint
 
@@ -26,20 +27,36 @@ PREFIX = "gk"
 CONFIG = TINY_CONFIG + "\n[tool.gatekeeper.measure]\nwarmup = 2\nmin_time = 0.5\n"
 
 # what could point boto3 at a real AWS account: never inherited by the subprocesses
-_AWS_VARS = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-             "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-             "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ACCESS_KEY_ID",
-             "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
-             "AWS_SHARED_CREDENTIALS_FILE", "GATEKEEPER_SIGNING_KEY")
+_AWS_VARS = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "GATEKEEPER_SIGNING_KEY",
+)
 
 
 def s3_environ(endpoint_url: str, nowhere: Path) -> dict[str, str]:
     """A runner's environment: the S3 endpoint and fake credentials, no real AWS config."""
     env = {k: v for k, v in os.environ.items() if k not in _AWS_VARS}
-    return env | {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                  "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL_S3": endpoint_url,
-                  "AWS_CONFIG_FILE": str(nowhere), "AWS_SHARED_CREDENTIALS_FILE": str(nowhere),
-                  "AWS_EC2_METADATA_DISABLED": "true"}
+    return env | {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ENDPOINT_URL_S3": endpoint_url,
+        "AWS_CONFIG_FILE": str(nowhere),
+        "AWS_SHARED_CREDENTIALS_FILE": str(nowhere),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
 
 
 def command(*args: str) -> list[str]:
@@ -57,11 +74,18 @@ class Runner:
     def env(self, endpoint_url: str | None = None) -> dict[str, str]:
         return s3_environ(endpoint_url or self.endpoint_url, self.nowhere)
 
-    def run(self, *args: str, endpoint_url: str | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
-        proc = subprocess.run(command(*args), cwd=self.project, env=self.env(endpoint_url),
-                              capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+    def run(
+        self, *args: str, endpoint_url: str | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            command(*args),
+            cwd=self.project,
+            env=self.env(endpoint_url),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         assert "Traceback" not in proc.stderr, proc.stderr
         return proc
 
@@ -91,11 +115,18 @@ def compiled(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> I
     runner = Runner(project, s3_server.endpoint_url, tmp_path_factory.mktemp("aws") / "absent")
     bucket, ro_bucket = s3_server.create_bucket(), s3_server.create_bucket()
     # two runners compile at once: one may publish, the other's store is read-only
-    procs = [subprocess.Popen(command("compile", "--store", f"s3://{b}/{PREFIX}", "--json",
-                                      *extra),
-                              cwd=project, env=runner.env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-             for b, extra in ((bucket, ()), (ro_bucket, ("--read-only",)))]
+    procs = [
+        subprocess.Popen(
+            command("compile", "--store", f"s3://{b}/{PREFIX}", "--json", *extra),
+            cwd=project,
+            env=runner.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for b, extra in ((bucket, ()), (ro_bucket, ("--read-only",)))
+    ]
     (out, err), (ro_out, ro_err) = (p.communicate(timeout=600) for p in procs)
     assert procs[0].returncode == 0, out + err
     read_only = subprocess.CompletedProcess(procs[1].args, procs[1].returncode, ro_out, ro_err)
@@ -128,11 +159,13 @@ def bucket(compiled: Compiled) -> Iterator[str]:
 
 
 def warm(compiled: Compiled, cache: Path, uri: str, expect: int = 0, **kw: Any) -> dict:
-    return compiled.runner.json("warm", "--store", uri, "--cache-dir", str(cache),
-                                expect=expect, **kw)
+    return compiled.runner.json(
+        "warm", "--store", uri, "--cache-dir", str(cache), expect=expect, **kw
+    )
 
 
 # -- tests -----------------------------------------------------------------------------
+
 
 def test_compile_publishes_to_s3(compiled: Compiled):
     (entry,) = compiled.compile_doc["targets"]
@@ -196,8 +229,9 @@ def test_compile_warm_check_baseline_gate(compiled: Compiled, bucket: str, tmp_p
     assert [(b["target"], b["complete"]) for b in doc["bundles"]] == [(TARGET, True)]
 
 
-def test_flipped_byte_in_s3_is_caught_by_warm_and_verify(compiled: Compiled, bucket: str,
-                                                          tmp_path: Path):
+def test_flipped_byte_in_s3_is_caught_by_warm_and_verify(
+    compiled: Compiled, bucket: str, tmp_path: Path
+):
     client = compiled.server.client()
     (key,) = [k for k in objects(compiled.server, bucket) if k.endswith(".tar.zst")]
     data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
@@ -205,8 +239,7 @@ def test_flipped_byte_in_s3_is_caught_by_warm_and_verify(compiled: Compiled, buc
     client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
     uri = compiled.uri(bucket)
 
-    proc = compiled.runner.run("warm", "--store", uri, "--cache-dir", str(tmp_path / "c"),
-                               "--json")
+    proc = compiled.runner.run("warm", "--store", uri, "--cache-dir", str(tmp_path / "c"), "--json")
     assert proc.returncode == 0, proc.stderr
     (entry,) = json.loads(proc.stdout)["targets"]
     assert entry["status"] == "miss"
@@ -225,17 +258,25 @@ def test_flipped_byte_in_s3_is_caught_by_warm_and_verify(compiled: Compiled, buc
 @pytest.mark.parametrize("mode", ["503", "drop"])
 def test_warm_retries_through_a_faulty_network(compiled: Compiled, tmp_path: Path, mode: str):
     with FaultProxy(compiled.server.endpoint_url, fail_first=3, mode=mode) as proxy:
-        (entry,) = warm(compiled, tmp_path / "cache", compiled.uri(),
-                        endpoint_url=proxy.endpoint_url)["targets"]
+        (entry,) = warm(
+            compiled, tmp_path / "cache", compiled.uri(), endpoint_url=proxy.endpoint_url
+        )["targets"]
         assert proxy.faults == 3
     assert entry["status"] == "hit" and entry["files"] > 0
 
 
 def test_warm_with_the_store_unreachable_is_a_miss(compiled: Compiled, tmp_path: Path):
     start = time.monotonic()
-    proc = compiled.runner.run("warm", "--store", compiled.uri(), "--cache-dir",
-                               str(tmp_path / "c"), "--json",
-                               endpoint_url=unreachable_endpoint(), timeout=120)
+    proc = compiled.runner.run(
+        "warm",
+        "--store",
+        compiled.uri(),
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--json",
+        endpoint_url=unreachable_endpoint(),
+        timeout=120,
+    )
     took = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -246,7 +287,14 @@ def test_warm_with_the_store_unreachable_is_a_miss(compiled: Compiled, tmp_path:
     # botocore's own backoff over the backend's 8 attempts: a few seconds, not minutes
     assert took < 60, f"warm took {took:.0f} s with the store unreachable"
     # --strict makes the same miss fail the step
-    strict = compiled.runner.run("warm", "--store", compiled.uri(), "--cache-dir",
-                                 str(tmp_path / "c"), "--strict",
-                                 endpoint_url=unreachable_endpoint(), timeout=120)
+    strict = compiled.runner.run(
+        "warm",
+        "--store",
+        compiled.uri(),
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--strict",
+        endpoint_url=unreachable_endpoint(),
+        timeout=120,
+    )
     assert strict.returncode == 1

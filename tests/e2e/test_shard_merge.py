@@ -9,6 +9,7 @@ Timings differ from run to run, so the comparison is of structure and verdicts: 
 targets, their verdicts and statuses, the overall verdict and exit code, the rows of the
 report's table (target and verdict columns), never a latency.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import gk, parity_only_config
 
-MODEL = textwrap.dedent('''
+MODEL = textwrap.dedent("""
     import os
 
     import torch
@@ -40,7 +41,7 @@ MODEL = textwrap.dedent('''
 
     def make():
         return Tiny()
-''')
+""")
 
 CONFIG = parity_only_config("[{ batch = 4 }, { batch = 8 }]")
 
@@ -51,11 +52,11 @@ ENV = {"OMP_NUM_THREADS": "1", "GITHUB_REF_NAME": "main"}
 PR_ENV = {**ENV, "TINY_DRIFT": "1"}
 
 
-def run_json(*args: str, cwd: Path, env: dict,
-             expect: tuple[int, ...] = (0,)) -> tuple[int, dict]:
+def run_json(*args: str, cwd: Path, env: dict, expect: tuple[int, ...] = (0,)) -> tuple[int, dict]:
     proc = gk(*args, "--json", cwd=cwd, env=env)
-    assert proc.returncode in expect, \
+    assert proc.returncode in expect, (
         f"gatekeeper {' '.join(args)}: exit {proc.returncode}\n{proc.stderr}"
+    )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -69,8 +70,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _, doc = run_json("compile", cwd=root, env=ENV)
     assert [t["status"] for t in doc["targets"]] == ["published", "published"], doc
     run_json("check", "--out", "base", "--base-ref", "main", cwd=root, env=ENV)
-    _, doc = run_json("baseline", "--results", "base/results.json", "--ref", "main",
-                      cwd=root, env=ENV)
+    _, doc = run_json(
+        "baseline", "--results", "base/results.json", "--ref", "main", cwd=root, env=ENV
+    )
     assert sorted(t["target"] for t in doc["targets"]) == TARGETS
     return root
 
@@ -87,33 +89,68 @@ def table_rows(report_md: str) -> list[tuple[str, str]]:
 
 def shape(report: dict) -> dict:
     """What must not depend on sharding: verdicts and structure, no timings."""
-    return {"verdict": report["verdict"], "exit_code": report["exit_code"],
-            "base_ref": report["base_ref"], "counts": report["counts"],
-            "targets": [(t["target"], t["verdict"], t["status"], t["env_key"],
-                         t["code_hash"]) for t in report["targets"]],
-            "removed": report["removed"]}
+    return {
+        "verdict": report["verdict"],
+        "exit_code": report["exit_code"],
+        "base_ref": report["base_ref"],
+        "counts": report["counts"],
+        "targets": [
+            (t["target"], t["verdict"], t["status"], t["env_key"], t["code_hash"])
+            for t in report["targets"]
+        ],
+        "removed": report["removed"],
+    }
 
 
 def test_merged_shards_gate_like_one_unsharded_run(project: Path) -> None:
     # two shards, each measuring its half of the targets into its own folder
     for i in (1, 2):
-        run_json("check", "--shard", f"{i}/2", "--out", f"shard{i}", "--base-ref", "main",
-                 cwd=project, env=PR_ENV)
+        run_json(
+            "check",
+            "--shard",
+            f"{i}/2",
+            "--out",
+            f"shard{i}",
+            "--base-ref",
+            "main",
+            cwd=project,
+            env=PR_ENV,
+        )
     halves = [json.loads((project / f"shard{i}/results.json").read_text()) for i in (1, 2)]
     assert [[t["target"] for t in h["targets"]] for h in halves] == [[TARGETS[0]], [TARGETS[1]]]
 
-    code_merged, merged = run_json("merge", "shard1", "shard2", "--out", "merged",
-                                   "--base-ref", "main", cwd=project, env=PR_ENV, expect=(1,))
+    code_merged, merged = run_json(
+        "merge",
+        "shard1",
+        "shard2",
+        "--out",
+        "merged",
+        "--base-ref",
+        "main",
+        cwd=project,
+        env=PR_ENV,
+        expect=(1,),
+    )
 
     # the same targets, measured in one process, gated once
     run_json("check", "--out", "whole", "--base-ref", "main", cwd=project, env=PR_ENV)
-    code_whole, whole = run_json("gate", "--results", "whole/results.json", "--base-ref",
-                                 "main", cwd=project, env=PR_ENV, expect=(1,))
+    code_whole, whole = run_json(
+        "gate",
+        "--results",
+        "whole/results.json",
+        "--base-ref",
+        "main",
+        cwd=project,
+        env=PR_ENV,
+        expect=(1,),
+    )
 
     assert code_merged == code_whole == 1
     assert shape(merged) == shape(whole)
     assert [(t["target"], t["verdict"]) for t in merged["targets"]] == [
-        ("tiny/b4/default", "pass"), ("tiny/b8/default", "parity-failed")]
+        ("tiny/b4/default", "pass"),
+        ("tiny/b8/default", "parity-failed"),
+    ]
     assert merged["verdict"] == "parity-failed"
     assert [t["reasons"] for t in merged["targets"]] == [t["reasons"] for t in whole["targets"]]
 
@@ -121,8 +158,7 @@ def test_merged_shards_gate_like_one_unsharded_run(project: Path) -> None:
     md_whole = (project / "whole/report.md").read_text()
     assert table_rows(md_merged) == table_rows(md_whole)
     # worst first
-    assert [target for target, _ in table_rows(md_merged)] == ["tiny/b8/default",
-                                                               "tiny/b4/default"]
+    assert [target for target, _ in table_rows(md_merged)] == ["tiny/b8/default", "tiny/b4/default"]
     assert md_merged.splitlines()[0] == md_whole.splitlines()[0]  # the headline
 
     # the merged results.json is self-contained: both targets, their reference outputs
@@ -131,8 +167,9 @@ def test_merged_shards_gate_like_one_unsharded_run(project: Path) -> None:
     for t in results["targets"]:
         assert (project / "merged" / t["reference"]["file"]).is_file()
     whole_results = json.loads((project / "whole/results.json").read_text())
-    assert [(t["target"], t["status"]) for t in results["targets"]] == \
-        [(t["target"], t["status"]) for t in whole_results["targets"]]
+    assert [(t["target"], t["status"]) for t in results["targets"]] == [
+        (t["target"], t["status"]) for t in whole_results["targets"]
+    ]
 
 
 def test_a_target_in_two_shards_is_refused(project: Path) -> None:

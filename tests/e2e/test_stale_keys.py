@@ -12,6 +12,7 @@ the base from the base checkout's files for a dotted factory.
 
 The project is compiled once per session; each test works on a private copy.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,15 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import gk, gk_json
 
 from gatekeeper import bundle
 from gatekeeper.store import open_store
 from gatekeeper.store.maintenance import ORPHAN_GRACE_S, prune
-from helpers import gk, gk_json
 
 TARGET = "net/b4/default"
 
-NET = textwrap.dedent('''
+NET = textwrap.dedent("""
     import json
     from pathlib import Path
 
@@ -59,12 +60,12 @@ NET = textwrap.dedent('''
 
     def make_other():
         return Net(_hidden() + 8)
-''')
+""")
 
 HELPERS = "import torch\n\ndef act(h):\n    return torch.relu(h)\n"
 HELPERS_CHANGED = "import torch\n\ndef act(h):\n    return torch.tanh(h)\n"
 
-CONFIG = textwrap.dedent('''
+CONFIG = textwrap.dedent("""
     [tool.gatekeeper]
     store = "store"
     precompile = "off"  # packages: tests/e2e/test_precompile.py
@@ -74,7 +75,7 @@ CONFIG = textwrap.dedent('''
     factory = "models.net:make"
     inputs = [{ shape = ["batch", 16] }]
     shapes = [{ batch = 4 }]
-''')
+""")
 
 
 def write_dist(site: Path, version: str, body: str) -> None:
@@ -86,8 +87,10 @@ def write_dist(site: Path, version: str, body: str) -> None:
     info = site / f"gkdep-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gkdep\nVersion: {version}\n")
-    (info / "RECORD").write_text(f"gkdep/__init__.py,,\ngkdep-{version}.dist-info/METADATA,,\n"
-                                 f"gkdep-{version}.dist-info/RECORD,,\n")
+    (info / "RECORD").write_text(
+        f"gkdep/__init__.py,,\ngkdep-{version}.dist-info/METADATA,,\n"
+        f"gkdep-{version}.dist-info/RECORD,,\n"
+    )
 
 
 def write_net_project(root: Path, site: Path) -> None:
@@ -128,8 +131,12 @@ def compiled_net(tmp_path_factory) -> dict:
     out = gk_json("compile", cwd=root, env={"PYTHONPATH": str(site)})
     (entry,) = out["targets"]
     assert entry["status"] == "published"
-    return {"root": root, "site": site, "code_hash": entry["code_hash"],
-            "env_key": entry["env_key"]}
+    return {
+        "root": root,
+        "site": site,
+        "code_hash": entry["code_hash"],
+        "env_key": entry["env_key"],
+    }
 
 
 @pytest.fixture
@@ -141,16 +148,19 @@ def project(compiled_net: dict, tmp_path: Path) -> Project:
     return Project(root, site, {"PYTHONPATH": str(site)})
 
 
-def keyed_anew(project: Project, compiled_net: dict, tmp_path: Path,
-               env: dict | None = None) -> dict:
+def keyed_anew(
+    project: Project, compiled_net: dict, tmp_path: Path, env: dict | None = None
+) -> dict:
     """What the model is built from changed: its key changes before any compile (``key``
     builds the model in a worker, compiles nothing), and ``warm`` no longer calls the
     bundle of the old code a hit. One test (b) also compiles anew and warms from the new
     key; ``key`` reports the key ``compile`` uses (checked there and in the unchanged
     case), so the other changes need no compile of their own."""
     (key,) = project.json("key", env=env)["targets"]
-    assert (key["code_hash"], key["env_key"]) != \
-        (compiled_net["code_hash"], compiled_net["env_key"]), key
+    assert (key["code_hash"], key["env_key"]) != (
+        compiled_net["code_hash"],
+        compiled_net["env_key"],
+    ), key
     (warmed,) = project.json("warm", "--cache-dir", str(tmp_path / "old"), env=env)["targets"]
     assert warmed["status"] in ("partial", "miss"), warmed
     return key
@@ -170,8 +180,9 @@ def compiles_anew_and_warms(project: Project, tmp_path: Path, env: dict | None =
 
 
 # -- (a)-(e): what the model is built from changes; the key must change too -------------
-def test_unchanged_project_in_another_folder_hits(project: Project, tmp_path: Path,
-                                                  compiled_net: dict):
+def test_unchanged_project_in_another_folder_hits(
+    project: Project, tmp_path: Path, compiled_net: dict
+):
     (entry,) = project.json("compile")["targets"]
     assert entry["status"] == "exists" and entry["code_hash"] == compiled_net["code_hash"]
     # `key` knows the code hash before any compile of this checkout: a worker builds it
@@ -179,15 +190,13 @@ def test_unchanged_project_in_another_folder_hits(project: Project, tmp_path: Pa
     assert key["code_hash"] == compiled_net["code_hash"]
 
 
-def test_a_another_factory_of_the_same_module(project: Project, tmp_path: Path,
-                                              compiled_net: dict):
+def test_a_another_factory_of_the_same_module(project: Project, tmp_path: Path, compiled_net: dict):
     cfg = project.root / "gatekeeper.toml"
     cfg.write_text(cfg.read_text().replace("models.net:make", "models.net:make_other"))
     keyed_anew(project, compiled_net, tmp_path)
 
 
-def test_b_sibling_module_outside_the_package(project: Project, tmp_path: Path,
-                                              compiled_net: dict):
+def test_b_sibling_module_outside_the_package(project: Project, tmp_path: Path, compiled_net: dict):
     (project.root / "helpers.py").write_text(HELPERS_CHANGED)
     key = keyed_anew(project, compiled_net, tmp_path)
     entry = compiles_anew_and_warms(project, tmp_path)
@@ -199,14 +208,14 @@ def test_c_data_file_the_factory_reads(project: Project, tmp_path: Path, compile
     keyed_anew(project, compiled_net, tmp_path)
 
 
-def test_d_installed_distribution_upgraded(project: Project, tmp_path: Path,
-                                           compiled_net: dict):
+def test_d_installed_distribution_upgraded(project: Project, tmp_path: Path, compiled_net: dict):
     write_dist(project.site, "1.1", "def post(y):\n    return y * 3.0 + 1.0\n")
     keyed_anew(project, compiled_net, tmp_path)
 
 
-def test_e_environment_variable_that_configures_inductor(project: Project, tmp_path: Path,
-                                                         compiled_net: dict):
+def test_e_environment_variable_that_configures_inductor(
+    project: Project, tmp_path: Path, compiled_net: dict
+):
     key = keyed_anew(project, compiled_net, tmp_path, env={"TORCHINDUCTOR_SIZE_ASSERTS": "0"})
     assert key["env_key"] != compiled_net["env_key"]
 
@@ -225,8 +234,7 @@ def test_manifest_moved_to_another_key_is_refused(project: Project, tmp_path: Pa
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.so"))
 
 
-def test_bundle_without_recorded_dependencies_warms_as_partial(project: Project,
-                                                               tmp_path: Path):
+def test_bundle_without_recorded_dependencies_warms_as_partial(project: Project, tmp_path: Path):
     """A store written before dependencies were recorded keeps warming, never as hit."""
     (path,) = project.manifests()
     manifest = bundle.Manifest.model_validate_json(path.read_bytes())
@@ -244,10 +252,17 @@ def test_key_hit_whose_graphs_all_miss_is_stale(project: Project, tmp_path: Path
     manifest = bundle.Manifest.model_validate_json(path.read_bytes())
     empty = tmp_path / "empty-cache"
     empty.mkdir()
-    archive, hollow = bundle.pack(empty, None, tmp_path, target=manifest.target,
-                                  key=manifest.key, compile_info=manifest.compile,
-                                  creator=manifest.creator, version=manifest.gatekeeper_version,
-                                  signing_key=None)
+    archive, hollow = bundle.pack(
+        empty,
+        None,
+        tmp_path,
+        target=manifest.target,
+        key=manifest.key,
+        compile_info=manifest.compile,
+        creator=manifest.creator,
+        version=manifest.gatekeeper_version,
+        signing_key=None,
+    )
     for old in path.parent.glob("bundle-*.tar.zst"):
         old.unlink()
     shutil.copyfile(archive, path.parent / archive.name)
@@ -261,8 +276,7 @@ def test_key_hit_whose_graphs_all_miss_is_stale(project: Project, tmp_path: Path
 
 
 # -- compile --force replaces atomically --------------------------------------------------
-def test_force_replaces_atomically_under_a_concurrent_reader(project: Project,
-                                                             tmp_path: Path):
+def test_force_replaces_atomically_under_a_concurrent_reader(project: Project, tmp_path: Path):
     (path,) = project.manifests()
     old_archive = bundle.Manifest.model_validate_json(path.read_bytes()).archive.name
     store = open_store(str(project.root / "store"), read_only=True)
@@ -306,8 +320,7 @@ def test_force_replaces_atomically_under_a_concurrent_reader(project: Project,
     # the old archive is left for prune, which treats it as an orphan after the grace
     writable = open_store(str(project.root / "store"))
     assert prune(writable, keep=None, older_than_days=None) == []
-    doomed = prune(writable, keep=None, older_than_days=None,
-                   now=time.time() + ORPHAN_GRACE_S + 60)
+    doomed = prune(writable, keep=None, older_than_days=None, now=time.time() + ORPHAN_GRACE_S + 60)
     assert doomed == ([f"{loc_prefix}/{old_archive}"] if new_archive != old_archive else [])
     assert sorted(p.name for p in path.parent.glob("bundle-*.tar.zst")) == [new_archive]
     (warmed,) = project.json("warm", "--cache-dir", str(tmp_path / "cache"))["targets"]
@@ -315,7 +328,7 @@ def test_force_replaces_atomically_under_a_concurrent_reader(project: Project,
 
 
 # -- paired mode: a dotted factory resolves in the base checkout ---------------------------
-PAIRED_CONFIG = textwrap.dedent('''
+PAIRED_CONFIG = textwrap.dedent("""
     [tool.gatekeeper]
     store = "store"
     precompile = "off"  # packages: tests/e2e/test_precompile.py
@@ -329,9 +342,9 @@ PAIRED_CONFIG = textwrap.dedent('''
     factory = "pkg.sub.mod:make"
     inputs = [{ shape = ["batch", 16] }]
     shapes = [{ batch = 4 }]
-''')
+""")
 
-DOTTED = textwrap.dedent('''
+DOTTED = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -347,12 +360,15 @@ DOTTED = textwrap.dedent('''
 
     def make():
         return Net()
-''')
+""")
 
 
 def git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
-                    *args], check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+    )
 
 
 def test_paired_dotted_factory_builds_and_keys_the_base_from_its_checkout(tmp_path: Path):

@@ -8,6 +8,7 @@ compiles: one project, compiled and gated as main once per session.
 
 Each test runs PR versions on a private copy of that project (store included).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from helpers import TINY_MODEL, gk, gk_json, shared_objects, write_project
 from projects import QUIET, run_gate
 
 # the helpers' tiny model (its forward in two lines, so a test can cut the gradient in
 # one) and a model for dynamic shapes
-MODELS = TINY_MODEL.replace("return self.fc2(torch.relu(self.fc1(x)))",
-                            "h = torch.relu(self.fc1(x))\n        return self.fc2(h)") + \
-    textwrap.dedent('''
+MODELS = TINY_MODEL.replace(
+    "return self.fc2(torch.relu(self.fc1(x)))",
+    "h = torch.relu(self.fc1(x))\n        return self.fc2(h)",
+) + textwrap.dedent("""
 
     class Dyn(nn.Module):
         def __init__(self):
@@ -36,10 +37,10 @@ MODELS = TINY_MODEL.replace("return self.fc2(torch.relu(self.fc1(x)))",
 
     def make_dyn():
         return Dyn()
-''')
+""")
 
 
-CONFIG = textwrap.dedent('''
+CONFIG = textwrap.dedent("""
     [tool.gatekeeper]
     store = "store"
     precompile = "off"  # packages: tests/e2e/test_precompile.py
@@ -70,7 +71,7 @@ CONFIG = textwrap.dedent('''
     inputs = [{ shape = ["batch", 16] }]
     shapes = [{ batch = 2 }, { batch = 8 }]
     dynamic = true
-''')
+""")
 
 TRAIN = "tiny/b4/default+train"
 BF16 = "tiny/b4/default+bf16"
@@ -88,7 +89,9 @@ def base_project(tmp_path_factory) -> Path:
     out = gk_json("compile", "--target", TRAIN, "--target", "dyn/*", cwd=root, env=QUIET)
     # the dynamic model's two shape sets compile once, into one bundle
     assert [(t["target"], t["status"]) for t in out["targets"]] == [
-        (TRAIN, "published"), ("dyn/b2/default+dynamic", "published")]
+        (TRAIN, "published"),
+        ("dyn/b2/default+dynamic", "published"),
+    ]
     code, doc, _ = run_gate(root, "--publish", *GATED, env={"GITHUB_REF_NAME": "main"})
     assert code == 0, doc
     return root
@@ -106,16 +109,16 @@ def results(project: Path) -> dict[str, dict]:
     return {t["target"]: t for t in doc["targets"]}
 
 
-def test_training_step_warm_starts_forward_backward_and_optimizer(project: Path,
-                                                                   tmp_path: Path):
+def test_training_step_warm_starts_forward_backward_and_optimizer(project: Path, tmp_path: Path):
     cache = tmp_path / "deploy-cache"
     out = gk_json("warm", "--target", TRAIN, "--cache-dir", str(cache), cwd=project, env=QUIET)
     assert out["targets"][0]["status"] == "hit"
     before = shared_objects(cache)
     assert before
     # the training job: a fresh process runs its first compiled step on that cache
-    probe = gk_json("warm", "--target", TRAIN, "--cache-dir", str(cache), "--probe",
-                    cwd=project, env=QUIET)
+    probe = gk_json(
+        "warm", "--target", TRAIN, "--cache-dir", str(cache), "--probe", cwd=project, env=QUIET
+    )
     (entry,) = probe["targets"]
     # forward, backward and optimizer graphs from the FX graph cache, the forward+backward
     # and optimizer from AOTAutograd's: nothing compiled, no C++ kernel built
@@ -144,8 +147,9 @@ def test_unchanged_training_and_bf16_targets_pass_against_their_baselines(projec
     v = verdicts(doc)
     assert sorted(v) == [BF16, TRAIN]
     for target, t in v.items():
-        assert t["verdict"] in ("pass", "improved") or \
-            (t["verdict"] == "inconclusive" and t["disturbed"]), (target, t["reasons"])
+        assert t["verdict"] in ("pass", "improved") or (
+            t["verdict"] == "inconclusive" and t["disturbed"]
+        ), (target, t["reasons"])
     for target, t in results(project).items():
         assert t["parity"]["vs_eager"]["passed"], target
         assert t["parity"]["vs_baseline"]["passed"], target
@@ -155,8 +159,11 @@ def test_unchanged_training_and_bf16_targets_pass_against_their_baselines(projec
 def test_detached_gradient_fails_training_parity_naming_the_task(project: Path):
     model = project / "tinymodel.py"
     # the same forward output, but fc1 no longer learns
-    model.write_text(model.read_text().replace("h = torch.relu(self.fc1(x))",
-                                               "h = torch.relu(self.fc1(x)).detach()"))
+    model.write_text(
+        model.read_text().replace(
+            "h = torch.relu(self.fc1(x))", "h = torch.relu(self.fc1(x)).detach()"
+        )
+    )
     code, doc, _ = run_gate(project, "--target", TRAIN)
     t = verdicts(doc)[TRAIN]
     assert t["verdict"] == "parity-failed", t
@@ -169,10 +176,13 @@ def test_detached_gradient_fails_training_parity_naming_the_task(project: Path):
 
 def test_shape_dependent_branch_recompiles_and_is_regressed(project: Path):
     model = project / "tinymodel.py"
-    model.write_text(model.read_text().replace(
-        "        return self.fc(x)\n",
-        "        if x.shape[0] > 4:\n            return self.fc(x) + 0.0\n"
-        "        return self.fc(x)\n"))
+    model.write_text(
+        model.read_text().replace(
+            "        return self.fc(x)\n",
+            "        if x.shape[0] > 4:\n            return self.fc(x) + 0.0\n"
+            "        return self.fc(x)\n",
+        )
+    )
     code, doc, _ = run_gate(project, "--target", "dyn/b2/*")
     t = verdicts(doc)["dyn/b2/default+dynamic"]
     assert t["verdict"] == "regressed", t
@@ -182,16 +192,16 @@ def test_shape_dependent_branch_recompiles_and_is_regressed(project: Path):
 
 
 def test_train_task_of_a_model_without_floating_output_exits_2_in_one_line(tmp_path: Path):
-    config = CONFIG.split("[[tool.gatekeeper.models]]")[0] + textwrap.dedent('''
+    config = CONFIG.split("[[tool.gatekeeper.models]]")[0] + textwrap.dedent("""
         [[tool.gatekeeper.models]]
         name = "argmax"
         factory = "tinymodel:make"
         inputs_factory = "tinymodel:ids"
         tasks = ["train"]
-    ''')
-    model = MODELS.replace("def make():", "def ids(shapes):\n    return torch.randn(2, 16)\n\n"
-                           "def make():").replace("return self.fc2(h)",
-                                                   "return self.fc2(h).argmax(-1)")
+    """)
+    model = MODELS.replace(
+        "def make():", "def ids(shapes):\n    return torch.randn(2, 16)\n\ndef make():"
+    ).replace("return self.fc2(h)", "return self.fc2(h).argmax(-1)")
     root = write_project(tmp_path, model, config)
     proc = gk("compile", cwd=root)
     assert proc.returncode == 2

@@ -3,6 +3,7 @@
 One tiny model is compiled once per session (about 15 s on 2 CPU cores); every test
 reuses that store through a copy, so tests never disturb each other.
 """
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import gk, gk_json, shared_objects, write_project
 
 from gatekeeper import bundle
-from helpers import gk, gk_json, shared_objects, write_project
 
 TARGET = "tiny/b4/default"
 
@@ -45,8 +46,7 @@ def test_compile_is_idempotent(project: Path):
     assert out["skipped_writes"] == 0
 
 
-def test_warm_start_in_new_process_hits_cache_and_compiles_no_kernel(project: Path,
-                                                                    tmp_path: Path):
+def test_warm_start_in_new_process_hits_cache_and_compiles_no_kernel(project: Path, tmp_path: Path):
     cache = tmp_path / "fresh-cache"
     out = gk_json("warm", "--cache-dir", str(cache), cwd=project)
     (entry,) = out["targets"]
@@ -65,8 +65,15 @@ def test_warm_start_in_new_process_hits_cache_and_compiles_no_kernel(project: Pa
 def test_cold_compile_does_compile_kernels(project: Path, tmp_path: Path):
     """The check above can fail: without a warm start the same probe compiles kernels."""
     cold = tmp_path / "cold"
-    probe = gk_json("warm", "--store", str(tmp_path / "empty-store"), "--cache-dir",
-                    str(cold), "--probe", cwd=project)
+    probe = gk_json(
+        "warm",
+        "--store",
+        str(tmp_path / "empty-store"),
+        "--cache-dir",
+        str(cold),
+        "--probe",
+        cwd=project,
+    )
     (entry,) = probe["targets"]
     assert entry["status"] == "miss"
     assert entry["fxgraph_cache_miss"] >= 1
@@ -108,25 +115,42 @@ def test_flipped_byte_is_refused_and_nothing_extracted(project: Path, tmp_path: 
 def test_signature_is_required_and_checked(project: Path, tmp_path: Path):
     path = manifest_path(project)
     # unsigned bundle, but this deploy requires signatures
-    out = gk_json("warm", "--cache-dir", str(tmp_path / "a"), cwd=project,
-                  env={"GATEKEEPER_SIGNING_KEY": "deploy-key"})
+    out = gk_json(
+        "warm",
+        "--cache-dir",
+        str(tmp_path / "a"),
+        cwd=project,
+        env={"GATEKEEPER_SIGNING_KEY": "deploy-key"},
+    )
     assert out["targets"][0]["status"] == "miss"
     assert "unsigned" in out["targets"][0]["reason"]
     # signed with another key
     manifest = bundle.Manifest.model_validate_json(path.read_bytes())
-    forged = manifest.model_copy(update={"signature": bundle._sign(manifest.signed_bytes(),
-                                                                   b"attacker-key")})
+    forged = manifest.model_copy(
+        update={"signature": bundle._sign(manifest.signed_bytes(), b"attacker-key")}
+    )
     path.write_bytes(forged.to_bytes())
-    out = gk_json("warm", "--cache-dir", str(tmp_path / "b"), cwd=project,
-                  env={"GATEKEEPER_SIGNING_KEY": "deploy-key"})
+    out = gk_json(
+        "warm",
+        "--cache-dir",
+        str(tmp_path / "b"),
+        cwd=project,
+        env={"GATEKEEPER_SIGNING_KEY": "deploy-key"},
+    )
     assert "signature does not verify" in out["targets"][0]["reason"]
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").rglob("*.so"))
     # signed with the right key: accepted
-    good = manifest.model_copy(update={"signature": bundle._sign(manifest.signed_bytes(),
-                                                                 b"deploy-key")})
+    good = manifest.model_copy(
+        update={"signature": bundle._sign(manifest.signed_bytes(), b"deploy-key")}
+    )
     path.write_bytes(good.to_bytes())
-    out = gk_json("warm", "--cache-dir", str(tmp_path / "c"), cwd=project,
-                  env={"GATEKEEPER_SIGNING_KEY": "deploy-key"})
+    out = gk_json(
+        "warm",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        cwd=project,
+        env={"GATEKEEPER_SIGNING_KEY": "deploy-key"},
+    )
     assert out["targets"][0]["status"] == "hit"
 
 
@@ -144,8 +168,15 @@ def test_changed_code_finds_partial_bundle(project: Path, tmp_path: Path):
 def test_unreachable_store_is_a_miss_not_a_crash(project: Path, tmp_path: Path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
-    proc = gk("warm", "--store", str(blocker / "store"), "--cache-dir", str(tmp_path / "c"),
-              "--json", cwd=project)
+    proc = gk(
+        "warm",
+        "--store",
+        str(blocker / "store"),
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--json",
+        cwd=project,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["targets"][0]["status"] == "miss"
     assert "Traceback" not in proc.stderr
@@ -155,10 +186,13 @@ def test_python_api_warm_start(project: Path, tmp_path: Path):
     import subprocess
     import sys
 
-    code = ("import gatekeeper, json; r = gatekeeper.warm_start('gatekeeper.toml', "
-            f"cache_dir={str(tmp_path / 'c')!r}); print(json.dumps([x.status for x in r]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True,
-                          text=True, timeout=300)
+    code = (
+        "import gatekeeper, json; r = gatekeeper.warm_start('gatekeeper.toml', "
+        f"cache_dir={str(tmp_path / 'c')!r}); print(json.dumps([x.status for x in r]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["hit"]
 

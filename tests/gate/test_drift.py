@@ -2,17 +2,18 @@
 and the runner's drift between runs of the same code, the report states the smallest
 detectable slowdown, and the gate compares runs, not samples, so process drift is not
 blamed on a PR."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
+from factories import make_baseline, make_result
 
+from gatekeeper.config import GateConfig
 from gatekeeper.gate import drift
 from gatekeeper.gate import rules as gate
-from gatekeeper.config import GateConfig
 from gatekeeper.gate.drift import merge_latency, normalised_latency, run_medians
-from factories import make_baseline, make_result
 
 TARGET = "m/b1/default"
 RULES = GateConfig()
@@ -22,8 +23,15 @@ def runs_of(levels: list[float], code_hash: str = "c0de1234", first: int = 0) ->
     """Earlier published runs whose whole process ran ``level`` times slower."""
     out = []
     for i, f in enumerate(levels):
-        r = make_result(TARGET, seed=first + i, noise=0.005, n=100, compiled_s=1e-3 * f,
-                        eager_s=2e-3 * f, code_hash=code_hash)
+        r = make_result(
+            TARGET,
+            seed=first + i,
+            noise=0.005,
+            n=100,
+            compiled_s=1e-3 * f,
+            eager_s=2e-3 * f,
+            code_hash=code_hash,
+        )
         r.measured_at = f"2026-01-{first + i + 1:02d}T00:00:00.000+00:00"
         out.append(r)
     return out
@@ -63,8 +71,9 @@ def test_noise_between_runs_of_the_same_code():
 def test_a_change_of_code_on_main_is_not_counted_as_drift():
     # three runs of the old code, then a merged 30% speed-up measured three times
     history = runs_of([1.0, 1.01, 0.99]) + runs_of([0.7, 0.71, 0.69], "fa57c0de", first=3)
-    now = make_result(TARGET, seed=9, noise=0.005, n=100, compiled_s=0.7e-3,
-                      eager_s=1.4e-3, code_hash="fa57c0de")
+    now = make_result(
+        TARGET, seed=9, noise=0.005, n=100, compiled_s=0.7e-3, eager_s=1.4e-3, code_hash="fa57c0de"
+    )
     noise = drift.measure_noise(now, history)
     assert noise.df == 5 and noise.between < 0.02
 
@@ -78,8 +87,10 @@ def test_history_keeps_the_last_ten_runs():
 def test_gate_does_not_blame_process_drift_on_the_pr():
     # the PR's whole model is 7% slower, main's runs wander by about 4%
     pr = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.07e-3, eager_s=2.14e-3)
-    drifting = with_history(make_result(TARGET, seed=1, noise=0.005, n=200),
-                            runs_of([1.0, 1.05, 0.96, 1.03, 0.94, 1.02, 0.98, 1.04, 0.97]))
+    drifting = with_history(
+        make_result(TARGET, seed=1, noise=0.005, n=200),
+        runs_of([1.0, 1.05, 0.96, 1.03, 0.94, 1.02, 0.98, 1.04, 0.97]),
+    )
     v = gate.gate_target(pr, drifting, RULES)
     # past the 5% threshold, but within what this runner's drift can produce: not a
     # regression, not a silent pass either
@@ -88,8 +99,10 @@ def test_gate_does_not_blame_process_drift_on_the_pr():
     assert v.borderline and any("cannot tell it from drift" in r for r in v.reasons)
     assert any("pair with the base commit" in r for r in v.reasons)
     # the same PR against a runner whose runs agree to 0.3%: a real 7% slowdown
-    steady = with_history(make_result(TARGET, seed=1, noise=0.005, n=200),
-                          runs_of([1.0, 1.003, 0.997, 1.002, 0.998, 1.0, 1.001, 0.999, 1.0]))
+    steady = with_history(
+        make_result(TARGET, seed=1, noise=0.005, n=200),
+        runs_of([1.0, 1.003, 0.997, 1.002, 0.998, 1.0, 1.001, 0.999, 1.0]),
+    )
     assert gate.gate_target(pr, steady, RULES).verdict == "regressed"
     # and a change far beyond the drift fails on the drifting runner too
     big = make_result(TARGET, seed=3, noise=0.005, n=200, compiled_s=1.4e-3, eager_s=2.8e-3)
@@ -112,8 +125,10 @@ def test_without_history_the_gate_assumes_drift_and_says_so():
 def test_a_compiler_regression_shows_in_compiled_vs_eager():
     # eager unchanged, compiled 10% slower: the ratio barely drifts, so it is caught
     # even though the latency itself is within this runner's drift
-    drifting = with_history(make_result(TARGET, seed=1, noise=0.005, n=200),
-                            runs_of([1.0, 1.05, 0.96, 1.03, 0.94, 1.02, 0.98, 1.04, 0.97]))
+    drifting = with_history(
+        make_result(TARGET, seed=1, noise=0.005, n=200),
+        runs_of([1.0, 1.05, 0.96, 1.03, 0.94, 1.02, 0.98, 1.04, 0.97]),
+    )
     pr = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.1e-3, eager_s=2e-3)
     v = gate.gate_target(pr, drifting, RULES)
     assert v.verdict == "regressed"
@@ -135,7 +150,9 @@ def test_a_remeasured_result_counts_as_two_runs():
 def test_normalised_latency_divides_by_reference():
     r = make_result(TARGET, n=10)
     s = r.latency.samples
-    assert normalised_latency(r) == [c / x for c, x in zip(s["compiled"], s["reference"])]
+    assert normalised_latency(r) == [
+        c / x for c, x in zip(s["compiled"], s["reference"], strict=True)
+    ]
     assert normalised_latency(r, use_reference=False) == s["compiled"]
 
 

@@ -1,13 +1,14 @@
 """The gate's rules on hand-built results: work counters, disturbed runs, inconclusive
 slowdowns, accepted regressions and compile time compared like with like."""
+
 from __future__ import annotations
+
+from factories import RULES, make_baseline, make_result
 
 from gatekeeper.config import GateConfig
 from gatekeeper.gate import drift
 from gatekeeper.gate import rules as gate
 from gatekeeper.results import Paired, Work
-
-from factories import RULES, make_baseline, make_result
 
 TARGET = "m/b1/default"
 WORK = Work(flops=1_000_000, bytes_accessed=200_000, kernels=3, instructions="unavailable")
@@ -17,8 +18,16 @@ def steady(result, runs=(1.0, 1.003, 0.997, 1.002, 0.998, 1.0, 1.001, 0.999, 1.0
     """``result`` as a baseline whose history agrees to 0.3% between runs."""
     history = []
     for i, f in enumerate(runs):
-        r = make_result(TARGET, seed=100 + i, noise=0.005, n=200, compiled_s=1e-3 * f,
-                        eager_s=2e-3 * f, reference_s=2e-4, code_hash=result.code_hash)
+        r = make_result(
+            TARGET,
+            seed=100 + i,
+            noise=0.005,
+            n=200,
+            compiled_s=1e-3 * f,
+            eager_s=2e-3 * f,
+            reference_s=2e-4,
+            code_hash=result.code_hash,
+        )
         r.measured_at = f"2024-12-{i + 1:02d}T00:00:00Z"
         history.append(r)
     base = make_baseline(result)
@@ -27,6 +36,7 @@ def steady(result, runs=(1.0, 1.003, 0.997, 1.002, 0.998, 1.0, 1.001, 0.999, 1.0
 
 
 # -- work counters: deterministic, so one stored baseline run is enough ------------------
+
 
 def test_ten_percent_more_flops_is_regressed_with_a_single_baseline_run():
     base = make_baseline(make_result(TARGET, seed=1, work=WORK))  # no history at all
@@ -59,25 +69,34 @@ def test_unknown_counters_gate_nothing():
 
 def test_paired_work_is_compared_with_the_base_commit():
     pr = make_result(TARGET, seed=2, work=WORK.model_copy(update={"flops": 1_200_000}))
-    pr.paired = Paired(base_ref="main", base_commit="a" * 40, code_hash="b0",
-                       compile_seconds=3.0, graphs=pr.graphs,
-                       samples=pr.latency.samples["compiled"], work=WORK)
+    pr.paired = Paired(
+        base_ref="main",
+        base_commit="a" * 40,
+        code_hash="b0",
+        compile_seconds=3.0,
+        graphs=pr.graphs,
+        samples=pr.latency.samples["compiled"],
+        work=WORK,
+    )
     v = gate.gate_target(pr, None, RULES)
     assert v.verdict == "regressed" and any("vs the base commit" in r for r in v.reasons)
 
 
 # -- disturbed runs: inconclusive or pass, never regressed or improved ------------------
 
+
 def test_a_disturbed_run_is_never_regressed_nor_improved():
     base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
-    slow = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3,
-                       eager_s=3e-3, others_cores=1.8)
+    slow = make_result(
+        TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3, eager_s=3e-3, others_cores=1.8
+    )
     v = gate.gate_target(slow, base, RULES)
     assert v.verdict == "inconclusive"
     assert "other processes used 1.8 of 2 cores" in v.disturbed
     assert any("disturbed" in r for r in v.reasons)
-    fast = make_result(TARGET, seed=3, noise=0.005, n=200, compiled_s=0.6e-3,
-                       eager_s=1.2e-3, others_cores=1.8)
+    fast = make_result(
+        TARGET, seed=3, noise=0.005, n=200, compiled_s=0.6e-3, eager_s=1.2e-3, others_cores=1.8
+    )
     assert gate.gate_target(fast, base, RULES).verdict not in ("improved", "regressed")
     # the same slowdown measured quietly is a regression
     quiet = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3, eager_s=3e-3)
@@ -87,16 +106,26 @@ def test_a_disturbed_run_is_never_regressed_nor_improved():
 def test_other_load_on_a_machine_with_cores_to_spare_is_no_disturbance():
     base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
     # a 16-core runner: another process on one core leaves our 1.2 cores alone
-    roomy = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3, eager_s=3e-3,
-                        others_cores=1.0, own_cores=1.2, cores=16)
+    roomy = make_result(
+        TARGET,
+        seed=2,
+        noise=0.005,
+        n=200,
+        compiled_s=1.5e-3,
+        eager_s=3e-3,
+        others_cores=1.0,
+        own_cores=1.2,
+        cores=16,
+    )
     v = gate.gate_target(roomy, base, RULES)
     assert v.disturbed is None and v.verdict == "regressed"
 
 
 def test_a_reference_workload_that_moved_marks_the_run_disturbed():
     base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
-    moved = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=2e-3, eager_s=4e-3,
-                        reference_s=1e-3)  # 5x the baseline's reference
+    moved = make_result(
+        TARGET, seed=2, noise=0.005, n=200, compiled_s=2e-3, eager_s=4e-3, reference_s=1e-3
+    )  # 5x the baseline's reference
     v = gate.gate_target(moved, base, RULES)
     assert v.verdict == "inconclusive" and "reference workload ran 5x" in v.disturbed
 
@@ -107,14 +136,27 @@ def test_a_scattered_reference_disturbs_a_stored_run_but_not_a_paired_one():
     interval carries that noise: a clear slowdown is still regressed. Stored, the same
     spread says the run cannot vouch for its level."""
     base = steady(make_result(TARGET, seed=1, noise=0.005, n=200))
-    slow = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.5e-3,
-                       eager_s=3e-3, others_cores=0.01, own_cores=1.99)
+    slow = make_result(
+        TARGET,
+        seed=2,
+        noise=0.005,
+        n=200,
+        compiled_s=1.5e-3,
+        eager_s=3e-3,
+        others_cores=0.01,
+        own_cores=1.99,
+    )
     slow.latency.disturbance.reference_noise = 0.16
     stored = gate.gate_target(slow, base, RULES)
     assert stored.verdict == "inconclusive" and "scattered 16%" in stored.disturbed
-    slow.paired = Paired(base_ref="main", base_commit="a" * 40, code_hash="b0",
-                         compile_seconds=3.0, graphs=slow.graphs,
-                         samples=[x / 1.5 for x in slow.latency.samples["compiled"]])
+    slow.paired = Paired(
+        base_ref="main",
+        base_commit="a" * 40,
+        code_hash="b0",
+        compile_seconds=3.0,
+        graphs=slow.graphs,
+        samples=[x / 1.5 for x in slow.latency.samples["compiled"]],
+    )
     paired = gate.gate_target(slow, None, RULES)
     assert paired.disturbed is None and paired.verdict == "regressed", paired.reasons
 
@@ -130,6 +172,7 @@ def test_a_disturbed_unchanged_run_with_a_tight_interval_still_passes():
 
 # -- inconclusive: past the threshold, not decided ---------------------------------------
 
+
 def test_inconclusive_passes_by_default_and_fails_when_configured():
     lone = make_baseline(make_result(TARGET, seed=1, noise=0.005, n=200))  # assumed drift
     pr = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.1e-3, eager_s=2.2e-3)
@@ -144,20 +187,24 @@ def test_inconclusive_passes_by_default_and_fails_when_configured():
 
 # -- accepted: a regression the pull request makes on purpose -----------------------------
 
+
 def test_an_accepted_regression_exits_0_but_parity_never_is_accepted():
     base = make_baseline(make_result(TARGET, seed=1, work=WORK))
     slower = make_result(TARGET, seed=2, work=WORK.model_copy(update={"flops": 2_000_000}))
-    rep = gate.build_report([slower], {TARGET: base}, lambda t: RULES, base_ref="main",
-                            accepted=lambda t: True)
+    rep = gate.build_report(
+        [slower], {TARGET: base}, lambda t: RULES, base_ref="main", accepted=lambda t: True
+    )
     assert rep.verdict == "accepted" and rep.exit_code == 0
     assert rep.rows[0].verdict.reasons  # the reasons are still shown
     wrong = make_result(TARGET, seed=2, parity_ok=False)
-    rep = gate.build_report([wrong], {TARGET: base}, lambda t: RULES, base_ref="main",
-                            accepted=lambda t: True)
+    rep = gate.build_report(
+        [wrong], {TARGET: base}, lambda t: RULES, base_ref="main", accepted=lambda t: True
+    )
     assert rep.verdict == "parity-failed" and rep.exit_code == 1
 
 
 # -- compile time: like with like --------------------------------------------------------
+
 
 def test_a_cold_pr_compile_is_not_compared_with_a_warm_baseline():
     base = make_baseline(make_result(TARGET, seed=1, compile_s=1.3, warm=True, cache="hit"))
@@ -169,8 +216,9 @@ def test_a_cold_pr_compile_is_not_compared_with_a_warm_baseline():
 
 
 def test_a_cold_pr_compile_is_compared_with_the_baselines_cold_figure():
-    base = make_baseline(make_result(TARGET, seed=1, compile_s=1.3, warm=True, cache="hit",
-                                     cold_s=10.0))
+    base = make_baseline(
+        make_result(TARGET, seed=1, compile_s=1.3, warm=True, cache="hit", cold_s=10.0)
+    )
     ok = make_result(TARGET, seed=1, compile_s=10.5, warm=False, cache="partial")
     assert gate.gate_target(ok, base, RULES).verdict == "pass"
     slow = make_result(TARGET, seed=1, compile_s=20.0, warm=False, cache="partial")
@@ -200,8 +248,10 @@ def test_more_recompiles_than_the_baseline_is_regressed_naming_the_guard():
 
 def test_as_many_recompiles_passes_and_ignore_only_notes():
     base = make_baseline(with_sweep(make_result(TARGET, seed=1), 2, [GUARD]))
-    assert gate.gate_target(with_sweep(make_result(TARGET, seed=1), 2, [GUARD]), base,
-                            RULES).verdict == "pass"
+    assert (
+        gate.gate_target(with_sweep(make_result(TARGET, seed=1), 2, [GUARD]), base, RULES).verdict
+        == "pass"
+    )
     more = with_sweep(make_result(TARGET, seed=1), 3, [GUARD])
     v = gate.gate_target(more, base, GateConfig(recompiles="ignore"))
     assert v.verdict == "pass" and any("recompiles" in n for n in v.notes)

@@ -36,8 +36,9 @@ def lognormal(rng: np.random.Generator, n: int, sigma: float, factor: float = 1.
     return LATENCY * factor * np.exp(rng.normal(0.0, sigma, n))
 
 
-def drifting_pairs(rng: np.random.Generator, n: int, factor: float, drift: float = 0.10,
-                   sigma: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
+def drifting_pairs(
+    rng: np.random.Generator, n: int, factor: float, drift: float = 0.10, sigma: float = 0.02
+) -> tuple[np.ndarray, np.ndarray]:
     """Back-to-back pairs sharing a per-pair machine-state factor (10% drift, 2% noise)."""
     common = np.exp(rng.normal(0.0, drift, n))
     return lognormal(rng, n, sigma) * common, lognormal(rng, n, sigma, factor) * common
@@ -162,8 +163,12 @@ def test_bad_parameters_raise_value_error():
         compare(a, b, paired=True, threshold=-0.01)
     with pytest.raises(ValueError, match="alpha"):
         compare(a, b, paired=True, threshold=0.05, alpha=0)
-    for bad in (dict(sd=0.0, df=3), dict(sd=float("nan"), df=3), dict(sd=0.1, df=0),
-                dict(sd=0.1, df=3, confidence=1.0)):
+    for bad in (
+        dict(sd=0.0, df=3),
+        dict(sd=float("nan"), df=3),
+        dict(sd=0.1, df=0),
+        dict(sd=0.1, df=3, confidence=1.0),
+    ):
         with pytest.raises(ValueError):
             compare_runs([1.0], [1.0], threshold=0.05, **bad)
     with pytest.raises(ValueError, match="power"):
@@ -183,8 +188,9 @@ def test_paired_ratio_is_the_t_interval_of_the_mean_log_ratio():
     d = np.log(pr / base)
     half = 1.710882079909428 * d.std(ddof=1) / math.sqrt(25)  # t quantile 0.95, 24 df
     assert c.ratio == pytest.approx(math.exp(d.mean()), rel=1e-12)
-    assert (c.ci_lo, c.ci_hi) == pytest.approx((math.exp(d.mean() - half),
-                                                math.exp(d.mean() + half)), rel=1e-10)
+    assert (c.ci_lo, c.ci_hi) == pytest.approx(
+        (math.exp(d.mean() - half), math.exp(d.mean() + half)), rel=1e-10
+    )
     # identical pairs: a zero-width interval at 1 and no evidence either way
     same = compare(base, base, paired=True, threshold=0.05)
     assert (same.ratio, same.ci_lo, same.ci_hi, same.p_value) == (1.0, 1.0, 1.0, 1.0)
@@ -194,12 +200,12 @@ def test_paired_ratio_is_the_t_interval_of_the_mean_log_ratio():
 def test_signed_rank_exact_without_ties_normal_approximation_with_them():
     base = np.full(5, 0.01)
     # five distinct slowdowns: exact null, all 2**5 sign patterns, one as extreme
-    assert compare(base, base * np.exp([0.01, 0.02, 0.03, 0.04, 0.05]), paired=True,
-                   threshold=0.05).p_value == pytest.approx(1 / 32, rel=1e-12)
+    assert compare(
+        base, base * np.exp([0.01, 0.02, 0.03, 0.04, 0.05]), paired=True, threshold=0.05
+    ).p_value == pytest.approx(1 / 32, rel=1e-12)
     # a tie in |d|: average ranks 1.5, 1.5, 3, 4, 5 (T+ = 15), tie-corrected variance
     # 5*6*11/24 - (2^3 - 2)/48, continuity correction 0.5
-    c = compare(base, base * np.exp([0.01, 0.01, 0.02, 0.03, 0.04]), paired=True,
-                threshold=0.05)
+    c = compare(base, base * np.exp([0.01, 0.01, 0.02, 0.03, 0.04]), paired=True, threshold=0.05)
     z = (15 - 7.5 - 0.5) / math.sqrt(5 * 6 * 11 / 24 - 6 / 48)
     assert c.p_value == pytest.approx(1 - statistics.NormalDist().cdf(z), rel=1e-9)
 
@@ -273,22 +279,26 @@ def test_paired_no_change_with_stalls_and_few_pairs_rarely_flagged():
         return np.where(hit[0], base * stall[0], base), np.where(hit[1], pr * stall[1], pr)
 
     rates = verdict_rates(make, threshold=0.05)
-    print("paired no change, stalls:", rates)  # observed: regressed 0.0, improved 0.0, borderline 0.32
+    print(
+        "paired no change, stalls:", rates
+    )  # observed: regressed 0.0, improved 0.0, borderline 0.32
     assert rates["regressed"] <= 0.02 and rates["improved"] <= 0.02
 
 
 def test_paired_change_at_the_threshold_is_borderline():
     # true slowdown exactly at the 5% threshold: neither pass nor fail, re-measure
-    rates = verdict_rates(lambda rng: drifting_pairs(rng, 50, 1.05), seeds=range(100),
-                          threshold=0.05)
+    rates = verdict_rates(
+        lambda rng: drifting_pairs(rng, 50, 1.05), seeds=range(100), threshold=0.05
+    )
     print("paired 5% slower, 5% threshold:", rates)  # observed: borderline 0.95, regressed 0.03
     assert rates["borderline"] >= 0.85
     assert rates["regressed"] <= 0.06 and rates["improved"] == 0.0
 
 
 def test_paired_small_real_change_below_threshold_is_unchanged_but_significant():
-    rates = verdict_rates(lambda rng: drifting_pairs(rng, 50, 1.01, sigma=0.003),
-                          seeds=range(50), threshold=0.05)
+    rates = verdict_rates(
+        lambda rng: drifting_pairs(rng, 50, 1.01, sigma=0.003), seeds=range(50), threshold=0.05
+    )
     assert rates["unchanged"] == 1.0 and rates["significant"] == 1.0
 
 
@@ -307,8 +317,12 @@ def test_paired_handles_quantized_timer_ties():
     base, pr = np.round(base, 4), np.round(pr, 4)  # 0.1 ms resolution: ties and zeros
     assert compare(base, pr, paired=True, threshold=0.05).verdict == "regressed"
     constant = compare([0.01] * 20, [0.01] * 20, paired=True, threshold=0.05)
-    assert (constant.verdict, constant.ci_lo, constant.ci_hi, constant.p_value) == \
-        ("unchanged", 1.0, 1.0, 1.0)
+    assert (constant.verdict, constant.ci_lo, constant.ci_hi, constant.p_value) == (
+        "unchanged",
+        1.0,
+        1.0,
+        1.0,
+    )
 
 
 def test_compare_fields_and_determinism():
@@ -319,8 +333,13 @@ def test_compare_fields_and_determinism():
     assert result.delta == pytest.approx(result.ratio - 1)
     assert result.ratio == pytest.approx(math.exp(np.mean(np.log(pr / base))))
     assert result.ci_lo < result.ratio < result.ci_hi
-    assert (result.n_base, result.n_pr, result.paired, result.test, result.unit) == \
-        (60, 60, True, "wilcoxon-signed-rank", "pairs")
+    assert (result.n_base, result.n_pr, result.paired, result.test, result.unit) == (
+        60,
+        60,
+        True,
+        "wilcoxon-signed-rank",
+        "pairs",
+    )
     assert result.describe().endswith(": regressed") and result.describe().startswith("+")
     assert result.to_dict()["verdict"] == "regressed" and result.to_dict()["unit"] == "pairs"
 
@@ -328,20 +347,34 @@ def test_compare_fields_and_determinism():
 # ------------------------------------------------- stored baselines: runs, not samples
 
 
-def drifting_runs(rng: np.random.Generator, runs: int, drift: float, factor: float = 1.0,
-                  n: int = 100, sigma: float = 0.01) -> list[np.ndarray]:
+def drifting_runs(
+    rng: np.random.Generator,
+    runs: int,
+    drift: float,
+    factor: float = 1.0,
+    n: int = 100,
+    sigma: float = 0.01,
+) -> list[np.ndarray]:
     """``runs`` processes of ``n`` samples each; every process has its own level
     (lognormal ``drift``), as on a shared runner."""
-    return [lognormal(rng, n, sigma, factor * math.exp(rng.normal(0.0, drift)))
-            for _ in range(runs)]
+    return [
+        lognormal(rng, n, sigma, factor * math.exp(rng.normal(0.0, drift))) for _ in range(runs)
+    ]
 
 
-def run_rates(drift: float, factor: float, seeds=range(1000), base_runs: int = 10,
-              threshold: float = 0.05) -> dict[str, float]:
+def run_rates(
+    drift: float, factor: float, seeds=range(1000), base_runs: int = 10, threshold: float = 0.05
+) -> dict[str, float]:
     """Verdict rates of compare_runs: 10 baseline runs (sd from their spread) against
     one PR run, as the stored-baseline gate does."""
-    counts = {"regressed": 0, "improved": 0, "unchanged": 0, "borderline": 0,
-              "significant": 0, "covered": 0}
+    counts = {
+        "regressed": 0,
+        "improved": 0,
+        "unchanged": 0,
+        "borderline": 0,
+        "significant": 0,
+        "covered": 0,
+    }
     for seed in seeds:
         rng = np.random.default_rng(seed)
         base = [float(np.median(r)) for r in drifting_runs(rng, base_runs, drift)]
@@ -371,10 +404,14 @@ def test_compare_runs_interval_and_fields():
     d = math.log(1.1) - float(np.mean(np.log(base)))
     half = 3.1824463052837078 * sd * math.sqrt(1 / 4 + 1)  # t quantile 0.975, 3 df
     assert c.ratio == pytest.approx(math.exp(d), rel=1e-12)
-    assert (c.ci_lo, c.ci_hi) == pytest.approx((math.exp(d - half), math.exp(d + half)),
-                                               rel=1e-10)
-    assert (c.n_base, c.n_pr, c.paired, c.test, c.unit) == \
-        (4, 1, False, "t-test on run medians", "runs")
+    assert (c.ci_lo, c.ci_hi) == pytest.approx((math.exp(d - half), math.exp(d + half)), rel=1e-10)
+    assert (c.n_base, c.n_pr, c.paired, c.test, c.unit) == (
+        4,
+        1,
+        False,
+        "t-test on run medians",
+        "runs",
+    )
 
 
 def test_runs_no_change_rarely_flagged():
@@ -409,8 +446,9 @@ def test_samples_alone_would_blame_drift_on_the_pr():
         sample_level += mannwhitneyu(pr, base_runs[-1], alternative="two-sided").pvalue < 0.05
         medians = [float(np.median(r)) for r in base_runs]
         sd, df = pooled_sd([medians])
-        run_level += compare_runs(medians, [float(np.median(pr))], sd=sd, df=df,
-                                  threshold=0.05).significant
+        run_level += compare_runs(
+            medians, [float(np.median(pr))], sd=sd, df=df, threshold=0.05
+        ).significant
     print("significant, no change: samples", sample_level / 200, "runs", run_level / 200)
     # observed: samples 0.935, runs 0.035
     assert sample_level / 200 > 0.5 and run_level / 200 <= 0.08
@@ -426,9 +464,11 @@ def test_runs_with_assumed_drift_use_normal_quantiles():
 def test_runs_detectable_change_formula():
     # (q_{0.975} + z_{0.8}) * sd * sqrt(1/n + 1/k), normal q when the drift is assumed
     assert runs_detectable_change(0.03, None, 10) == pytest.approx(
-        math.expm1((1.959964 + 0.841621) * 0.03 * math.sqrt(1.1)), rel=1e-5)
+        math.expm1((1.959964 + 0.841621) * 0.03 * math.sqrt(1.1)), rel=1e-5
+    )
     assert runs_detectable_change(0.03, 9, 10) == pytest.approx(
-        math.expm1((2.262157 + 0.841621) * 0.03 * math.sqrt(1.1)), rel=1e-5)
+        math.expm1((2.262157 + 0.841621) * 0.03 * math.sqrt(1.1)), rel=1e-5
+    )
 
 
 def test_runs_detectable_change_matches_simulated_power():

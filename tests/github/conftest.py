@@ -1,16 +1,24 @@
 """Fixtures of the GitHub tests: outside Actions, a fake API with two tokens, short waits."""
+
 from __future__ import annotations
 
 import pytest
+from github_server import FakeGitHub
 
 from gatekeeper.github import client
-from github_server import FakeGitHub
 
 PAT = "ghp_pat_secret"  # octocat's personal access token
 ACTIONS = "ghs_actions_secret"  # an Actions GITHUB_TOKEN: github-actions[bot], /user refused
 
-_GITHUB_ENV = ("GITHUB_ACTIONS", "GITHUB_API_URL", "GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY",
-               "GITHUB_REPOSITORY", "GITHUB_EVENT_NAME", "GITHUB_EVENT_PATH")
+_GITHUB_ENV = (
+    "GITHUB_ACTIONS",
+    "GITHUB_API_URL",
+    "GITHUB_OUTPUT",
+    "GITHUB_STEP_SUMMARY",
+    "GITHUB_REPOSITORY",
+    "GITHUB_EVENT_NAME",
+    "GITHUB_EVENT_PATH",
+)
 
 
 @pytest.fixture(autouse=True)

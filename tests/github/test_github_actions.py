@@ -1,4 +1,5 @@
 """The GitHub Actions layer: step outputs, the job summary, workflow commands; no-ops outside."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ def _read_file_commands(path: Path) -> dict[str, str]:
         name, delimiter = lines.pop(0).split("<<", 1)
         end = lines.index(delimiter)
         values[name] = "\n".join(lines[:end])
-        lines = lines[end + 1:]
+        lines = lines[end + 1 :]
     return values
 
 
@@ -37,7 +38,11 @@ def test_set_output_writes_multiline_records(actions_env: Path) -> None:
     assert actions.set_output("report", report)
     assert actions.set_output("cache-hit", True)
 
-    assert _read_file_commands(actions_env / "output") == {"verdict": "pass", "report": report, "cache-hit": "true"}
+    assert _read_file_commands(actions_env / "output") == {
+        "verdict": "pass",
+        "report": report,
+        "cache-hit": "true",
+    }
 
 
 def test_append_summary_appends_markdown(actions_env: Path) -> None:
@@ -47,8 +52,12 @@ def test_append_summary_appends_markdown(actions_env: Path) -> None:
     assert (actions_env / "summary.md").read_text(encoding="utf-8") == "# one\ntwo\n"
 
 
-def test_workflow_commands_in_actions(actions_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert actions.error_annotation("3 regressions,\nsee summary", file="gate.toml", line=3, title="gate")
+def test_workflow_commands_in_actions(
+    actions_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert actions.error_annotation(
+        "3 regressions,\nsee summary", file="gate.toml", line=3, title="gate"
+    )
     assert actions.warning_annotation("cache miss")
     with actions.group("compile"):
         print("inside")
@@ -65,7 +74,9 @@ def test_workflow_commands_in_actions(actions_env: Path, capsys: pytest.CaptureF
     ]
 
 
-def test_outside_actions_everything_is_a_no_op(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_outside_actions_everything_is_a_no_op(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert not actions.in_actions()
     assert not actions.set_output("verdict", "pass")
     assert not actions.append_summary("# report")

@@ -1,16 +1,17 @@
 """The sticky PR comment against the fake GitHub API: found by marker and author, updated in
 place, never duplicated, skipped (not failed) for a read-only token, never for a rate limit."""
+
 from __future__ import annotations
 
 import time
 from typing import Any
 
 import pytest
+from github_server import DROP, FakeGitHub, Scripted
 
 from gatekeeper.github import comment
 from gatekeeper.github.client import GitHubError
 from gatekeeper.github.comment import CommentResult, upsert_sticky_comment
-from github_server import DROP, FakeGitHub, Scripted
 
 REPO = "acme/models"
 PR = 7
@@ -20,7 +21,9 @@ ACTIONS = "ghs_actions_secret"
 
 
 def upsert(api: FakeGitHub, body: str, token: str = PAT, **kwargs: Any) -> CommentResult:
-    return upsert_sticky_comment(repo=REPO, issue_number=PR, body=body, token=token, api_url=api.url, **kwargs)
+    return upsert_sticky_comment(
+        repo=REPO, issue_number=PR, body=body, token=token, api_url=api.url, **kwargs
+    )
 
 
 def test_second_upsert_updates_the_comment_in_place(api: FakeGitHub) -> None:
@@ -59,7 +62,9 @@ def test_finds_the_marker_comment_past_the_first_page(api: FakeGitHub) -> None:
     assert result.action == "updated"
     assert len(api.comments_on(REPO, PR)) == 151
     assert sticky["body"] == f"{MARKER}\nnew report"
-    pages = [r.query.get("page", "1") for r in api.requests if r.path.endswith(f"/issues/{PR}/comments")]
+    pages = [
+        r.query.get("page", "1") for r in api.requests if r.path.endswith(f"/issues/{PR}/comments")
+    ]
     assert pages == ["1", "2"]
     assert all(r.query["per_page"] == "100" for r in api.requests if r.path.endswith("/comments"))
 
@@ -68,7 +73,9 @@ def test_walks_every_page_before_creating(api: FakeGitHub) -> None:
     api.seed_comments(REPO, PR, 250)
 
     assert upsert(api, "report").action == "created"
-    pages = [r.query.get("page", "1") for r in api.requests if r.method == "GET" and "/issues/" in r.path]
+    pages = [
+        r.query.get("page", "1") for r in api.requests if r.method == "GET" and "/issues/" in r.path
+    ]
     assert pages == ["1", "2", "3"]
 
 
@@ -166,7 +173,9 @@ def test_secondary_rate_limit_on_the_update_is_not_read_only(api: FakeGitHub) ->
 
 
 @pytest.mark.parametrize("failure", [DROP, 502, 504], ids=["dropped", "502", "504"])
-def test_post_that_failed_after_it_was_applied_is_not_repeated(api: FakeGitHub, failure: int) -> None:
+def test_post_that_failed_after_it_was_applied_is_not_repeated(
+    api: FakeGitHub, failure: int
+) -> None:
     api.fail_after_apply("POST", status=failure)
 
     result = upsert(api, "report")
@@ -187,7 +196,9 @@ def test_post_that_failed_before_it_was_applied_is_sent_again(api: FakeGitHub) -
 
 
 def test_post_that_keeps_failing_raises_one_line(api: FakeGitHub) -> None:
-    api.script.extend([Scripted(503, {"message": "Server Error"}, method="POST")] * comment.POST_ATTEMPTS)
+    api.script.extend(
+        [Scripted(503, {"message": "Server Error"}, method="POST")] * comment.POST_ATTEMPTS
+    )
 
     with pytest.raises(GitHubError, match="POST .*HTTP 503") as excinfo:
         upsert(api, "report")

@@ -4,6 +4,7 @@ Every event kind that carries a pull request is covered; whatever leaves the hea
 unknown (issue_comment, a PR event kind this module does not know, a deleted fork, an
 unreadable event) must come out read-only.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,11 @@ def _pull_request(head_repo: str | None, labels: tuple[str, ...] = ()) -> dict[s
         "number": 42,
         "labels": [{"id": i, "name": name, "color": "ededed"} for i, name in enumerate(labels)],
         "base": {"ref": "main", "sha": BASE_SHA, "repo": {"full_name": REPO}},
-        "head": {"ref": "feature", "sha": HEAD_SHA,
-                 "repo": None if head_repo is None else {"full_name": head_repo}},
+        "head": {
+            "ref": "feature",
+            "sha": HEAD_SHA,
+            "repo": None if head_repo is None else {"full_name": head_repo},
+        },
     }
 
 
@@ -34,8 +38,12 @@ def _issue_comment(on_pr: bool = True) -> dict[str, Any]:
     issue: dict[str, Any] = {"number": 42, "labels": [{"name": "gatekeeper:accept"}]}
     if on_pr:
         issue["pull_request"] = {"url": f"https://api.github.com/repos/{REPO}/pulls/42"}
-    return {"action": "created", "issue": issue, "comment": {"body": "/benchmark"},
-            "repository": {"full_name": REPO}}
+    return {
+        "action": "created",
+        "issue": issue,
+        "comment": {"body": "/benchmark"},
+        "repository": {"full_name": REPO},
+    }
 
 
 def _env(tmp_path: Path, name: str, event: Any) -> dict[str, str]:
@@ -44,7 +52,12 @@ def _env(tmp_path: Path, name: str, event: Any) -> dict[str, str]:
     return {"GITHUB_REPOSITORY": REPO, "GITHUB_EVENT_NAME": name, "GITHUB_EVENT_PATH": str(path)}
 
 
-PR_KINDS = ["pull_request", "pull_request_target", "pull_request_review", "pull_request_review_comment"]
+PR_KINDS = [
+    "pull_request",
+    "pull_request_target",
+    "pull_request_review",
+    "pull_request_review_comment",
+]
 
 
 @pytest.mark.parametrize("name", PR_KINDS)
@@ -52,8 +65,14 @@ def test_a_same_repo_pr_is_writable(tmp_path: Path, name: str) -> None:
     env = _env(tmp_path, name, {"pull_request": _pull_request(REPO, ("gatekeeper:accept", "perf"))})
 
     assert pr_context_from_env(env) == PRContext(
-        repo=REPO, number=42, is_fork=False, base_ref="main", head_sha=HEAD_SHA, base_sha=BASE_SHA,
-        labels=("gatekeeper:accept", "perf"))
+        repo=REPO,
+        number=42,
+        is_fork=False,
+        base_ref="main",
+        head_sha=HEAD_SHA,
+        base_sha=BASE_SHA,
+        labels=("gatekeeper:accept", "perf"),
+    )
     assert read_only_from_env(env) is False
 
 
@@ -79,8 +98,9 @@ def test_an_issue_comment_on_a_pr_is_read_only(tmp_path: Path) -> None:
     env = _env(tmp_path, "issue_comment", _issue_comment())
 
     context = pr_context_from_env(env)
-    assert context == PRContext(repo=REPO, number=42, is_fork=True, base_ref="", head_sha="",
-                                labels=("gatekeeper:accept",))
+    assert context == PRContext(
+        repo=REPO, number=42, is_fork=True, base_ref="", head_sha="", labels=("gatekeeper:accept",)
+    )
     assert read_only_from_env(env) is True
 
 
@@ -103,13 +123,21 @@ def test_an_unknown_event_kind_with_a_pr_is_read_only(tmp_path: Path, name: str)
 _UNREADABLE = ["{}", "not json", "[]", json.dumps({"pull_request": {"number": 1}})]
 
 
-@pytest.mark.parametrize(("name", "event"), [
-    *((name, event) for name in ("pull_request", "pull_request_review", "pull_request_something_new")
-      for event in _UNREADABLE),
-    ("issue_comment", "not json"),
-    ("issue_comment", json.dumps({"issue": {"pull_request": {}, "number": "x"}})),
-])
-def test_an_unreadable_pr_event_raises_and_is_read_only(tmp_path: Path, name: str, event: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "event"),
+    [
+        *(
+            (name, event)
+            for name in ("pull_request", "pull_request_review", "pull_request_something_new")
+            for event in _UNREADABLE
+        ),
+        ("issue_comment", "not json"),
+        ("issue_comment", json.dumps({"issue": {"pull_request": {}, "number": "x"}})),
+    ],
+)
+def test_an_unreadable_pr_event_raises_and_is_read_only(
+    tmp_path: Path, name: str, event: str
+) -> None:
     env = _env(tmp_path, name, event)
 
     with pytest.raises(GitHubError, match="cannot read the") as excinfo:

@@ -1,21 +1,31 @@
 """Mode advice: several modes of one model and shape set compared side by side, with
 break-even call counts and a recommendation for serving and for short jobs."""
+
 from __future__ import annotations
 
 import math
+
+from factories import RULES, make_result
 
 from gatekeeper import report
 from gatekeeper.gate import rules as gate
 from gatekeeper.report.advice import SHORT_JOB_CALLS, advise
 
-from factories import RULES, make_result
 
-
-def mode_result(mode: str, *, compiled_s: float, cold_s: float, warm_s: float,
-                parity_ok: bool = True):
-    r = make_result(f"gpt/b4/{mode}", seed=len(mode), compiled_s=compiled_s, eager_s=2e-3,
-                    compile_s=warm_s, warm=True, cache="hit", cold_s=cold_s,
-                    parity_ok=parity_ok)
+def mode_result(
+    mode: str, *, compiled_s: float, cold_s: float, warm_s: float, parity_ok: bool = True
+):
+    r = make_result(
+        f"gpt/b4/{mode}",
+        seed=len(mode),
+        compiled_s=compiled_s,
+        eager_s=2e-3,
+        compile_s=warm_s,
+        warm=True,
+        cache="hit",
+        cold_s=cold_s,
+        parity_ok=parity_ok,
+    )
     return r
 
 
@@ -33,15 +43,16 @@ def test_break_even_and_recommendations():
 
 def test_a_mode_that_fails_parity_is_never_recommended():
     default = mode_result("default", compiled_s=1.0e-3, cold_s=0.5, warm_s=0.2)
-    broken = mode_result("max-autotune", compiled_s=0.5e-3, cold_s=0.5, warm_s=0.2,
-                         parity_ok=False)
+    broken = mode_result("max-autotune", compiled_s=0.5e-3, cold_s=0.5, warm_s=0.2, parity_ok=False)
     (a,) = advise([default, broken])
     assert a.serving == "default" and a.short_job == "default"
 
 
 def test_the_report_shows_the_comparison():
-    rows = [mode_result("default", compiled_s=1.0e-3, cold_s=10.0, warm_s=2.0),
-            mode_result("max-autotune", compiled_s=0.8e-3, cold_s=60.0, warm_s=3.0)]
+    rows = [
+        mode_result("default", compiled_s=1.0e-3, cold_s=10.0, warm_s=2.0),
+        mode_result("max-autotune", compiled_s=0.8e-3, cold_s=60.0, warm_s=3.0),
+    ]
     rep = gate.build_report(rows, {}, lambda t: RULES, base_ref="main")
     md = report.render_markdown(rep, details=False)
     assert "### Which mode?" in md and "break-even calls (cold / warm)" in md

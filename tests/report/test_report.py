@@ -4,12 +4,14 @@ Results and baselines are made by :func:`make_result` with synthetic log-normal 
 samples; the verdicts come from the real gate (gate.build_report), so the report is
 tested on what the gate really produces.
 """
+
 from __future__ import annotations
 
 import json
 import re
 
 import pytest
+from factories import ENV, RULES, make_baseline, make_result  # noqa: E402
 
 from gatekeeper import report
 from gatekeeper.gate import rules as gate
@@ -19,16 +21,21 @@ from gatekeeper.results import (
     ParityCheck,
 )
 
-from factories import ENV, RULES, make_baseline, make_result  # noqa: E402
-
-
-NASTY = ("Data-dependent branching `if x.sum() > 0:` | col\nsecond line *bold* _u_ "
-         "<script>alert(1)</script> @torch.no_grad [link](http://x) # h")
+NASTY = (
+    "Data-dependent branching `if x.sum() > 0:` | col\nsecond line *bold* _u_ "
+    "<script>alert(1)</script> @torch.no_grad [link](http://x) # h"
+)
 
 
 def build(results, baselines, **kw) -> gate.GateReport:
-    return gate.build_report(results, baselines, lambda t: RULES, base_ref="main",
-                             creator={"commit": "feedfacecafe0123", "ref": "pr-7"}, **kw)
+    return gate.build_report(
+        results,
+        baselines,
+        lambda t: RULES,
+        base_ref="main",
+        creator={"commit": "feedfacecafe0123", "ref": "pr-7"},
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,23 +49,45 @@ def rep() -> gate.GateReport:
     old_break = GraphBreak(reason="call to print", file="mymodel/net.py", line=10)
     base = make_result("gpt2-tiny/b8/max-autotune", seed=3, breaks=[old_break])
     new_break = GraphBreak(reason=NASTY, file="mymodel/attn.py", line=42)
-    results.append(make_result("gpt2-tiny/b8/max-autotune", seed=4, compiled_s=1.25e-3,
-                               breaks=[old_break, new_break], recompiles=1,
-                               code_hash="c0de5678"))
+    results.append(
+        make_result(
+            "gpt2-tiny/b8/max-autotune",
+            seed=4,
+            compiled_s=1.25e-3,
+            breaks=[old_break, new_break],
+            recompiles=1,
+            code_hash="c0de5678",
+        )
+    )
     baselines[base.target] = make_baseline(base, history=5)
 
     results.append(make_result("brand-new/b1/default", seed=5, baseline_parity=False))
     base = make_result("broken/b1/default", seed=8)
-    results.append(make_result("broken/b1/default", error=(
-        "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
-        "RuntimeError: CUDA out of memory | tried to allocate 2 GiB")))
+    results.append(
+        make_result(
+            "broken/b1/default",
+            error=(
+                'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+                "RuntimeError: CUDA out of memory | tried to allocate 2 GiB"
+            ),
+        )
+    )
     baselines[base.target] = make_baseline(base)
     base = make_result("parity/b1/default", seed=6)
     results.append(make_result("parity/b1/default", seed=7, parity_ok=False))
     baselines[base.target] = make_baseline(base)
     base = make_result("fast/b1/default", seed=9, compile_s=14.0)
-    results.append(make_result("fast/b1/default", seed=10, compiled_s=0.7e-3, compile_s=2.5,
-                               warm=True, cache="hit", peak=38 << 20))
+    results.append(
+        make_result(
+            "fast/b1/default",
+            seed=10,
+            compiled_s=0.7e-3,
+            compile_s=2.5,
+            warm=True,
+            cache="hit",
+            peak=38 << 20,
+        )
+    )
     baselines[base.target] = make_baseline(base, history=5)
     return build(results, baselines, removed=["gone/b1/default"])
 
@@ -72,7 +101,7 @@ def _row(md: str, target: str) -> str:
 
 def _section(md: str, target: str) -> str:
     start = md.index(f"<details><summary>{target} ")
-    return md[start: md.index("</details>", start)]
+    return md[start : md.index("</details>", start)]
 
 
 def _unescaped_pipes(line: str) -> int:
@@ -98,9 +127,14 @@ def _tables(md: str) -> list[list[str]]:
 
 def test_verdicts_are_what_the_report_is_about(rep):
     got = {r.result.target: r.verdict.verdict for r in rep.rows}
-    assert got == {"resnet-tiny/b1/default": "pass", "gpt2-tiny/b8/max-autotune": "regressed",
-                   "brand-new/b1/default": "no-baseline", "broken/b1/default": "error",
-                   "parity/b1/default": "parity-failed", "fast/b1/default": "improved"}
+    assert got == {
+        "resnet-tiny/b1/default": "pass",
+        "gpt2-tiny/b8/max-autotune": "regressed",
+        "brand-new/b1/default": "no-baseline",
+        "broken/b1/default": "error",
+        "parity/b1/default": "parity-failed",
+        "fast/b1/default": "improved",
+    }
     assert rep.verdict == "error"
 
 
@@ -112,8 +146,10 @@ def test_headline_and_one_row_per_target(rep):
     first = md.splitlines()[0]
     assert first == "## ⚠️ gatekeeper: error"
     assert "**6 targets** gated against the baseline of `main`" in md
-    assert ("⚠️ 1 error · ❌ 1 parity-failed · ❌ 1 regressed · 🚀 1 improved · ✅ 1 pass · "
-            "⚪ 1 no-baseline") in md
+    assert (
+        "⚠️ 1 error · ❌ 1 parity-failed · ❌ 1 regressed · 🚀 1 improved · ✅ 1 pass · "
+        "⚪ 1 no-baseline"
+    ) in md
     main = _tables(md)[0]
     assert main[0].startswith("| target ")
     assert len(main) == 2 + len(rep.rows)
@@ -129,8 +165,11 @@ def test_regressed_row_and_details(rep):
     md = report.render_markdown(rep)
     row = _row(md, "gpt2-tiny/b8/max-autotune")
     assert "❌ regressed" in row
-    delta = next(r.verdict.latency["delta"] for r in rep.rows
-                 if r.result.target == "gpt2-tiny/b8/max-autotune")
+    delta = next(
+        r.verdict.latency["delta"]
+        for r in rep.rows
+        if r.result.target == "gpt2-tiny/b8/max-autotune"
+    )
     assert re.search(re.escape(f"**{delta:+.1%}** (p") + r"(<0\.001|=0\.0\d+)\)", row)
     assert re.search(r"(\d+ µs|1\.\d\d ms) → 1\.\d\d ms", row)
     assert "1 → 2 (+1 new)" in row
@@ -142,10 +181,22 @@ def test_regressed_row_and_details(rep):
     assert "- `mymodel/attn.py:42` — Data-dependent" in sec
     assert "`mymodel/net.py:10`" in sec  # the old break, in the list of all breaks
     assert "graph breaks 1 -&gt; 2: Data-dependent" in sec  # the gate's reason, escaped
-    for part in ("p50", "p95", "p99", "mean", "compiled (base)", "eager (PR)",
-                 "compiled latency ÷ reference workload", "t-test on run medians, runs=6/1", "±5%",
-                 "FX graph hit / miss", "peak RSS growth", "compiled vs eager",
-                 f"env key: `{ENV}`", "code hash: `c0de5678` (baseline: `c0de1234`)"):
+    for part in (
+        "p50",
+        "p95",
+        "p99",
+        "mean",
+        "compiled (base)",
+        "eager (PR)",
+        "compiled latency ÷ reference workload",
+        "t-test on run medians, runs=6/1",
+        "±5%",
+        "FX graph hit / miss",
+        "peak RSS growth",
+        "compiled vs eager",
+        f"env key: `{ENV}`",
+        "code hash: `c0de5678` (baseline: `c0de1234`)",
+    ):
         assert part in sec, part
 
 
@@ -183,13 +234,20 @@ def test_added_removed_and_missing_baseline_values(rep):
 
 
 def test_remeasured_listed(rep):
-    rep2 = gate.GateReport(rep.verdict, rep.exit_code, rep.base_ref, rep.rows,
-                           rep.removed, remeasured=["resnet-tiny/b1/default"])
+    rep2 = gate.GateReport(
+        rep.verdict,
+        rep.exit_code,
+        rep.base_ref,
+        rep.rows,
+        rep.removed,
+        remeasured=["resnet-tiny/b1/default"],
+    )
     md = report.render_markdown(rep2)
     assert "**Borderline targets re-measured (1)**" in md
     assert report.report_json(rep2)["targets"][0]["remeasured"] in (True, False)
-    assert [t["target"] for t in report.report_json(rep2)["targets"]
-            if t["remeasured"]] == ["resnet-tiny/b1/default"]
+    assert [t["target"] for t in report.report_json(rep2)["targets"] if t["remeasured"]] == [
+        "resnet-tiny/b1/default"
+    ]
 
 
 def test_error_and_parity_rows(rep):
@@ -231,8 +289,10 @@ def test_markdown_escaping_helpers():
     assert markdown.fmt_time(0.9996) == "1.00 s"
     assert markdown.fmt_time(12.5) == "12.5 s"
     assert markdown.fmt_time(None) == "–"
-    assert markdown.error_line("Traceback (most recent call last):\n  x\nValueError: y") == \
-        "ValueError: y"
+    assert (
+        markdown.error_line("Traceback (most recent call last):\n  x\nValueError: y")
+        == "ValueError: y"
+    )
     assert markdown.error_line("boom\nmore") == "boom"
 
 
@@ -243,8 +303,9 @@ def test_without_details(rep):
 
 
 def test_size_cap_drops_details_from_the_end():
-    long_breaks = [GraphBreak(reason=f"break {i}: " + "`x|y`\n" * 80, file="m.py", line=i)
-                   for i in range(60)]
+    long_breaks = [
+        GraphBreak(reason=f"break {i}: " + "`x|y`\n" * 80, file="m.py", line=i) for i in range(60)
+    ]
     one = make_result("big/b1/default", breaks=long_breaks)
     results = [one.model_copy(update={"target": f"big{i:02d}/b1/default"}) for i in range(12)]
     rep = build(results, {})
@@ -262,8 +323,7 @@ def test_size_cap_drops_details_from_the_end():
 
 def test_size_cap_last_resort():
     one = make_result("model/b1/default")
-    results = [one.model_copy(update={"target": f"model-{i:04d}/b1/default"})
-               for i in range(400)]
+    results = [one.model_copy(update={"target": f"model-{i:04d}/b1/default"}) for i in range(400)]
     md = report.render_markdown(build(results, {}), details=False)
     assert len(md) <= markdown.MAX_MARKDOWN_CHARS
     assert "Report truncated" in md
@@ -271,17 +331,74 @@ def test_size_cap_last_resort():
 
 # -------------------------------------------------------------------------------- JSON
 
-TOP_KEYS = {"schema", "verdict", "exit_code", "base_ref", "summary", "counts", "creator",
-            "targets", "removed", "remeasured", "mode_reason", "mode_advice"}
-TARGET_KEYS = {"target", "model", "device", "verdict", "status", "error", "reasons", "notes",
-               "borderline", "remeasured", "latency", "speedup_comparison", "p50_s",
-               "latency_summary", "speedup", "compile", "compile_s", "graphs", "graph_breaks",
-               "break_reasons", "new_breaks", "recompiles", "memory", "parity", "cache",
-               "env_key", "code_hash", "base_code_hash", "baseline", "compile_state", "work",
-               "base_commit_work", "mode", "disturbed", "detectable", "profile",
-               "profile_diff"}
-COMPARISON_KEYS = {"ratio", "delta", "ci_lo", "ci_hi", "p_value", "significant", "verdict",
-                   "threshold", "n_base", "n_pr", "paired", "test", "unit"}
+TOP_KEYS = {
+    "schema",
+    "verdict",
+    "exit_code",
+    "base_ref",
+    "summary",
+    "counts",
+    "creator",
+    "targets",
+    "removed",
+    "remeasured",
+    "mode_reason",
+    "mode_advice",
+}
+TARGET_KEYS = {
+    "target",
+    "model",
+    "device",
+    "verdict",
+    "status",
+    "error",
+    "reasons",
+    "notes",
+    "borderline",
+    "remeasured",
+    "latency",
+    "speedup_comparison",
+    "p50_s",
+    "latency_summary",
+    "speedup",
+    "compile",
+    "compile_s",
+    "graphs",
+    "graph_breaks",
+    "break_reasons",
+    "new_breaks",
+    "recompiles",
+    "memory",
+    "parity",
+    "cache",
+    "env_key",
+    "code_hash",
+    "base_code_hash",
+    "baseline",
+    "compile_state",
+    "work",
+    "base_commit_work",
+    "mode",
+    "disturbed",
+    "detectable",
+    "profile",
+    "profile_diff",
+}
+COMPARISON_KEYS = {
+    "ratio",
+    "delta",
+    "ci_lo",
+    "ci_hi",
+    "p_value",
+    "significant",
+    "verdict",
+    "threshold",
+    "n_base",
+    "n_pr",
+    "paired",
+    "test",
+    "unit",
+}
 
 
 def test_json_schema_is_stable(rep):
@@ -291,8 +408,20 @@ def test_json_schema_is_stable(rep):
     assert set(doc["counts"]) == set(gate.ORDER)
     for t in doc["targets"]:
         assert set(t) == TARGET_KEYS, t["target"]
-        for side in ("p50_s", "latency_summary", "speedup", "compile", "compile_s", "graphs",
-                     "graph_breaks", "recompiles", "memory", "compile_state", "work", "profile"):
+        for side in (
+            "p50_s",
+            "latency_summary",
+            "speedup",
+            "compile",
+            "compile_s",
+            "graphs",
+            "graph_breaks",
+            "recompiles",
+            "memory",
+            "compile_state",
+            "work",
+            "profile",
+        ):
             assert set(t[side]) == {"base", "pr"}
     reg = next(t for t in doc["targets"] if t["verdict"] == "regressed")
     assert set(reg["latency"]) == COMPARISON_KEYS | {"normalised"}
@@ -324,8 +453,9 @@ def test_json_content_and_no_samples(rep):
 
 def test_json_replaces_non_finite_numbers():
     r = make_result("nan/b1/default")
-    r.parity.vs_eager = ParityCheck(passed=False, method="nan-inf", max_abs_err=float("nan"),
-                                    detail="NaN in output 0")
+    r.parity.vs_eager = ParityCheck(
+        passed=False, method="nan-inf", max_abs_err=float("nan"), detail="NaN in output 0"
+    )
     doc = report.report_json(build([r], {}))
     json.dumps(doc, allow_nan=False)
     assert doc["targets"][0]["parity"]["vs_eager"]["max_abs_err"] is None
@@ -336,10 +466,12 @@ def test_json_replaces_non_finite_numbers():
 
 
 def test_summary_line(rep):
-    assert report.summary_line(rep) == ("gatekeeper: error — 1 error, 1 parity-failed, "
-                                        "1 regressed, 1 improved, 1 pass, 1 no-baseline; "
-                                        "1 removed "
-                                        "(base: main)")
+    assert report.summary_line(rep) == (
+        "gatekeeper: error — 1 error, 1 parity-failed, "
+        "1 regressed, 1 improved, 1 pass, 1 no-baseline; "
+        "1 removed "
+        "(base: main)"
+    )
     two = build([make_result("a/b1/default", seed=1)], {})
     assert report.summary_line(two) == "gatekeeper: no-baseline — 1 no-baseline (base: main)"
     empty = build([], {})
@@ -347,11 +479,12 @@ def test_summary_line(rep):
     assert "No targets were measured" in report.render_markdown(empty)
 
 
-
 def test_each_row_carries_the_base_branchs_trend_with_this_run_marked():
     target = "trend/b1/default"
-    history = [make_result(target, seed=s, compiled_s=1e-3 * f)
-               for s, f in enumerate([1.0, 1.02, 0.99, 1.01])]
+    history = [
+        make_result(target, seed=s, compiled_s=1e-3 * f)
+        for s, f in enumerate([1.0, 1.02, 0.99, 1.01])
+    ]
     pr = make_result(target, seed=9, compiled_s=1.3e-3)
     rep = build([pr], {target: make_baseline(history[-1])})
     rep.rows[0].history = history
@@ -360,6 +493,11 @@ def test_each_row_carries_the_base_branchs_trend_with_this_run_marked():
     assert re.search(r"`[▁▂▃▄▅▆▇█]{4}→█`", row), row  # the slower PR at the top of the scale
     assert "Trend: `main`'s last baselines" in md
     rep.rows[0].history = history[:1]  # one point is no trend
-    assert not re.search(r"`[▁▂▃▄▅▆▇█]+→", next(
-        line for line in report.render_markdown(rep, details=False).splitlines()
-        if line.startswith("| trend/b1/default")))
+    assert not re.search(
+        r"`[▁▂▃▄▅▆▇█]+→",
+        next(
+            line
+            for line in report.render_markdown(rep, details=False).splitlines()
+            if line.startswith("| trend/b1/default")
+        ),
+    )

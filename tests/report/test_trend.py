@@ -1,4 +1,5 @@
 """report.trend.sparkline: the base branch's last baselines, and this PR's point."""
+
 from __future__ import annotations
 
 import doctest

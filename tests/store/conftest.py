@@ -1,2 +1,3 @@
 """The ``stores`` and ``store`` fixtures (both backends) for every test of the store."""
+
 from stores import store, stores  # noqa: F401

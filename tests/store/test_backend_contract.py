@@ -3,6 +3,7 @@
 The shared tests run against both; the S3-only ones at the end cover what only a network
 store has: multipart uploads, retries through a faulty network, and its failure messages.
 """
+
 from __future__ import annotations
 
 import base64
@@ -10,29 +11,36 @@ import json
 import os
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import EndpointConnectionError
 from botocore.stub import Stubber
+from helpers import run_threads
+from s3_server import FaultProxy, S3BucketURI, S3Server, unreachable_endpoint
 
-from gatekeeper.errors import (AccessDenied, GatekeeperError, PreconditionFailed, StoreError,
-                               StoreUnavailable)
+from gatekeeper.errors import (
+    AccessDenied,
+    GatekeeperError,
+    PreconditionFailed,
+    StoreError,
+    StoreUnavailable,
+)
 from gatekeeper.store.base import Backend
 from gatekeeper.store.local import LocalBackend
 from gatekeeper.store.s3 import S3Backend
-from helpers import run_threads
-from s3_server import FaultProxy, S3BucketURI, S3Server, unreachable_endpoint
 
 MiB = 1024 * 1024
 PART = 5 * MiB  # S3's smallest part: the threshold and part size used here
 
 
 def make_s3(uri: str, **kwargs: Any) -> S3Backend:
-    options: dict[str, Any] = dict(multipart_threshold=PART, multipart_chunksize=PART,
-                                   list_page_size=2)
+    options: dict[str, Any] = dict(
+        multipart_threshold=PART, multipart_chunksize=PART, list_page_size=2
+    )
     return S3Backend(uri, **(options | kwargs))
 
 
@@ -52,8 +60,6 @@ def write_file(path: Path, size: int, fill: int | None = None) -> Path:
     return path
 
 
-
-
 def one_line(e: pytest.ExceptionInfo[GatekeeperError]) -> str:
     text = str(e.value)
     assert "\n" not in text and "Traceback" not in text
@@ -61,6 +67,7 @@ def one_line(e: pytest.ExceptionInfo[GatekeeperError]) -> str:
 
 
 # -- the contract ----------------------------------------------------------------------
+
 
 def test_roundtrip(backend: Backend, tmp_path: Path) -> None:
     dest = tmp_path / "out" / "obj.bin"
@@ -119,7 +126,7 @@ def test_create_only(backend: Backend, tmp_path: Path) -> None:
 
 def test_compare_and_swap(backend: Backend) -> None:
     with pytest.raises(PreconditionFailed):  # nothing to match yet
-        backend.put("latest.json", b"0", if_match="\"d41d8cd98f00b204e9800998ecf8427e\"")
+        backend.put("latest.json", b"0", if_match='"d41d8cd98f00b204e9800998ecf8427e"')
     e1 = backend.put("latest.json", b"1")
     e2 = backend.put("latest.json", b"2", if_match=e1)
     with pytest.raises(PreconditionFailed):
@@ -192,13 +199,14 @@ def test_compare_and_swap_loses_no_update(backend: Backend) -> None:
 
 # -- S3 only ---------------------------------------------------------------------------
 
+
 def pending_uploads(server: S3Server, uri: S3BucketURI) -> list[Any]:
     return server.client().list_multipart_uploads(Bucket=uri.bucket).get("Uploads", [])
 
 
 def test_s3_multipart_condition_is_checked_on_completion(
-        s3_bucket_uri: S3BucketURI, s3_server: S3Server, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_bucket_uri: S3BucketURI, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = make_s3(s3_bucket_uri)
     rival = make_s3(s3_bucket_uri)
     send_part = store._client.upload_part
@@ -218,8 +226,8 @@ def test_s3_multipart_condition_is_checked_on_completion(
 
 
 def test_s3_failed_multipart_upload_is_aborted(
-        s3_bucket_uri: S3BucketURI, s3_server: S3Server, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_bucket_uri: S3BucketURI, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = make_s3(s3_bucket_uri)
     send_part = store._client.upload_part
 
@@ -235,26 +243,32 @@ def test_s3_failed_multipart_upload_is_aborted(
     assert pending_uploads(s3_server, s3_bucket_uri) == []
 
 
-def test_s3_multipart_parts_carry_their_crc32(s3_bucket_uri: S3BucketURI, s3_server: S3Server,
-                                              tmp_path: Path) -> None:
+def test_s3_multipart_parts_carry_their_crc32(
+    s3_bucket_uri: S3BucketURI, s3_server: S3Server, tmp_path: Path
+) -> None:
     """Each part goes up with its CRC32 and completion repeats them, so S3 keeps the
     composite CRC32 of the parts' CRC32s (and need not compute a full-object CRC64)."""
     store = make_s3(s3_bucket_uri)
     data = write_file(tmp_path / "big", 16 * MiB).read_bytes()
     store.upload("blob", tmp_path / "big", if_none_match=True)
-    head = s3_server.client().head_object(Bucket=s3_bucket_uri.bucket, Key="gk/blob",
-                                          ChecksumMode="ENABLED")
+    head = s3_server.client().head_object(
+        Bucket=s3_bucket_uri.bucket, Key="gk/blob", ChecksumMode="ENABLED"
+    )
     part = -(-len(data) // 3)  # 3 parts: 5 MiB each and the remainder spread over them
-    crcs = b"".join(zlib.crc32(data[i:i + part]).to_bytes(4, "big")
-                    for i in range(0, len(data), part))
-    assert head.get("ChecksumCRC32") == base64.b64encode(
-        zlib.crc32(crcs).to_bytes(4, "big")).decode()
+    crcs = b"".join(
+        zlib.crc32(data[i : i + part]).to_bytes(4, "big") for i in range(0, len(data), part)
+    )
+    assert (
+        head.get("ChecksumCRC32") == base64.b64encode(zlib.crc32(crcs).to_bytes(4, "big")).decode()
+    )
 
 
-@pytest.mark.parametrize(("size", "parts"), [(16 * MiB, 3), (15 * MiB + 1, 3),
-                                              (15 * MiB - 1, 2), (5 * MiB + 7, 1)])
-def test_s3_parts_spread_the_remainder(s3_bucket_uri: S3BucketURI, tmp_path: Path,
-                                       size: int, parts: int) -> None:
+@pytest.mark.parametrize(
+    ("size", "parts"), [(16 * MiB, 3), (15 * MiB + 1, 3), (15 * MiB - 1, 2), (5 * MiB + 7, 1)]
+)
+def test_s3_parts_spread_the_remainder(
+    s3_bucket_uri: S3BucketURI, tmp_path: Path, size: int, parts: int
+) -> None:
     """Parts of about the chunk size (never below it), the remainder spread over them:
     no small last part waiting on its own for a free thread."""
     store = make_s3(s3_bucket_uri, multipart_threshold=1)
@@ -263,8 +277,9 @@ def test_s3_parts_spread_the_remainder(s3_bucket_uri: S3BucketURI, tmp_path: Pat
     assert store.get("blob")[0] == (tmp_path / "f").read_bytes()  # type: ignore[index]
 
 
-def test_s3_server_that_refuses_checksums(s3_bucket_uri: S3BucketURI, s3_server: S3Server,
-                                          tmp_path: Path) -> None:
+def test_s3_server_that_refuses_checksums(
+    s3_bucket_uri: S3BucketURI, s3_server: S3Server, tmp_path: Path
+) -> None:
     """An S3-compatible server that answers a checksum algorithm with 400 InvalidArgument
     gets the upload without checksums, and is not asked again."""
     store = make_s3(s3_bucket_uri)
@@ -274,8 +289,10 @@ def test_s3_server_that_refuses_checksums(s3_bucket_uri: S3BucketURI, s3_server:
         if "x-amz-checksum-algorithm" not in {h.lower() for h in params["headers"]}:
             return None  # on to the server
         refused.append(params["url_path"])
-        body = {"Error": {"Code": "InvalidArgument", "Message": "x-amz-checksum-algorithm"},
-                "ResponseMetadata": {"HTTPStatusCode": 400, "RetryAttempts": 0}}
+        body = {
+            "Error": {"Code": "InvalidArgument", "Message": "x-amz-checksum-algorithm"},
+            "ResponseMetadata": {"HTTPStatusCode": 400, "RetryAttempts": 0},
+        }
         return AWSResponse("https://s3.invalid", 400, {}, None), body
 
     store._client.meta.events.register("before-call.s3.CreateMultipartUpload", no_checksums)
@@ -288,8 +305,9 @@ def test_s3_server_that_refuses_checksums(s3_bucket_uri: S3BucketURI, s3_server:
 
 
 @pytest.mark.parametrize("mode", ["503", "drop"])
-def test_s3_retries_transient_failures(s3_bucket_uri: S3BucketURI, tmp_path: Path,
-                                       mode: str) -> None:
+def test_s3_retries_transient_failures(
+    s3_bucket_uri: S3BucketURI, tmp_path: Path, mode: str
+) -> None:
     with FaultProxy(s3_bucket_uri.endpoint_url, fail_first=3, mode=mode) as proxy:
         store = make_s3(s3_bucket_uri, endpoint_url=proxy.endpoint_url, max_attempts=5)
         etag = store.put("k", b"data", if_none_match=True)  # the first 3 attempts fail
@@ -303,15 +321,19 @@ def test_s3_gives_up_after_max_attempts(s3_bucket_uri: S3BucketURI) -> None:
         store = make_s3(s3_bucket_uri, endpoint_url=proxy.endpoint_url, max_attempts=2)
         with pytest.raises(StoreUnavailable) as e:
             store.get("k")
-    assert one_line(e) == (f"S3 endpoint {proxy.endpoint_url} failed get of {s3_bucket_uri}/k "
-                           "after 2 attempts: 503 SlowDown")
+    assert one_line(e) == (
+        f"S3 endpoint {proxy.endpoint_url} failed get of {s3_bucket_uri}/k "
+        "after 2 attempts: 503 SlowDown"
+    )
 
 
 def test_s3_lost_reply_to_a_conditional_write(s3_bucket_uri: S3BucketURI) -> None:
     direct = make_s3(s3_bucket_uri)
     e1 = direct.put("latest.json", b"1")
     cases: list[tuple[str, bytes, dict[str, Any]]] = [
-        ("new.json", b"n", {"if_none_match": True}), ("latest.json", b"2", {"if_match": e1})]
+        ("new.json", b"n", {"if_none_match": True}),
+        ("latest.json", b"2", {"if_match": e1}),
+    ]
     for key, data, condition in cases:
         # the write lands but its reply is lost: the retry then fails its own condition
         with FaultProxy(s3_bucket_uri.endpoint_url, fail_first=1, mode="drop-reply") as proxy:
@@ -321,8 +343,7 @@ def test_s3_lost_reply_to_a_conditional_write(s3_bucket_uri: S3BucketURI) -> Non
         assert direct.get(key) == (data, etag)
 
 
-def test_s3_truncated_download_is_fetched_again(s3_bucket_uri: S3BucketURI,
-                                                tmp_path: Path) -> None:
+def test_s3_truncated_download_is_fetched_again(s3_bucket_uri: S3BucketURI, tmp_path: Path) -> None:
     data = os.urandom(3 * MiB)
     etag = make_s3(s3_bucket_uri).put("blob", data)
     with FaultProxy(s3_bucket_uri.endpoint_url, fail_first=2, mode="truncate") as proxy:
@@ -337,8 +358,13 @@ def test_s3_unreachable_endpoint(s3_env: S3Server, tmp_path: Path) -> None:
     url = unreachable_endpoint()
     store = make_s3("s3://bucket/gk", endpoint_url=url, max_attempts=2, connect_timeout=1)
     started = time.monotonic()
-    for op in (lambda: store.get("k"), lambda: store.head("k"), lambda: store.put("k", b"x"),
-               lambda: list(store.list()), lambda: store.download("k", tmp_path / "k")):
+    for op in (
+        lambda: store.get("k"),
+        lambda: store.head("k"),
+        lambda: store.put("k", b"x"),
+        lambda: list(store.list()),
+        lambda: store.download("k", tmp_path / "k"),
+    ):
         with pytest.raises(StoreUnavailable) as e:
             op()
         assert url in one_line(e)
@@ -348,14 +374,19 @@ def test_s3_unreachable_endpoint(s3_env: S3Server, tmp_path: Path) -> None:
 def test_s3_missing_bucket(s3_env: S3Server, tmp_path: Path) -> None:
     store = make_s3("s3://gk-no-such-bucket/pre")
     ops: list[Callable[[], object]] = [
-        lambda: store.get("k"), lambda: store.head("k"), lambda: store.put("k", b"x"),
-        lambda: list(store.list()), lambda: store.delete("k"),
-        lambda: store.upload("k", write_file(tmp_path / "big", 6 * MiB))]
+        lambda: store.get("k"),
+        lambda: store.head("k"),
+        lambda: store.put("k", b"x"),
+        lambda: list(store.list()),
+        lambda: store.delete("k"),
+        lambda: store.upload("k", write_file(tmp_path / "big", 6 * MiB)),
+    ]
     for op in ops:
         with pytest.raises(StoreUnavailable) as e:
             op()
-        assert one_line(e) == ("S3 bucket 'gk-no-such-bucket' does not exist "
-                               "(s3://gk-no-such-bucket/pre)")
+        assert one_line(e) == (
+            "S3 bucket 'gk-no-such-bucket' does not exist (s3://gk-no-such-bucket/pre)"
+        )
 
 
 def test_s3_no_credentials(s3_bucket_uri: S3BucketURI, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -370,8 +401,12 @@ def test_s3_no_credentials(s3_bucket_uri: S3BucketURI, monkeypatch: pytest.Monke
 def test_s3_access_denied(s3_bucket_uri: S3BucketURI) -> None:
     store = make_s3(s3_bucket_uri)
     with Stubber(store._client) as stub:
-        stub.add_client_error("put_object", service_error_code="AccessDenied",
-                              service_message="Access Denied", http_status_code=403)
+        stub.add_client_error(
+            "put_object",
+            service_error_code="AccessDenied",
+            service_message="Access Denied",
+            http_status_code=403,
+        )
         with pytest.raises(AccessDenied) as e:
             store.put("baselines/x.json", b"{}")
     assert one_line(e).startswith(f"S3 denied put of {s3_bucket_uri}/baselines/x.json")
@@ -385,7 +420,9 @@ def test_s3_uri_and_endpoint(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     assert S3Backend("s3://b").endpoint_url == "http://127.0.0.1:9"
-    assert S3Backend("s3://b", endpoint_url="http://localhost:1").endpoint_url == "http://localhost:1"
+    assert (
+        S3Backend("s3://b", endpoint_url="http://localhost:1").endpoint_url == "http://localhost:1"
+    )
     for bad in ("b/p", "s3://", "s3:///p"):
         with pytest.raises(StoreError):
             S3Backend(bad)

@@ -2,6 +2,7 @@
 moto's server): a store pruned while it is listed or verified, writes that fail for
 lack of space, and the orphans a killed or failed publish leaves for verify and prune.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stores import StoreFactory, keys, make_bundle, publish
 
 from gatekeeper.store import maintenance
 from gatekeeper.store.local import LocalBackend
-from stores import StoreFactory, keys, make_bundle, publish
 
 GRACE = maintenance.ORPHAN_GRACE_S
 
@@ -30,6 +31,7 @@ def failed(findings: list[maintenance.Finding]) -> dict[str, str]:
 
 
 # -- a store that changes while it is read -----------------------------------------------
+
 
 def test_listing_while_another_process_prunes(stores: StoreFactory, tmp_path: Path):
     """The listing has begun (a folder read, its first file seen) when a prune in
@@ -68,8 +70,8 @@ def test_verify_while_another_process_prunes(stores: StoreFactory, tmp_path: Pat
 
 # -- orphans ------------------------------------------------------------------------------------
 
-def test_orphans_are_reported_by_verify_and_removed_by_prune(stores: StoreFactory,
-                                                            tmp_path: Path):
+
+def test_orphans_are_reported_by_verify_and_removed_by_prune(stores: StoreFactory, tmp_path: Path):
     """An archive that no manifest names (a bundle re-published in place, a race's loser
     that died before cleaning up) and, on a local store, the temporary files of killed
     writes: invisible to readers, reported and removed once past the grace."""
@@ -91,10 +93,12 @@ def test_orphans_are_reported_by_verify_and_removed_by_prune(stores: StoreFactor
     found = failed(maintenance.verify(store, None, now=later()))
     assert set(found) == orphans
     assert "no manifest names it" in found[loc.key(stray.name)]
-    assert sorted(maintenance.prune(store, keep=5, older_than_days=None, now=later(),
-                                    dry_run=True)) == sorted(orphans)
-    assert sorted(maintenance.prune(store, keep=5, older_than_days=None,
-                                    now=later())) == sorted(orphans)
+    assert sorted(
+        maintenance.prune(store, keep=5, older_than_days=None, now=later(), dry_run=True)
+    ) == sorted(orphans)
+    assert sorted(maintenance.prune(store, keep=5, older_than_days=None, now=later())) == sorted(
+        orphans
+    )
     assert failed(maintenance.verify(store, None, now=later())) == {}
     assert store.find_bundle(loc.target_id, loc.env_key, loc.code_hash).match == "hit"
     if stores.kind == "local":
@@ -103,7 +107,7 @@ def test_orphans_are_reported_by_verify_and_removed_by_prune(stores: StoreFactor
 
 # -- writes that fail for lack of space ------------------------------------------------------
 
-_WRITE = textwrap.dedent('''
+_WRITE = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path
     from gatekeeper.errors import StoreError
@@ -121,7 +125,7 @@ _WRITE = textwrap.dedent('''
     except StoreError as e:
         print(e)
         sys.exit(3)
-''')
+""")
 
 
 @pytest.mark.parametrize("how", ["put", "upload"])
@@ -131,8 +135,12 @@ def test_local_write_that_runs_out_of_space(how: str, tmp_path: Path):
     line naming the object's path and leaves no temporary file."""
     root, src = tmp_path / "store", tmp_path / "big"
     src.write_bytes(os.urandom(200_000))
-    proc = subprocess.run([sys.executable, "-c", _WRITE, str(root), str(src), how],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WRITE, str(root), str(src), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     key = "baselines/t/latest.json" if how == "put" else "bundles/t/bundle.tar.zst"
     assert proc.stdout == f"cannot write {root}/{key}: File too large\n"

@@ -7,6 +7,7 @@ and :mod:`gatekeeper.housekeeping` (the backend contract itself is in
 synthetic cache dirs; results are hand-built :class:`~gatekeeper.results.TargetResult`
 documents.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,20 +20,28 @@ from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse
+from helpers import run_threads
+from stores import ENV, TARGET, StoreFactory, flip_byte, keys, make_bundle, overwrite, publish
 
 from gatekeeper import cli
-from gatekeeper.gate.baseline import publish_result
-from gatekeeper.store import baselines
-from gatekeeper.store import maintenance as housekeeping
 from gatekeeper.errors import AccessDenied, StoreError
-from gatekeeper.results import (CompileStats, Graphs, Latency, LatencySummary, Memory, Parity,
-                                ParityCheck, ReferenceOutputs, TargetResult)
-from gatekeeper.store import BundleLocation, Store
+from gatekeeper.gate.baseline import publish_result
+from gatekeeper.results import (
+    CompileStats,
+    Graphs,
+    Latency,
+    LatencySummary,
+    Memory,
+    Parity,
+    ParityCheck,
+    ReferenceOutputs,
+    TargetResult,
+)
+from gatekeeper.store import BundleLocation, Store, baselines
+from gatekeeper.store import maintenance as housekeeping
 from gatekeeper.store.base import Backend
 from gatekeeper.store.local import LocalBackend
 from gatekeeper.store.s3 import S3Backend
-from helpers import run_threads
-from stores import ENV, TARGET, StoreFactory, flip_byte, keys, make_bundle, overwrite, publish
 
 OTHER_ENV = "torch2.13.0+cpu-py3.11-cpu-x86_64-avx2-t2-77e0c2"
 DAY = 86400.0
@@ -40,6 +49,7 @@ GRACE = housekeeping.ORPHAN_GRACE_S
 
 
 # -- stores ----------------------------------------------------------------------------
+
 
 class DenyWrites:
     """Make a backend refuse every write with AccessDenied, as a read-only IAM role does.
@@ -75,8 +85,10 @@ class DenyWrites:
     def s3(self, backend: S3Backend) -> S3Backend:
         def refuse(model: Any, **kwargs: Any) -> tuple[AWSResponse, dict]:
             self.refused += 1
-            body = {"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
-                    "ResponseMetadata": {"HTTPStatusCode": 403, "RetryAttempts": 0}}
+            body = {
+                "Error": {"Code": "AccessDenied", "Message": "Access Denied"},
+                "ResponseMetadata": {"HTTPStatusCode": 403, "RetryAttempts": 0},
+            }
             return AWSResponse("https://s3.invalid", 403, {}, None), body
 
         for op in self.S3_WRITES:
@@ -87,35 +99,66 @@ class DenyWrites:
 def _summary(xs: list[float]) -> LatencySummary:
     s = sorted(xs)
     mean = sum(s) / len(s)
-    return LatencySummary(n=len(s), mean=mean, p50=s[len(s) // 2], p95=s[-2], p99=s[-1],
-                          min=s[0], max=s[-1],
-                          stdev=(sum((x - mean) ** 2 for x in s) / len(s)) ** 0.5)
+    return LatencySummary(
+        n=len(s),
+        mean=mean,
+        p50=s[len(s) // 2],
+        p95=s[-2],
+        p99=s[-1],
+        min=s[0],
+        max=s[-1],
+        stdev=(sum((x - mean) ** 2 for x in s) / len(s)) ** 0.5,
+    )
 
 
-def make_result(measured_at: str, *, code_hash: str = "c0de0000c0de0000", env_key: str = ENV,
-                target: str = TARGET, reference: bytes | None = None) -> TargetResult:
+def make_result(
+    measured_at: str,
+    *,
+    code_hash: str = "c0de0000c0de0000",
+    env_key: str = ENV,
+    target: str = TARGET,
+    reference: bytes | None = None,
+) -> TargetResult:
     """A realistic, minimal result of ``gatekeeper check`` for the tiny model on CPU."""
     eager = [7.1e-5, 7.3e-5, 6.9e-5, 7.0e-5, 7.4e-5, 7.2e-5]
     compiled = [2.2e-5, 2.3e-5, 2.1e-5, 2.2e-5, 2.4e-5, 2.2e-5]
     ref = [1.36e-2, 1.37e-2, 1.35e-2, 1.36e-2, 1.38e-2, 1.36e-2]
-    latency = Latency(eager=_summary(eager), compiled=_summary(compiled),
-                      reference=_summary(ref), speedup=7.2e-5 / 2.2e-5,
-                      throughput=1 / 2.2e-5, inner_loops=8,
-                      samples={"eager": eager, "compiled": compiled, "reference": ref})
+    latency = Latency(
+        eager=_summary(eager),
+        compiled=_summary(compiled),
+        reference=_summary(ref),
+        speedup=7.2e-5 / 2.2e-5,
+        throughput=1 / 2.2e-5,
+        inner_loops=8,
+        samples={"eager": eager, "compiled": compiled, "reference": ref},
+    )
     return TargetResult(
-        target=target, model=target.split("/")[0], env_key=env_key, code_hash=code_hash,
-        device="cpu", status="ok",
-        compile=CompileStats(seconds=3.6, warm=True, cache="hit", fxgraph_cache_hit=1,
-                             autograd_cache_hit=1),
+        target=target,
+        model=target.split("/")[0],
+        env_key=env_key,
+        code_hash=code_hash,
+        device="cpu",
+        status="ok",
+        compile=CompileStats(
+            seconds=3.6, warm=True, cache="hit", fxgraph_cache_hit=1, autograd_cache_hit=1
+        ),
         graphs=Graphs(count=1, breaks=0),
         latency=latency,
         memory=Memory(kind="rss", eager_peak_bytes=0, compiled_peak_bytes=0),
-        parity=Parity(vs_eager=ParityCheck(passed=True, method="allclose", max_abs_err=0.0,
-                                           rmse=0.0, cosine=1.0)),
-        reference=None if reference is None else ReferenceOutputs(
+        parity=Parity(
+            vs_eager=ParityCheck(
+                passed=True, method="allclose", max_abs_err=0.0, rmse=0.0, cosine=1.0
+            )
+        ),
+        reference=None
+        if reference is None
+        else ReferenceOutputs(
             file="references/tiny__b4__default.pt",
-            sha256=hashlib.sha256(reference).hexdigest(), size=len(reference)),
-        measured_at=measured_at)
+            sha256=hashlib.sha256(reference).hexdigest(),
+            size=len(reference),
+        ),
+        measured_at=measured_at,
+    )
 
 
 def at(second: int) -> str:
@@ -123,17 +166,21 @@ def at(second: int) -> str:
     return f"2026-11-22T00:{second // 60:02d}:{second % 60:02d}.{second % 1000:03d}+00:00"
 
 
-def publish_baseline(store: Store, tmp: Path, second: int, *, ref: str = "main",
-                     outputs: bytes | None = None, **kw: Any) -> str:
+def publish_baseline(
+    store: Store,
+    tmp: Path,
+    second: int,
+    *,
+    ref: str = "main",
+    outputs: bytes | None = None,
+    **kw: Any,
+) -> str:
     result = make_result(at(second), reference=outputs, **kw)
     ref_file = None
     if outputs is not None:
         ref_file = tmp / f"outputs-{second}.pt"
         ref_file.write_bytes(outputs)
-    return publish_result(store, result, ref=ref, commit=f"c{second:011d}",
-                            reference_file=ref_file)
-
-
+    return publish_result(store, result, ref=ref, commit=f"c{second:011d}", reference_file=ref_file)
 
 
 def bad(findings: list[housekeeping.Finding]) -> list[housekeeping.Finding]:
@@ -141,6 +188,7 @@ def bad(findings: list[housekeeping.Finding]) -> list[housekeeping.Finding]:
 
 
 # -- races -----------------------------------------------------------------------------
+
 
 def test_sixteen_runners_publish_one_bundle(stores: StoreFactory, tmp_path: Path):
     """Each runner compiled the same target (different bytes); exactly one bundle wins."""
@@ -174,8 +222,12 @@ def test_eight_concurrent_baseline_updates_lose_nothing(stores: StoreFactory, tm
     runners = [stores() for _ in range(8)]
     results = [make_result(at(s), code_hash=f"{s:016x}") for s in seconds]
 
-    statuses = run_threads(8, lambda i: publish_result(runners[i], results[i], ref="main",
-                                                         commit=f"commit{seconds[i]:02d}"))
+    statuses = run_threads(
+        8,
+        lambda i: publish_result(
+            runners[i], results[i], ref="main", commit=f"commit{seconds[i]:02d}"
+        ),
+    )
     assert set(statuses) <= {"published", "older"} and "published" in statuses
     # the newest measurement always ends up published (never "older")
     assert statuses[seconds.index(max(seconds))] == "published"
@@ -184,8 +236,9 @@ def test_eight_concurrent_baseline_updates_lose_nothing(stores: StoreFactory, tm
     base = baselines.BaselineKey(TARGET, ENV, "main").prefix
     history = sorted(k for k in keys(store, base + "/") if "/history/" in k)
     assert len(history) == 8
-    assert sorted(json.loads(store.read(k)[0])["created_at"] for k in history) == \
-        sorted(at(s) for s in seconds)
+    assert sorted(json.loads(store.read(k)[0])["created_at"] for k in history) == sorted(
+        at(s) for s in seconds
+    )
     latest = baselines.fetch(store, baselines.BaselineKey(TARGET, ENV, "main"))
     assert latest is not None
     assert latest.created_at == at(max(seconds))
@@ -204,9 +257,11 @@ def test_late_older_baseline_goes_to_history_only(store: Store, tmp_path: Path):
 
 # -- read-only -------------------------------------------------------------------------
 
+
 @pytest.fixture
-def store_logs(caplog: pytest.LogCaptureFixture,
-               monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
+def store_logs(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> pytest.LogCaptureFixture:
     # cli.main (run in-process by other tests) stops "gatekeeper" from propagating
     monkeypatch.setattr(logging.getLogger("gatekeeper"), "propagate", True)
     caplog.set_level(logging.WARNING, logger="gatekeeper")
@@ -214,12 +269,16 @@ def store_logs(caplog: pytest.LogCaptureFixture,
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name.startswith("gatekeeper") and r.levelno >= logging.WARNING]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("gatekeeper") and r.levelno >= logging.WARNING
+    ]
 
 
 def test_read_only_store_skips_every_write_and_says_so_once(
-        stores: StoreFactory, tmp_path: Path, store_logs: pytest.LogCaptureFixture):
+    stores: StoreFactory, tmp_path: Path, store_logs: pytest.LogCaptureFixture
+):
     writer = stores()
     existing = publish(writer, tmp_path, "existing", code_hash="e" * 16)
     before = keys(writer)
@@ -241,8 +300,9 @@ def test_read_only_store_skips_every_write_and_says_so_once(
     assert ro.find_bundle(TARGET, ENV, "e" * 16).match == "hit"
 
 
-def test_denied_write_turns_store_read_only(stores: StoreFactory, tmp_path: Path,
-                                            store_logs: pytest.LogCaptureFixture):
+def test_denied_write_turns_store_read_only(
+    stores: StoreFactory, tmp_path: Path, store_logs: pytest.LogCaptureFixture
+):
     """An untrusted runner whose credentials may read but not write."""
     writer = stores()
     publish(writer, tmp_path, "existing", code_hash="e" * 16)
@@ -258,8 +318,7 @@ def test_denied_write_turns_store_read_only(stores: StoreFactory, tmp_path: Path
     assert publish_baseline(store, tmp_path, 9, outputs=b"outputs") == "skipped"
     assert store.publish_bundle(loc, archive, archive.name, manifest) == "skipped"
     # the bundle "existing" is old and no baseline names it: its two deletes are skipped
-    assert housekeeping.prune(store, keep=None, older_than_days=1,
-                              now=time.time() + 2 * DAY) == []
+    assert housekeeping.prune(store, keep=None, older_than_days=1, now=time.time() + 2 * DAY) == []
     assert deny.refused == 1
     assert len(store.skipped_writes) == 5
     said = warnings_of(store_logs)
@@ -272,6 +331,7 @@ def test_denied_write_turns_store_read_only(stores: StoreFactory, tmp_path: Path
 
 
 # -- verify ----------------------------------------------------------------------------
+
 
 def test_verify_passes_a_healthy_store(store: Store, tmp_path: Path):
     loc = publish(store, tmp_path, 1)
@@ -297,8 +357,11 @@ def test_verify_catches_a_flipped_byte_in_an_archive(store: Store, tmp_path: Pat
 
 def test_verify_catches_a_tampered_manifest(store: Store, tmp_path: Path):
     loc = publish(store, tmp_path, 1)
-    overwrite(store, loc.key("manifest.json"),
-              lambda b: b.replace(b'"cache/kernel.cpp"', b'"cache/evil.cpp"'))
+    overwrite(
+        store,
+        loc.key("manifest.json"),
+        lambda b: b.replace(b'"cache/kernel.cpp"', b'"cache/evil.cpp"'),
+    )
     (failed,) = bad(housekeeping.verify(store, None))
     assert failed.key == loc.prefix and "manifest" in failed.detail
 
@@ -330,6 +393,7 @@ def test_verify_reports_leftovers_and_broken_baselines(store: Store, tmp_path: P
 
 # -- prune -----------------------------------------------------------------------------
 
+
 class Fleet:
     """A store as a fleet leaves it, for prune.
 
@@ -350,10 +414,13 @@ class Fleet:
         self.leftover_keys = {self.leftover.key(archive.name)}
         publish_baseline(store, tmp, 10, outputs=b"outputs of h1", code_hash=self.h[1].code_hash)
         publish_baseline(store, tmp, 20, outputs=b"outputs of h2", code_hash=self.h[2].code_hash)
-        self.unreferenced = baselines.BaselineKey(TARGET, ENV, "main").prefix + "/outputs/00000000deadbeef.pt"
+        self.unreferenced = (
+            baselines.BaselineKey(TARGET, ENV, "main").prefix + "/outputs/00000000deadbeef.pt"
+        )
         store.write(self.unreferenced, b"outputs of a publish that died")
-        self.referenced = {k for k in keys(store, "baselines/") if "/outputs/" in k} \
-            - {self.unreferenced}
+        self.referenced = {k for k in keys(store, "baselines/") if "/outputs/" in k} - {
+            self.unreferenced
+        }
         assert len(self.referenced) == 2
         if kind == "s3":
             time.sleep(1.1)  # S3's LastModified has one-second resolution
@@ -377,8 +444,9 @@ def test_prune_keeps_newest_n_per_target_and_env(fleet: Fleet):
     assert set(gone) == fleet.bundle_keys(h0)
     assert gone[0].endswith("/manifest.json")  # a reader never finds data-less manifests
     assert keys(fleet.store) == fleet.all - set(gone)
-    assert not [f for f in bad(housekeeping.verify(fleet.store, None))
-                if f.key != fleet.leftover.prefix]
+    assert not [
+        f for f in bad(housekeeping.verify(fleet.store, None)) if f.key != fleet.leftover.prefix
+    ]
     # idempotent
     assert housekeeping.prune(fleet.store, keep=1, older_than_days=None) == []
 
@@ -389,23 +457,30 @@ def test_prune_older_than_never_touches_what_a_baseline_names(fleet: Fleet):
     assert housekeeping.prune(fleet.store, keep=None, older_than_days=2) == []
     later = time.time() + 3 * DAY
     gone = set(housekeeping.prune(fleet.store, keep=None, older_than_days=2, now=later))
-    assert gone == fleet.bundle_keys(h0, h3, fleet.g0, fleet.w0) | fleet.leftover_keys \
-        | {fleet.unreferenced}
+    assert gone == fleet.bundle_keys(h0, h3, fleet.g0, fleet.w0) | fleet.leftover_keys | {
+        fleet.unreferenced
+    }
     left = keys(fleet.store)
     assert fleet.bundle_keys(h1, h2) <= left and fleet.referenced <= left
     # every baseline document stays, and everything it names still verifies
     assert {k for k in fleet.all if k.startswith("baselines/") and "/outputs/" not in k} <= left
     assert not bad(housekeeping.verify(fleet.store, None))
     # even far in the future, what a baseline names survives
-    assert housekeeping.prune(fleet.store, keep=1, older_than_days=0,
-                              now=time.time() + 1000 * DAY) == []
+    assert (
+        housekeeping.prune(fleet.store, keep=1, older_than_days=0, now=time.time() + 1000 * DAY)
+        == []
+    )
 
 
 def test_prune_deletes_leftovers_only_after_the_grace_period(fleet: Fleet):
     """Orphans (an archive without a manifest, outputs no baseline names) go with any
     prune once past the grace, whatever --keep and --older-than say."""
-    assert housekeeping.prune(fleet.store, keep=10, older_than_days=None,
-                              now=time.time() + GRACE - 3600) == []
+    assert (
+        housekeeping.prune(
+            fleet.store, keep=10, older_than_days=None, now=time.time() + GRACE - 3600
+        )
+        == []
+    )
     later = time.time() + GRACE + 3600
     orphans = {f.key for f in bad(housekeeping.verify(fleet.store, None, now=later))}
     assert orphans == {fleet.leftover.prefix, fleet.unreferenced}
@@ -420,13 +495,13 @@ def test_prune_never_deletes_unreferenced_outputs_within_grace(fleet: Fleet):
     gone = housekeeping.prune(fleet.store, keep=None, older_than_days=0)
     assert fleet.unreferenced not in gone
     assert not (set(gone) & fleet.referenced)
-    gone = housekeeping.prune(fleet.store, keep=None, older_than_days=0,
-                              now=time.time() + GRACE + 3600)
+    gone = housekeeping.prune(
+        fleet.store, keep=None, older_than_days=0, now=time.time() + GRACE + 3600
+    )
     assert fleet.unreferenced in gone
 
 
-def test_prune_racing_a_baseline_publish_keeps_its_outputs(stores: StoreFactory,
-                                                           tmp_path: Path):
+def test_prune_racing_a_baseline_publish_keeps_its_outputs(stores: StoreFactory, tmp_path: Path):
     """A cron job prunes (--older-than 0) just as a runner publishes a baseline."""
     store = stores()
     pruned: list[str] = []
@@ -446,8 +521,7 @@ def test_prune_racing_a_baseline_publish_keeps_its_outputs(stores: StoreFactory,
 
 def test_prune_dry_run_deletes_nothing(fleet: Fleet):
     later = time.time() + 3 * DAY
-    would = housekeeping.prune(fleet.store, keep=1, older_than_days=2, now=later,
-                               dry_run=True)
+    would = housekeeping.prune(fleet.store, keep=1, older_than_days=2, now=later, dry_run=True)
     assert would and keys(fleet.store) == fleet.all
     gone = housekeeping.prune(fleet.store, keep=1, older_than_days=2, now=later)
     assert sorted(gone) == sorted(would)
@@ -456,14 +530,20 @@ def test_prune_dry_run_deletes_nothing(fleet: Fleet):
 
 # -- the CLI over both backends ----------------------------------------------------------
 
+
 def gk_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict]:
     code = cli.main([*args, "--json"])
     out = capsys.readouterr().out
     return code, json.loads(out)
 
 
-def test_store_commands(fleet: Fleet, stores: StoreFactory, capsys: pytest.CaptureFixture,
-                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def test_store_commands(
+    fleet: Fleet,
+    stores: StoreFactory,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+):
     monkeypatch.chdir(tmp_path)  # no config file here: --store alone is enough
     logger = logging.getLogger("gatekeeper")  # cli.main sets up logging: undo it afterwards
     for name in ("handlers", "propagate", "level"):

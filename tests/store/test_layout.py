@@ -1,5 +1,6 @@
 """Tests of gatekeeper.store.layout's Store over the local backend: publishing bundles
 atomically, finding them (hit / partial / none), read-only mode and listing."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,11 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import run_threads
 
 from gatekeeper.store import BundleLocation, Store, open_store
 from gatekeeper.store.layout import MANIFEST
 from gatekeeper.store.local import LocalBackend
-from helpers import run_threads
 
 TARGET = "mlp/b8/default"
 ENV = "torch2.6.0+cpu-py3.11-cpu-x86_64-avx2-t2-3f9c1a"
@@ -40,8 +41,9 @@ def make_archive(tmp_path: Path, payload: bytes) -> tuple[Path, str, bytes]:
     path = tmp_path / "archives" / digest / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(payload)
-    manifest = json.dumps({"archive": {"name": name, "sha256": digest,
-                                       "size": len(payload)}}).encode()
+    manifest = json.dumps(
+        {"archive": {"name": name, "sha256": digest, "size": len(payload)}}
+    ).encode()
     return path, name, manifest
 
 
@@ -88,6 +90,7 @@ def test_download(store, tmp_path):
     store.download(loc.key(name), dest)
     assert dest.read_bytes() == b"payload"
     from gatekeeper.errors import StoreError
+
     with pytest.raises(StoreError, match="missing"):
         store.download(loc.key("bundle-nope.tar.zst"), tmp_path / "dl" / "x")
 
@@ -200,8 +203,9 @@ def test_sixteen_racing_publishers_one_winner(tmp_path, round_):
     root = tmp_path / "store"
     loc = BundleLocation(TARGET, ENV, "c0de")
     n = 16
-    archives = [make_archive(tmp_path, f"archive {i} of round {round_}".encode() * 500)
-                for i in range(n)]
+    archives = [
+        make_archive(tmp_path, f"archive {i} of round {round_}".encode() * 500) for i in range(n)
+    ]
     barrier = threading.Barrier(n)
     results: list[str | BaseException] = [""] * n
 
@@ -309,8 +313,7 @@ def test_racing_replacers_each_swap_once_and_a_reader_never_misses(tmp_path):
 
     def replace(i: int) -> str:
         path, name, manifest = archives[i]
-        return Store(LocalBackend(root)).publish_bundle(loc, path, name, manifest,
-                                                        replace=True)
+        return Store(LocalBackend(root)).publish_bundle(loc, path, name, manifest, replace=True)
 
     watcher = threading.Thread(target=reader)
     watcher.start()

@@ -1,5 +1,6 @@
 """Parity compares structure as well as numbers: the output tree, dict keys as a set,
 sequence lengths and each leaf's dtype and shape, naming the leaf that differs."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -25,16 +26,19 @@ def test_dict_key_order_does_not_matter():
     assert parity({"logits": A, "ids": B}, {"ids": B, "logits": A})["passed"]
 
 
-@pytest.mark.parametrize("candidate, reference, method, leaf", [
-    ({"scores": A}, {"logits": A}, "structure", "output"),
-    ({"logits": A.half()}, {"logits": A}, "dtype", "output['logits']"),
-    ((B.int(),), (B,), "dtype", "output[0]"),
-    ([A, B], (A, B), "structure", "output"),
-    ((A,), (A, B), "structure", "output"),
-    (A[:2], A, "shape", "output"),
-    ({"x": (A, A)}, {"x": (A, B)}, "dtype", "output['x'][1]"),
-    (OrderedDict(logits=A), {"logits": A}, "structure", "output"),
-])
+@pytest.mark.parametrize(
+    "candidate, reference, method, leaf",
+    [
+        ({"scores": A}, {"logits": A}, "structure", "output"),
+        ({"logits": A.half()}, {"logits": A}, "dtype", "output['logits']"),
+        ((B.int(),), (B,), "dtype", "output[0]"),
+        ([A, B], (A, B), "structure", "output"),
+        ((A,), (A, B), "structure", "output"),
+        (A[:2], A, "shape", "output"),
+        ({"x": (A, A)}, {"x": (A, B)}, "dtype", "output['x'][1]"),
+        (OrderedDict(logits=A), {"logits": A}, "structure", "output"),
+    ],
+)
 def test_a_different_structure_fails_naming_the_leaf(candidate, reference, method, leaf):
     got = parity(candidate, reference)
     assert not got["passed"] and got["method"] == method, got

@@ -1,12 +1,19 @@
 """The worker's training, precision and recompile helpers, without compiling."""
+
 from __future__ import annotations
 
 import torch
 
 from gatekeeper.config import ModelConfig
 from gatekeeper.worker.parity import Outputs, check_parity
-from gatekeeper.worker.task import (Trainer, check_precision, copy_state, make_loss,
-                                    name_task, parity_tolerance)
+from gatekeeper.worker.task import (
+    Trainer,
+    check_precision,
+    copy_state,
+    make_loss,
+    name_task,
+    parity_tolerance,
+)
 
 TOL = {"atol": 1e-4, "rtol": 1e-4, "cosine": 0.99}
 CFG = ModelConfig(name="m", factory="m:make", inputs=[{"shape": [2, 4]}], tasks=["train"])
@@ -31,8 +38,9 @@ def test_training_parity_failure_names_the_task_and_parameters():
     moved = {**out, "params": {k: v + 1e-2 for k, v in out["params"].items()}}
     check = name_task(check_parity(Outputs.of(moved), Outputs.of(out), None, TOL), 3)
     assert not check["passed"]
-    assert check["detail"].startswith("train: parameters after 3 steps differ: "
-                                      "output['params']['weight']")
+    assert check["detail"].startswith(
+        "train: parameters after 3 steps differ: output['params']['weight']"
+    )
 
 
 def test_copy_state_is_in_place_so_compiled_guards_keep_their_tensors():
@@ -47,7 +55,7 @@ def test_copy_state_is_in_place_so_compiled_guards_keep_their_tensors():
     ids = [id(t) for t in dst.tensors()]
     copy_state(src, dst)
     assert [id(t) for t in dst.tensors()] == ids
-    assert all(torch.equal(s, d) for s, d in zip(src.tensors(), dst.tensors()))
+    assert all(torch.equal(s, d) for s, d in zip(src.tensors(), dst.tensors(), strict=True))
 
 
 def test_default_loss_needs_a_floating_output():
