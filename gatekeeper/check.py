@@ -417,13 +417,13 @@ def _check_all(
                 paired=paired,
             )
             results.append(r)
-            if r.status == "error":
+            if r.latency is None or r.compile is None:
                 step.done(f"error: {r.error}")
             else:
                 step.done(
-                    f"p50 {r.latency.compiled.p50 * 1e3:.3f} ms, "  # type: ignore
+                    f"p50 {r.latency.compiled.p50 * 1e3:.3f} ms, "
                     f"speedup {r.latency.speedup:.2f}x, cache {r.compile.cache}"
-                )  # type: ignore
+                )
     return Results(
         created_at=now_iso(),
         gatekeeper_version=__version__,

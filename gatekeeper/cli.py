@@ -113,7 +113,7 @@ class _Stdout:
 
 def main(argv: list[str] | None = None) -> int:
     stdout = sys.stdout
-    sys.stdout = guard = _Stdout(stdout)  # type: ignore[assignment]
+    sys.stdout = guard = _Stdout(stdout)
     try:
         return _main(argv)
     finally:  # also after --help or a usage error (SystemExit)

@@ -132,7 +132,7 @@ def compile_target(
             return result
         key = key.with_deps(resp.deps or {})  # the code hash of what was compiled
         result.code_hash = key.code_hash
-        loc = BundleLocation(key.target_id, key.env_key, key.code_hash)
+        loc = key.location()
         result.compile_seconds = resp.compile_seconds
         result.counters = resp.counters or {}
         precompile, package = _precompile(

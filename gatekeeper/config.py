@@ -6,34 +6,32 @@ on one line. Expansion into targets lives in :mod:`gatekeeper.targets`.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
 DEFAULT_STORE = ".gatekeeper/store"
-DTYPES = (
-    "float32",
-    "float16",
-    "bfloat16",
-    "float64",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "uint8",
-    "bool",
-)
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+Dtype = Literal[
+    "float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"
+]
+Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+Task = Literal["infer", "train"]
+# record torch's caching-precompile package with each bundle
+Precompile = Literal["auto", "off"]
+Precision = Literal["fp32", "bf16", "fp16"]  # fp32: no autocast; bf16/fp16: torch.autocast
+DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+MODES: tuple[Mode, ...] = get_args(Mode)
+TASKS: tuple[Task, ...] = get_args(Task)
+PRECOMPILE: tuple[Precompile, ...] = get_args(Precompile)
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
-TASKS = ("infer", "train")
-PRECOMPILE = ("auto", "off")  # record torch's caching-precompile package with each bundle
-PRECISIONS = ("fp32", "bf16", "fp16")  # fp32: no autocast; bf16/fp16: torch.autocast
 # torch.optim classes a training step can use by name (LBFGS needs a closure, SparseAdam
 # sparse gradients: neither fits one compiled step)
 OPTIMIZERS = (
@@ -62,7 +60,7 @@ class InputSpec(_Strict):
     """One seeded random input tensor; names in ``shape`` are bound by a shape set."""
 
     shape: list[int | str]
-    dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
+    dtype: Dtype = "float32"
     low: float | None = None
     high: float | None = None
 
@@ -150,10 +148,10 @@ class ModelConfig(_Strict):
     factory: str = Field(pattern=_CALLABLE)
     inputs: list[InputSpec] | None = None
     inputs_factory: str | None = Field(None, pattern=_CALLABLE)
-    shapes: list[dict[str, int]] = Field(default_factory=lambda: [{}])
-    modes: list[Literal[MODES]] = Field(default_factory=lambda: ["default"])  # type: ignore[valid-type]
-    tasks: list[Literal[TASKS]] = Field(default_factory=lambda: ["infer"])  # type: ignore[valid-type]
-    precisions: list[Literal[PRECISIONS]] = Field(default_factory=lambda: ["fp32"])  # type: ignore[valid-type]
+    shapes: list[dict[str, int]] = Field(default_factory=lambda: [dict[str, int]()])
+    modes: list[Mode] = Field(default_factory=lambda: list[Mode](["default"]))
+    tasks: list[Task] = Field(default_factory=lambda: list[Task](["infer"]))
+    precisions: list[Precision] = Field(default_factory=lambda: list[Precision](["fp32"]))
     train: TrainConfig | None = None
     dynamic: bool = False
     fullgraph: bool = False
@@ -161,7 +159,7 @@ class ModelConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     seed: int = 0
-    precompile: Literal[PRECOMPILE] | None = None  # type: ignore[valid-type]  # default: the config's
+    precompile: Precompile | None = None  # default: the config's
     gate: dict[str, Any] = Field(default_factory=dict)  # per-model overrides of [gate]
 
     @property
@@ -230,7 +228,7 @@ class Config(_Strict):
     measure: MeasureConfig = MeasureConfig()
     # record torch's caching-precompile package in each inference bundle, so that a
     # deploy can skip Dynamo once `check` verified it (a model's own setting wins)
-    precompile: Literal[PRECOMPILE] = "auto"  # type: ignore[valid-type]
+    precompile: Precompile = "auto"
 
     @model_validator(mode="after")
     def _unique(self) -> Config:
@@ -288,7 +286,7 @@ def _validate(cls: type[BaseModel], data: Any, path: Path | None, prefix: str = 
         raise ConfigError(f"{path or 'config'}: " + "; ".join(msgs) + more) from None
 
 
-def find_config(explicit: str | Path | None, cwd: Path | None = None) -> Path:
+def find_config(explicit: str | os.PathLike[str] | None, cwd: Path | None = None) -> Path:
     cwd = cwd or Path.cwd()
     if explicit is not None:
         path = Path(explicit)
@@ -314,7 +312,7 @@ def _has_section(path: Path) -> bool:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
 
-def load_config(explicit: str | Path | None = None, cwd: Path | None = None) -> Config:
+def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None = None) -> Config:
     path = find_config(explicit, cwd)
     try:
         doc = tomllib.loads(path.read_text())

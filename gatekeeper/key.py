@@ -44,9 +44,11 @@ import platform
 import re
 import stat
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from . import bundle
 from .config import ModelConfig
@@ -82,12 +84,12 @@ _NOT_COMPILE_ENV = re.compile(
 )
 
 
-def compile_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def compile_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The set environment variables that change what torch.compile produces."""
-    environ = os.environ if environ is None else environ
+    env = os.environ if environ is None else environ
     return {
         k: v
-        for k, v in sorted(environ.items())
+        for k, v in sorted(env.items())
         if _COMPILE_ENV.search(k) and not _NOT_COMPILE_ENV.search(k)
     }
 
@@ -188,7 +190,7 @@ def compile_spec(target: Target) -> dict:
     # a dynamic model's bundle serves every shape set: its key names the dimensions
     # (and every shape set), never one set's sizes
     shape_set = {} if target.dynamic else target.shape_set
-    inputs = None
+    inputs: list[dict[str, Any]] | None = None
     if m.inputs is not None:
         inputs = []
         for spec in m.inputs:
@@ -203,7 +205,8 @@ def compile_spec(target: Target) -> dict:
                 )
                 continue
             shape = [shape_set[d] if isinstance(d, str) else d for d in spec.shape]
-            strides, acc = [], 1
+            strides: list[int] = []
+            acc = 1
             for d in reversed(shape):
                 strides.insert(0, acc)
                 acc *= max(d, 1)
@@ -269,6 +272,12 @@ class CacheKey:
 
     def with_deps(self, deps: dict) -> CacheKey:
         return replace(self, deps=deps, code_hash=code_hash(self.refs, self.spec, deps))
+
+    def location(self) -> BundleLocation:
+        """Where this key's bundle lives (the code hash must be known)."""
+        if self.code_hash is None:
+            raise ValueError(f"{self.target_id}: no code hash yet (dependencies unknown)")
+        return BundleLocation(self.target_id, self.env_key, self.code_hash)
 
     def as_dict(self) -> dict:
         return {

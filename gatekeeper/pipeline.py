@@ -94,13 +94,14 @@ def run(
                     cold=cold,
                     verbose=verbose,
                 ).targets
-                if again.status != "ok" or not row.result.latency or not again.latency:
+                first = row.result.latency
+                if again.status != "ok" or first is None or again.latency is None:
                     continue
                 if again.paired and not row.result.paired:
                     _keep_files(again, Path(scratch), out_dir)
                     results.targets[results.targets.index(row.result)] = row.result = again
                     continue
-            row.result.latency = merge_latency(row.result.latency, again.latency)
+            row.result.latency = merge_latency(first, again.latency)
             if row.result.paired and again.paired:
                 row.result.paired.samples += again.paired.samples
         write_results(results, out_dir)

@@ -105,8 +105,10 @@ def expand(config: Config) -> list[Target]:
 
 def one_per_bundle(targets: list[Target]) -> list[Target]:
     """The first target of each bundle (a dynamic model's shape sets share one)."""
-    seen: set[str] = set()
-    return [t for t in targets if not (t.bundle_id in seen or seen.add(t.bundle_id))]
+    firsts: dict[str, Target] = {}
+    for t in targets:
+        firsts.setdefault(t.bundle_id, t)
+    return list(firsts.values())
 
 
 def select(

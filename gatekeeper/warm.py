@@ -218,7 +218,8 @@ def warm_targets(
         key = signing_key()
     except Exception as e:  # noqa: BLE001 - best effort
         return cold(targets, e)
-    results, served = [], set()
+    results: list[WarmResult] = []
+    served: set[str] = set()
     for t in targets:
         try:
             results.append(warm_target(t, config, store, cache, signing_key=key, served=served))

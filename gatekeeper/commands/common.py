@@ -17,6 +17,7 @@ from tabulate import tabulate
 from ..config import Config, load_config
 from ..errors import ConfigError
 from ..gate import GateReport
+from ..paired import Mode, ModeName
 from ..store import Store, open_store
 from ..targets import Target, expand, select
 
@@ -139,14 +140,21 @@ class Context:
     @cached_property
     def store(self) -> Store:
         """``--store`` works without a config file; the config's store otherwise."""
-        cfg = self.config if (self.args.config or not self.args.store) else _optional_config()
-        uri = self.args.store or cfg.store  # type: ignore[union-attr]
+        if self.args.store:  # works without a config file
+            cfg = self.config if self.args.config else _optional_config()
+            return open_store(
+                self.args.store,
+                read_only=self.args.read_only or bool(cfg and cfg.read_only),
+                endpoint_url=cfg.endpoint_url if cfg else None,
+                base_dir=None,
+            )
+        cfg = self.config
         return open_store(
-            uri,
-            read_only=self.args.read_only or bool(cfg and cfg.read_only),
-            endpoint_url=cfg.endpoint_url if cfg else None,
-            base_dir=None if self.args.store else cfg.base_dir,
-        )  # type: ignore
+            cfg.store,
+            read_only=self.args.read_only or cfg.read_only,
+            endpoint_url=cfg.endpoint_url,
+            base_dir=cfg.base_dir,
+        )
 
     @cached_property
     def targets(self) -> list[Target]:
@@ -158,11 +166,11 @@ class Context:
 
         return self.args.paired or self.args.base_ref or base_ref()
 
-    def mode(self):
+    def mode(self) -> Mode:
         """The measuring mode ``--mode`` / ``--paired`` ask for, resolved here."""
         from ..paired import choose_mode
 
-        requested = "paired" if self.args.paired else self.args.mode
+        requested: ModeName = "paired" if self.args.paired else self.args.mode
         return choose_mode(requested, self.base_ref, self.config.base_dir)
 
     def emit(
@@ -224,8 +232,9 @@ def _cell(v: Any) -> str:
 def human_bytes(n: int | None) -> str | None:
     if n is None:
         return None
+    size = float(n)
     for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
     return None

@@ -124,6 +124,7 @@ def gate_target(
             v.verdict = _finish(v, found | {"no-baseline"}, accept)
             return v
     else:
+        base = baseline.result
         if result.latency and base.latency and result.paired is None:
             _gate_runs(v, found, result, baseline, rules)
         _compile_time(v, found, result, base, rules)

@@ -105,9 +105,9 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
                 "delta_us": c.delta_us,
                 "ratio": c.ratio,
             }
-            for c in profile_diff(base_profile(row), r.profile)
+            for c in profile_diff(base_prof, r.profile)
         ]
-        if base_profile(row) is not None and r.profile is not None
+        if (base_prof := base_profile(row)) is not None and r.profile is not None
         else None,
         "disturbed": v.disturbed,
         "detectable": v.detectable,

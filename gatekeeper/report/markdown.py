@@ -28,7 +28,7 @@ from tabulate import tabulate
 
 from ..gate import ORDER, GateReport, GateRow
 from ..gate.drift import normalised_latency
-from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
+from ..results import GraphBreak, LatencySummary, ParityCheck, Profile, TargetResult
 from .advice import Advice, advise
 from .profile import diff as profile_diff
 from .trend import sparkline
@@ -474,15 +474,9 @@ def _memory_table(row: GateRow) -> str | None:
 
 
 def _work_table(row: GateRow) -> str | None:
-    sides = [
-        (
-            "base commit" if row.result.paired else "base",
-            row.result.paired.work
-            if row.result.paired
-            else (_base(row).work if _base(row) else None),
-        ),
-        ("PR", row.result.work),
-    ]
+    base = _base(row)
+    base_work = row.result.paired.work if row.result.paired else (base.work if base else None)
+    sides = [("base commit" if row.result.paired else "base", base_work), ("PR", row.result.work)]
     rows = []
     for side, w in sides:
         if w is None:
@@ -515,9 +509,9 @@ def _count(n: int | str | None) -> str:
     return str(n)
 
 
-def base_profile(row: GateRow):
-    r = row.result
-    return r.paired.profile if r.paired else (_base(row).profile if _base(row) else None)
+def base_profile(row: GateRow) -> Profile | None:
+    r, base = row.result, _base(row)
+    return r.paired.profile if r.paired else (base.profile if base else None)
 
 
 def shows_profile(row: GateRow, everything: bool = False) -> bool:
@@ -535,9 +529,9 @@ def shows_profile(row: GateRow, everything: bool = False) -> bool:
 
 
 def _profile_section(row: GateRow, everything: bool) -> list[str]:
-    if not shows_profile(row, everything):
-        return []
     base, pr = base_profile(row), row.result.profile
+    if base is None or pr is None or not shows_profile(row, everything):
+        return []
     rows = [
         [
             md_text(c.name, 80),

@@ -12,13 +12,14 @@ with this pull request's point marked. Pure: no I/O, no torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 BARS = "▁▂▃▄▅▆▇█"
 MARK = "→"  # separates the base branch's history from this PR's point
 GAP = " "  # a run without a finite value
 
 
-def sparkline(values: list[float], current: float | None) -> str:
+def sparkline(values: Sequence[float | None], current: float | None) -> str:
     """The base branch's last baselines (``values``, oldest first) as one bar each,
     then ``→`` and this PR's value (``current``) as a final bar on the same scale.
 
@@ -34,7 +35,7 @@ def sparkline(values: list[float], current: float | None) -> str:
     """
     if not values:
         return ""
-    finite = [v for v in [*values, current] if _finite(v)]
+    finite = [v for v in [*values, current] if v is not None and _finite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
 
     def bar(v: float | None) -> str:

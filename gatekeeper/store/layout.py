@@ -20,6 +20,7 @@ happens in :mod:`gatekeeper.bundle`.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 from collections.abc import Iterator
@@ -217,9 +218,9 @@ class Store:
     def has_bundle(self, loc: BundleLocation) -> bool:
         return self.backend.head(loc.key(MANIFEST)) is not None
 
-    def manifests(self, target_id: str, env_key: str) -> list[BundleLocation]:
+    def manifests(self, target_id: str, env_key: str) -> builtins.list[BundleLocation]:
         """Every published bundle of a target and env, newest manifest first."""
-        found: list[ObjectInfo] = []
+        found: builtins.list[ObjectInfo] = []
         for info in self.backend.list(f"bundles/{target_id}/{env_key}/"):
             parts = info.key.split("/")
             if parts[-1] == MANIFEST and len(parts) == _DEPTH:
@@ -232,7 +233,7 @@ class Store:
         got = self.backend.get(loc.key(MANIFEST))
         return got[0] if got else None
 
-    def unnamed_archives(self, b: StoredBundle) -> list[ObjectInfo]:
+    def unnamed_archives(self, b: StoredBundle) -> builtins.list[ObjectInfo]:
         """Archives in a published bundle's folder that its manifest does not name: left
         by a replace (or a lost race), orphans once past the grace a publish needs."""
         archives = [o for o in b.objects if o.key.rsplit("/", 1)[-1].startswith("bundle-")]
@@ -276,7 +277,7 @@ class Store:
 
     def bundles(self) -> Iterator[StoredBundle]:
         """Every bundle folder in the store, complete or not."""
-        groups: dict[str, list[ObjectInfo]] = {}
+        groups: dict[str, builtins.list[ObjectInfo]] = {}
         for info in self.backend.list("bundles/"):
             parts = info.key.split("/")
             if len(parts) == _DEPTH:

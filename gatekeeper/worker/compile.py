@@ -167,4 +167,5 @@ def _record_precompile(req: Request) -> dict:
 
         return calls
 
+    assert req.precompile_out is not None  # compile_target records only when asked
     return record(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]), Path(req.precompile_out), build)

@@ -30,7 +30,7 @@ import site
 import stat
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache, lru_cache
 from pathlib import Path
@@ -186,7 +186,7 @@ class Recorder:
             except (TypeError, ValueError):
                 return
 
-    def note(self, *objects: Any, refs: list[str] = ()) -> None:
+    def note(self, *objects: Any, refs: Sequence[str] = ()) -> None:
         """Count the modules of these objects' classes (and bases) and of ``refs``."""
         self.extra.update(r.split(":", 1)[0] for r in refs)
         for obj in objects:

@@ -119,9 +119,10 @@ def _pairs(candidate: Outputs, other: Outputs) -> list[tuple[str, Any, Any, str]
         if len(cand) != len(oth):
             return _fail("structure", f"{len(cand)} output leaves, expected {len(oth)}")
         return [(p, c, o, k) for (p, c), (k, o) in zip(cand, oth, strict=True)]
-    if candidate.structure != other.structure:
-        for path in sorted(set(candidate.structure) | set(other.structure)):
-            got, want = candidate.structure.get(path), other.structure.get(path)
+    mine = candidate.structure or {}
+    if mine != other.structure:
+        for path in sorted(set(mine) | set(other.structure)):
+            got, want = mine.get(path), other.structure.get(path)
             if got != want:
                 return _fail("structure", f"{path}: {got or 'a leaf'}, expected {want or 'a leaf'}")
     if candidate.leaves.keys() != other.leaves.keys():

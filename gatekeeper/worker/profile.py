@@ -45,18 +45,13 @@ def profile_calls(
         prof.export_chrome_trace(trace)
     totals: dict[str, list[float]] = {}
     for e in prof.key_averages():
-        self_us = (
-            e.self_device_time_total
-            if cuda and getattr(e, "self_device_time_total", 0)
-            else e.self_cpu_time_total
-        )
+        device_us = getattr(e, "self_device_time_total", 0) if cuda else 0
+        self_us = device_us or e.self_cpu_time_total
         if self_us <= 0:
             continue
         row = totals.setdefault(_name(e.key), [0.0, 0.0])
         row[0] += self_us / calls
         row[1] += e.count / calls
-    ops = sorted(
-        ({"name": k, "self_us": v[0], "count": v[1]} for k, v in totals.items()),
-        key=lambda op: -op["self_us"],
-    )[:TOP]
+    top = sorted(totals.items(), key=lambda kv: -kv[1][0])[:TOP]
+    ops = [{"name": k, "self_us": v[0], "count": v[1]} for k, v in top]
     return {"calls": calls, "device_time": cuda, "ops": ops}

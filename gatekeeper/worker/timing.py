@@ -143,7 +143,7 @@ def latency(
     next to the head's compiled sample, so each (base, compiled) pair shares the
     machine's state of that moment."""
     ref = DriftReference(device)
-    fns = {"eager": eager, "compiled": compiled, "reference": ref}
+    fns: dict[str, Callable[[], Any]] = {"eager": eager, "compiled": compiled, "reference": ref}
     if base is not None:
         fns = {"base": base, **fns}
     for _ in range(budget["warmup"]):

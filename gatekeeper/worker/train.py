@@ -104,7 +104,10 @@ def measure_train(req: Request) -> Response:
     first, compile_seconds = first_call(cstep, inputs, device)
     losses = [first] + run_steps(cstep, inputs, steps - 1)
     cache = snapshot_counters()
-    work = {**inductor_metrics(), "flops": flops(lambda: new(model).step(*inputs))}
+    work: dict[str, int | str | None] = {
+        **inductor_metrics(),
+        "flops": flops(lambda: new(model).step(*inputs)),
+    }
     cand = Outputs.of(comp.outputs(losses))
     ref64 = fp64_trajectory(model, cfg, loss_fn, inputs, device)
     ref64_leaves = Outputs.of(ref64).leaves if ref64 is not None else None
