@@ -20,7 +20,7 @@ latency, by the work counters), how many were `inconclusive`, the median Δ the 
 test measured, seconds of timed rounds per target, and seconds per trial. Usage:
 
     python benchmarks/detection_power.py [--levels 0:100,10:60,5:20,20:20]
-        [--modes default,stored] [--knob compute|layers] [--baseline-runs 1]
+        [--modes default,stored] [--knob compute|layers] [--baseline-runs 1] [--threads N]
 
 A level without ``:N`` takes ``--trials``. Measurement settings are the defaults unless
 ``--min-time`` is given.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,8 +82,13 @@ CONFIG = textwrap.dedent("""
 """)
 
 
+ENV = dict(os.environ)  # of every command run; --threads sets OMP_NUM_THREADS here
+
+
 def sh(*cmd: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=ENV
+    )
     if check and proc.returncode not in (0, 1):
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return proc
@@ -122,8 +128,15 @@ def main() -> None:
         default=1,
         help="pushes to main measured before the trials (baseline history)",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch's CPU threads in every process (OMP_NUM_THREADS; default: torch's own)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also write every trial here")
     args = ap.parse_args()
+    if args.threads:
+        ENV["OMP_NUM_THREADS"] = str(args.threads)
     counts = {
         int(pct): int(n or args.trials)
         for pct, _, n in (x.partition(":") for x in args.levels.split(","))
@@ -213,6 +226,7 @@ def main() -> None:
                     sum(t["by_latency"] for t in ts),
                     sum(t["by_counters"] for t in ts),
                     sum(t["verdict"] == "inconclusive" for t in ts),
+                    sum(t["verdict"] == "improved" for t in ts),
                     f"{statistics.median(deltas):+.1%}" if deltas else "-",
                     f"{statistics.median(t['timed_seconds'] for t in ts):.0f} s",
                     f"{statistics.median(t['seconds'] for t in ts):.0f} s",
@@ -232,6 +246,7 @@ def main() -> None:
                 "by latency",
                 "by counters",
                 "inconclusive",
+                "improved",
                 "median Δ",
                 "timed/target",
                 "time/trial",
@@ -242,6 +257,7 @@ def main() -> None:
     )
     print(
         f"\nknob: {args.knob}; measure.min_time = {args.min_time or 'default'}; "
+        f"threads: {args.threads or 'torch default'}; "
         f"{args.baseline_runs} baseline run(s) of main; torch via {sys.executable}"
     )
     if args.json:
