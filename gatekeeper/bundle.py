@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import zstandard
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import BundleError
 from .hashing import sha256_file
@@ -47,10 +47,14 @@ ARCHIVE_NAME = re.compile(
 )  # inductor's lock files: meaningless in another process
 
 
+SIGNATURE = r"^hmac-sha256:[0-9a-f]{64}$"
+SHA256 = r"^[0-9a-f]{64}$"
+
+
 class FileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    sha256: str
-    size: int
+    sha256: str = Field(pattern=SHA256)
+    size: int = Field(ge=0)
 
 
 class ArchiveEntry(FileEntry):
@@ -71,7 +75,7 @@ class Manifest(BaseModel):
     creator: dict[str, Any]
     created_at: str
     gatekeeper_version: str
-    signature: str | None = None
+    signature: str | None = Field(None, pattern=SIGNATURE)  # hmac-sha256:<64 hex>
 
     def signed_bytes(self) -> bytes:
         body = self.model_dump(exclude={"signature"})
@@ -207,12 +211,28 @@ def precompile_entries(manifest: Manifest) -> set[str]:
 
 # -- verifying and extracting ----------------------------------------------------------
 def verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> Manifest:
-    """Parse and authenticate a manifest; raises BundleError naming target and reason."""
+    """Parse and authenticate a manifest; raises BundleError naming target and reason,
+    and nothing else, whatever ``data`` holds: this is the one place a manifest is
+    refused, and a caller that skips a refused manifest goes on to the next one."""
+    try:
+        return _verify_manifest(data, target=target, signing_key=signing_key)
+    except BundleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any surprise in untrusted data is a refusal
+        raise BundleError(
+            f"{target}: bundle refused: manifest is unreadable ({type(e).__name__})"
+        ) from None
+
+
+def _verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> Manifest:
     try:
         manifest = Manifest.model_validate_json(data)
     except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
         raise BundleError(
-            f"{target}: bundle refused: manifest is malformed ({e.errors()[0]['msg']})"
+            f"{target}: bundle refused: manifest is malformed "
+            f"({where + ': ' if where else ''}{err['msg']})"
         ) from None
     if manifest.format != FORMAT:
         raise BundleError(
@@ -278,17 +298,29 @@ def extract(archive: Path, manifest: Manifest, staging: Path) -> None:
                     )
                 if info.name in seen:
                     raise BundleError(f"{target}: bundle refused: {info.name!r} twice")
+                if info.size != entry.size:  # before reading a byte of it
+                    raise BundleError(
+                        f"{target}: bundle refused: {info.name} is {info.size} bytes in the "
+                        f"archive, {entry.size} in the manifest"
+                    )
                 seen.add(info.name)
                 out = staging.joinpath(*PurePosixPath(info.name).parts)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 h = hashlib.sha256()
                 src = tar.extractfile(info)
                 assert src is not None
+                written = 0
                 with open(out, "wb") as f:
-                    while chunk := src.read(1 << 20):
+                    while chunk := src.read(min(1 << 20, entry.size - written + 1)):
+                        written += len(chunk)
+                        if written > entry.size:
+                            raise BundleError(
+                                f"{target}: bundle refused: {info.name} is larger than "
+                                "its manifest says"
+                            )
                         h.update(chunk)
                         f.write(chunk)
-                if h.hexdigest() != entry.sha256:
+                if written != entry.size or h.hexdigest() != entry.sha256:
                     raise BundleError(
                         f"{target}: bundle refused: {info.name} sha256 does not match the manifest"
                     )

@@ -20,7 +20,7 @@ from .key import CacheKey, target_key
 from .paired import Mode, checkout
 from .progress import Progress
 from .provenance import creator
-from .results import ReferenceOutputs, Results, TargetResult
+from .results import ReferenceOutputs, Results, TargetResult, reference_name, trace_name
 from .store import Store, baselines
 from .targets import Target, expand
 from .warm import WarmResult, service_env, settle, warm_target
@@ -31,13 +31,13 @@ log = logging.getLogger("gatekeeper.check")
 
 
 def reference_path(out_dir: Path, target_id: str) -> Path:
-    return out_dir / "references" / (target_id.replace("/", "__") + ".pt")
+    return out_dir / reference_name(target_id)
 
 
 def trace_path(out_dir: Path, target_id: str) -> Path:
     """The Chrome trace of the target's compiled call, gzipped (Perfetto and
     chrome://tracing open it); paired: ``.base.json.gz`` beside it."""
-    return out_dir / "traces" / (target_id.replace("/", "__") + ".json.gz")
+    return out_dir / trace_name(target_id)
 
 
 @dataclass(frozen=True)

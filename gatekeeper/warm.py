@@ -163,7 +163,9 @@ def warm_target(
         result.bundle_bytes = manifest.archive.size
         with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
             archive = Path(tmp, manifest.archive.name)
-            store.download(match.location.key(manifest.archive.name), archive)
+            store.download(
+                match.location.key(manifest.archive.name), archive, max_bytes=manifest.archive.size
+            )
             staging = Path(tmp, "staging")
             bundle.extract(archive, manifest, staging)
             served = set() if served is None else served

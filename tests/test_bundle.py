@@ -271,7 +271,9 @@ def test_wrong_file_hash_in_manifest_refused_naming_the_file(tmp_path):
     cache = make_cache(tmp_path / "src")
     archive, manifest = do_pack(cache, None, tmp_path / "out")
     # tamper with one file and re-pack: a self-consistent archive...
-    (cache / "cpp/kernel.so").write_bytes(b"\x7fELF evil payload")
+    # (of the same size: a member of another size is refused before it is read)
+    size = (cache / "cpp/kernel.so").stat().st_size
+    (cache / "cpp/kernel.so").write_bytes(b"\x7fELF evil payload".ljust(size, b"\0"))
     evil_archive, _ = do_pack(cache, None, tmp_path / "evil")
     # ...given the original manifest (file hashes) with the new archive's hash
     forged = manifest.model_copy(
