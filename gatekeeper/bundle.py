@@ -23,6 +23,7 @@ import datetime as _dt
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import shutil
@@ -34,8 +35,10 @@ from typing import Any
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import BundleError
+from .errors import BundleError, ConfigError
 from .hashing import sha256_file
+
+log = logging.getLogger("gatekeeper.bundle")
 
 FORMAT = 1
 MEGACACHE = "megacache.bin"
@@ -85,10 +88,49 @@ class Manifest(BaseModel):
         return json.dumps(self.model_dump(), indent=2, sort_keys=True).encode() + b"\n"
 
 
-def signing_key() -> bytes | None:
-    """The HMAC key bundles are signed with and must carry (``GATEKEEPER_SIGNING_KEY``)."""
-    key = os.environ.get("GATEKEEPER_SIGNING_KEY")
-    return key.encode() if key else None
+KEY_ENV = "GATEKEEPER_SIGNING_KEY"
+REQUIRE_ENV = "GATEKEEPER_REQUIRE_SIGNATURE"  # the action's `require-signature` input
+
+
+def signature_required(configured: bool = False) -> bool:
+    """Whether only signed bundles may load: ``require_signature = true`` in the config,
+    or ``GATEKEEPER_REQUIRE_SIGNATURE`` set to 1/true/yes (the action's input)."""
+    flag = os.environ.get(REQUIRE_ENV, "").strip().lower()
+    return configured or flag in ("1", "true", "yes", "on")
+
+
+def signing_key(required: bool = False) -> bytes | None:
+    """The HMAC key bundles are signed with and must carry (``GATEKEEPER_SIGNING_KEY``).
+
+    With a signature required (``required``, or :func:`signature_required`) a key that is
+    missing, empty or only blanks raises ConfigError: a deploy whose environment lost
+    the secret must not load bundles unchecked."""
+    key = os.environ.get(KEY_ENV)
+    if key and key.strip():
+        return key.encode()
+    if required or signature_required():
+        raise ConfigError(
+            f"a signature is required (require_signature) but {KEY_ENV} is "
+            f"{'empty' if key is not None else 'not set'}: no bundle can be verified, "
+            "so none is loaded"
+        )
+    return None
+
+
+_warned_unchecked = False
+
+
+def _unchecked_signature(target: str) -> None:
+    """Said once per process: signed manifests read where no key can check them."""
+    global _warned_unchecked
+    if not _warned_unchecked:
+        _warned_unchecked = True
+        log.warning(
+            "%s: bundle is signed but %s is not set here: signatures are not checked "
+            "(set the key, and require_signature = true to refuse unsigned bundles)",
+            target,
+            KEY_ENV,
+        )
 
 
 def _sign(data: bytes, key: bytes) -> str:
@@ -244,8 +286,10 @@ def _verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> 
         if not manifest.signature:
             raise BundleError(f"{target}: bundle refused: unsigned, and a signing key is set")
         expected = _sign(manifest.signed_bytes(), signing_key)
-        if not hmac.compare_digest(manifest.signature, expected):
+        if not hmac.compare_digest(manifest.signature.encode(), expected.encode()):
             raise BundleError(f"{target}: bundle refused: signature does not verify")
+    elif manifest.signature:
+        _unchecked_signature(target)
     if not ARCHIVE_NAME.fullmatch(manifest.archive.name):
         raise BundleError(f"{target}: bundle refused: bad archive name {manifest.archive.name!r}")
     return manifest

@@ -89,7 +89,7 @@ def check_target(
                 store,
                 cache_dir,
                 megacache=False,
-                signing_key=signing_key(),
+                signing_key=signing_key(config.require_signature),
                 cache_key=key,
                 precompile="never",
             )
@@ -101,7 +101,7 @@ def check_target(
                     store,
                     cache_dir,
                     megacache=False,
-                    signing_key=signing_key(),
+                    signing_key=signing_key(config.require_signature),
                     cache_key=base_key,
                 )
             if config.measure.shape_sweep:
@@ -109,7 +109,12 @@ def check_target(
                 # so a recompile it counts is a cache hit, not a cold compile
                 for other in siblings(target, config):
                     warm_target(
-                        other, config, store, cache_dir, megacache=False, signing_key=signing_key()
+                        other,
+                        config,
+                        store,
+                        cache_dir,
+                        megacache=False,
+                        signing_key=signing_key(config.require_signature),
                     )
         base_reference = None
         try:
@@ -241,7 +246,7 @@ def verify_precompile(
             store,
             cache_dir,
             megacache=False,
-            signing_key=signing_key(),
+            signing_key=signing_key(config.require_signature),
             cache_key=key,
             precompile="any",
         )
@@ -282,7 +287,7 @@ def verify_precompile(
         log.warning(
             "%s: precompile package not verified, never served: %s", target.id, check["reason"]
         )
-    if manifest.signature and not signing_key():
+    if manifest.signature and not signing_key(config.require_signature):
         # re-writing it unsigned would make every signed deploy refuse the bundle
         log.warning(
             "%s: precompile verdict not stored: the bundle is signed and "
@@ -299,13 +304,15 @@ def verify_precompile(
                 }
             }
         ),
-        signing_key(),
+        signing_key(config.require_signature),
     )
     try:
         old = store.read_manifest(warmed.location)
         if (
             old is not None
-            and bundle.verify_manifest(old, target=manifest.target, signing_key=signing_key())
+            and bundle.verify_manifest(
+                old, target=manifest.target, signing_key=signing_key(config.require_signature)
+            )
             == manifest
         ):
             written = store.update_manifest(warmed.location, old, updated.to_bytes())

@@ -101,7 +101,7 @@ def compile_target(
     result = CompileResult(target.id, "error", key.env_key)
     try:
         if not force:
-            match, _ = find_bundle(store, key, signing_key=signing_key())
+            match, _ = find_bundle(store, key, signing_key=signing_key(config.require_signature))
             if match is not None and match.status == "hit":
                 result.status, result.code_hash = "exists", match.key.code_hash
                 return result
@@ -155,7 +155,7 @@ def compile_target(
             },
             creator=creator(),
             version=__version__,
-            signing_key=signing_key(),
+            signing_key=signing_key(config.require_signature),
             precompile=package,
         )
         result.bundle_bytes = manifest.archive.size

@@ -10,6 +10,7 @@ No torch here: tensors never appear in these documents, only numbers and file ha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -358,11 +359,16 @@ def load_results(path: str | Path) -> Results:
 
 def write_results(results: Results, out_dir: Path) -> Path:
     """``out_dir/results.json``, replaced atomically."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
     tmp = path.with_suffix(".json.part")
-    tmp.write_text(results.dump())
-    os.replace(tmp, path)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(results.dump())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise GatekeeperError(f"cannot write {path}: {e.strerror or e}") from None
     return path
 
 

@@ -217,7 +217,7 @@ def warm_targets(
             # inductor reads this on every lookup: the Mega-Cache load lands there too
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
         cache = default_cache_dir()
-        key = signing_key()
+        key = signing_key(config.require_signature)
     except Exception as e:  # noqa: BLE001 - best effort
         return cold(targets, e)
     results: list[WarmResult] = []
