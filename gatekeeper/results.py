@@ -29,9 +29,6 @@ BASELINE_SCHEMA = "gatekeeper.baseline/1"
 MAX_RESULTS_BYTES = 256 << 20
 # the largest Chrome trace merge copies (traces carry no hash to check them against)
 MAX_TRACE_BYTES = 256 << 20
-# a target id as gatekeeper.targets builds it: <model>/<shapes>/<variant>, three plain
-# path segments (never empty, ".", ".." or absolute), so names built from it stay put
-TARGET_ID = r"^[A-Za-z0-9][\w.-]*/\w[\w-]*/[A-Za-z][\w.+-]*$"
 
 
 def reference_name(target_id: str) -> str:
@@ -232,7 +229,7 @@ class Paired(_Doc):
 
 
 class TargetResult(_Doc):
-    target: str = Field(pattern=TARGET_ID)
+    target: str
     model: str
     env_key: str
     code_hash: str
@@ -410,6 +407,7 @@ def _carry_files(t: TargetResult, path: Path, where: str, out_dir: Path) -> Targ
     if t.reference is not None:
         src = contained(folder, t.reference.file, f"{path}: {where}.reference.file")
         name = reference_name(t.target)
+        contained(out_dir, name, f"{path}: {where}.target")  # one file name, whatever the id
         if src.is_file():
             _copy(src, out_dir / name, t.reference.size, f"{path}: {where}.reference.file")
             dest = out_dir / name
@@ -429,6 +427,7 @@ def _carry_files(t: TargetResult, path: Path, where: str, out_dir: Path) -> Targ
         what = f"{path}: {where}.{field}.trace"
         src = contained(folder, profile.trace, what)
         name = trace_name(t.target, base=base)
+        contained(out_dir, name, f"{path}: {where}.target")
         if src.is_file():
             _copy(src, out_dir / name, MAX_TRACE_BYTES, what)
         profile.trace = name

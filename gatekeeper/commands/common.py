@@ -227,16 +227,28 @@ class Context:
         return report.exit_code
 
 
-def output_dir(path: str | Path, flag: str) -> Path:
-    """A folder a command writes into (``--out``, ``--cache-dir``), created now: one that
-    cannot be is a usage error naming the flag, before any work is done."""
+def output_dir(path: str | Path, flag: str, *, create: bool = True) -> Path:
+    """A folder a command writes into (``--out``, ``--cache-dir``), created now (with
+    ``create``; else only checked): one that cannot be is a usage error naming the flag,
+    before any work is done."""
     path = Path(path)
+    if not create:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{flag} {path}: not a directory")
+        there = next(p for p in (path, *path.absolute().parents) if p.exists())
+        if not there.is_dir():
+            raise UsageError(f"{flag} {path}: {there} is not a directory")
+        if not os.access(there, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: {there} is not writable")
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"{flag} {path}: cannot create this folder: {e.strerror or e}") from None
+        raise UsageError(
+            f"{flag} {path}: cannot create this directory: {e.strerror or e}"
+        ) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: this folder is not writable")
+        raise UsageError(f"{flag} {path}: this directory is not writable")
     return path
 
 
@@ -245,7 +257,7 @@ def output_file(path: str | Path, flag: str) -> Path:
     that cannot be a file is a usage error naming the flag."""
     path = Path(path)
     if path.is_dir() or not path.name:
-        raise UsageError(f"{flag} {path}: is a folder, not a file")
+        raise UsageError(f"{flag} {path}: is a directory, not a file")
     output_dir(path.parent, flag)
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"{flag} {path}: this file is not writable")
@@ -256,7 +268,7 @@ def input_file(path: str | Path, flag: str, what: str) -> Path:
     """A file a command reads (``--results``, ``--report``): there, and a file."""
     path = Path(path)
     if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a folder, not a {what} (give the file in it)")
+        raise UsageError(f"{flag} {path}: is a directory, not a {what} (give the file in it)")
     if not path.is_file():
         raise UsageError(f"{flag} {path}: {what} not found")
     return path

@@ -36,7 +36,7 @@ def run(ctx: Context) -> int:
     from ..dashboard import build
 
     a = ctx.args
-    out = output_dir(a.out, "--out")
+    out = output_dir(a.out, "--out", create=False)  # made once there is a site to write
     built = build(
         ctx.store, out, ref=a.ref, globs=a.target, repository=a.repository, stream=sys.stderr
     )
