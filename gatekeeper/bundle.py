@@ -23,6 +23,7 @@ import datetime as _dt
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,10 +33,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import zstandard
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import BundleError
+from .errors import BundleError, ConfigError
 from .hashing import sha256_file
+
+log = logging.getLogger("gatekeeper.bundle")
 
 FORMAT = 1
 MEGACACHE = "megacache.bin"
@@ -47,10 +50,14 @@ ARCHIVE_NAME = re.compile(
 )  # inductor's lock files: meaningless in another process
 
 
+SIGNATURE = r"^hmac-sha256:[0-9a-f]{64}$"
+SHA256 = r"^[0-9a-f]{64}$"
+
+
 class FileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    sha256: str
-    size: int
+    sha256: str = Field(pattern=SHA256)
+    size: int = Field(ge=0)
 
 
 class ArchiveEntry(FileEntry):
@@ -71,7 +78,7 @@ class Manifest(BaseModel):
     creator: dict[str, Any]
     created_at: str
     gatekeeper_version: str
-    signature: str | None = None
+    signature: str | None = Field(None, pattern=SIGNATURE)  # hmac-sha256:<64 hex>
 
     def signed_bytes(self) -> bytes:
         body = self.model_dump(exclude={"signature"})
@@ -81,10 +88,49 @@ class Manifest(BaseModel):
         return json.dumps(self.model_dump(), indent=2, sort_keys=True).encode() + b"\n"
 
 
-def signing_key() -> bytes | None:
-    """The HMAC key bundles are signed with and must carry (``GATEKEEPER_SIGNING_KEY``)."""
-    key = os.environ.get("GATEKEEPER_SIGNING_KEY")
-    return key.encode() if key else None
+KEY_ENV = "GATEKEEPER_SIGNING_KEY"
+REQUIRE_ENV = "GATEKEEPER_REQUIRE_SIGNATURE"  # the action's `require-signature` input
+
+
+def signature_required(configured: bool = False) -> bool:
+    """Whether only signed bundles may load: ``require_signature = true`` in the config,
+    or ``GATEKEEPER_REQUIRE_SIGNATURE`` set to 1/true/yes (the action's input)."""
+    flag = os.environ.get(REQUIRE_ENV, "").strip().lower()
+    return configured or flag in ("1", "true", "yes", "on")
+
+
+def signing_key(required: bool = False) -> bytes | None:
+    """The HMAC key bundles are signed with and must carry (``GATEKEEPER_SIGNING_KEY``).
+
+    With a signature required (``required``, or :func:`signature_required`) a key that is
+    missing, empty or only blanks raises ConfigError: a deploy whose environment lost
+    the secret must not load bundles unchecked."""
+    key = os.environ.get(KEY_ENV)
+    if key and key.strip():
+        return key.encode()
+    if required or signature_required():
+        raise ConfigError(
+            f"a signature is required (require_signature) but {KEY_ENV} is "
+            f"{'empty' if key is not None else 'not set'}: no bundle can be verified, "
+            "so none is loaded"
+        )
+    return None
+
+
+_warned_unchecked = False
+
+
+def _unchecked_signature(target: str) -> None:
+    """Said once per process: signed manifests read where no key can check them."""
+    global _warned_unchecked
+    if not _warned_unchecked:
+        _warned_unchecked = True
+        log.warning(
+            "%s: bundle is signed but %s is not set here: signatures are not checked "
+            "(set the key, and require_signature = true to refuse unsigned bundles)",
+            target,
+            KEY_ENV,
+        )
 
 
 def _sign(data: bytes, key: bytes) -> str:
@@ -207,12 +253,28 @@ def precompile_entries(manifest: Manifest) -> set[str]:
 
 # -- verifying and extracting ----------------------------------------------------------
 def verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> Manifest:
-    """Parse and authenticate a manifest; raises BundleError naming target and reason."""
+    """Parse and authenticate a manifest; raises BundleError naming target and reason,
+    and nothing else, whatever ``data`` holds: this is the one place a manifest is
+    refused, and a caller that skips a refused manifest goes on to the next one."""
+    try:
+        return _verify_manifest(data, target=target, signing_key=signing_key)
+    except BundleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any surprise in untrusted data is a refusal
+        raise BundleError(
+            f"{target}: bundle refused: manifest is unreadable ({type(e).__name__})"
+        ) from None
+
+
+def _verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> Manifest:
     try:
         manifest = Manifest.model_validate_json(data)
     except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
         raise BundleError(
-            f"{target}: bundle refused: manifest is malformed ({e.errors()[0]['msg']})"
+            f"{target}: bundle refused: manifest is malformed "
+            f"({where + ': ' if where else ''}{err['msg']})"
         ) from None
     if manifest.format != FORMAT:
         raise BundleError(
@@ -224,8 +286,10 @@ def verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> M
         if not manifest.signature:
             raise BundleError(f"{target}: bundle refused: unsigned, and a signing key is set")
         expected = _sign(manifest.signed_bytes(), signing_key)
-        if not hmac.compare_digest(manifest.signature, expected):
+        if not hmac.compare_digest(manifest.signature.encode(), expected.encode()):
             raise BundleError(f"{target}: bundle refused: signature does not verify")
+    elif manifest.signature:
+        _unchecked_signature(target)
     if not ARCHIVE_NAME.fullmatch(manifest.archive.name):
         raise BundleError(f"{target}: bundle refused: bad archive name {manifest.archive.name!r}")
     return manifest
@@ -278,17 +342,29 @@ def extract(archive: Path, manifest: Manifest, staging: Path) -> None:
                     )
                 if info.name in seen:
                     raise BundleError(f"{target}: bundle refused: {info.name!r} twice")
+                if info.size != entry.size:  # before reading a byte of it
+                    raise BundleError(
+                        f"{target}: bundle refused: {info.name} is {info.size} bytes in the "
+                        f"archive, {entry.size} in the manifest"
+                    )
                 seen.add(info.name)
                 out = staging.joinpath(*PurePosixPath(info.name).parts)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 h = hashlib.sha256()
                 src = tar.extractfile(info)
                 assert src is not None
+                written = 0
                 with open(out, "wb") as f:
-                    while chunk := src.read(1 << 20):
+                    while chunk := src.read(min(1 << 20, entry.size - written + 1)):
+                        written += len(chunk)
+                        if written > entry.size:
+                            raise BundleError(
+                                f"{target}: bundle refused: {info.name} is larger than "
+                                "its manifest says"
+                            )
                         h.update(chunk)
                         f.write(chunk)
-                if h.hexdigest() != entry.sha256:
+                if written != entry.size or h.hexdigest() != entry.sha256:
                     raise BundleError(
                         f"{target}: bundle refused: {info.name} sha256 does not match the manifest"
                     )

@@ -20,7 +20,7 @@ from .key import CacheKey, target_key
 from .paired import Mode, checkout
 from .progress import Progress
 from .provenance import creator
-from .results import ReferenceOutputs, Results, TargetResult
+from .results import ReferenceOutputs, Results, TargetResult, reference_name, trace_name
 from .store import Store, baselines
 from .targets import Target, expand
 from .warm import WarmResult, service_env, settle, warm_target
@@ -31,13 +31,13 @@ log = logging.getLogger("gatekeeper.check")
 
 
 def reference_path(out_dir: Path, target_id: str) -> Path:
-    return out_dir / "references" / (target_id.replace("/", "__") + ".pt")
+    return out_dir / reference_name(target_id)
 
 
 def trace_path(out_dir: Path, target_id: str) -> Path:
     """The Chrome trace of the target's compiled call, gzipped (Perfetto and
     chrome://tracing open it); paired: ``.base.json.gz`` beside it."""
-    return out_dir / "traces" / (target_id.replace("/", "__") + ".json.gz")
+    return out_dir / trace_name(target_id)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def check_target(
                 store,
                 cache_dir,
                 megacache=False,
-                signing_key=signing_key(),
+                signing_key=signing_key(config.require_signature),
                 cache_key=key,
                 precompile="never",
             )
@@ -101,7 +101,7 @@ def check_target(
                     store,
                     cache_dir,
                     megacache=False,
-                    signing_key=signing_key(),
+                    signing_key=signing_key(config.require_signature),
                     cache_key=base_key,
                 )
             if config.measure.shape_sweep:
@@ -109,7 +109,12 @@ def check_target(
                 # so a recompile it counts is a cache hit, not a cold compile
                 for other in siblings(target, config):
                     warm_target(
-                        other, config, store, cache_dir, megacache=False, signing_key=signing_key()
+                        other,
+                        config,
+                        store,
+                        cache_dir,
+                        megacache=False,
+                        signing_key=signing_key(config.require_signature),
                     )
         base_reference = None
         try:
@@ -241,7 +246,7 @@ def verify_precompile(
             store,
             cache_dir,
             megacache=False,
-            signing_key=signing_key(),
+            signing_key=signing_key(config.require_signature),
             cache_key=key,
             precompile="any",
         )
@@ -282,7 +287,7 @@ def verify_precompile(
         log.warning(
             "%s: precompile package not verified, never served: %s", target.id, check["reason"]
         )
-    if manifest.signature and not signing_key():
+    if manifest.signature and not signing_key(config.require_signature):
         # re-writing it unsigned would make every signed deploy refuse the bundle
         log.warning(
             "%s: precompile verdict not stored: the bundle is signed and "
@@ -299,13 +304,15 @@ def verify_precompile(
                 }
             }
         ),
-        signing_key(),
+        signing_key(config.require_signature),
     )
     try:
         old = store.read_manifest(warmed.location)
         if (
             old is not None
-            and bundle.verify_manifest(old, target=manifest.target, signing_key=signing_key())
+            and bundle.verify_manifest(
+                old, target=manifest.target, signing_key=signing_key(config.require_signature)
+            )
             == manifest
         ):
             written = store.update_manifest(warmed.location, old, updated.to_bytes())

@@ -17,7 +17,7 @@ from pathlib import Path
 from . import __version__, bundle
 from .bundle import signing_key
 from .config import Config
-from .errors import BundleError, StoreError
+from .errors import BundleError, ObjectTooLarge, StoreError
 from .key import check_location, find_bundle, target_key
 from .progress import Progress
 from .provenance import creator
@@ -33,13 +33,13 @@ def _usable(store: Store, loc: BundleLocation) -> bool:
     """Whether the manifest already at ``loc`` may stand. One that does not verify (with a
     signing key: unsigned or forged) or names another key must not block the trusted
     bundle forever: it is replaced."""
-    data = store.read_manifest(loc)
-    if data is None:
-        return True
     try:
+        data = store.read_manifest(loc)
+        if data is None:
+            return True
         manifest = bundle.verify_manifest(data, target=loc.target_id, signing_key=signing_key())
         check_location(manifest, loc)
-    except BundleError as e:
+    except (BundleError, ObjectTooLarge) as e:
         log.warning("%s; publishing a valid one in its place", e)
         return False
     return True
@@ -101,7 +101,7 @@ def compile_target(
     result = CompileResult(target.id, "error", key.env_key)
     try:
         if not force:
-            match, _ = find_bundle(store, key, signing_key=signing_key())
+            match, _ = find_bundle(store, key, signing_key=signing_key(config.require_signature))
             if match is not None and match.status == "hit":
                 result.status, result.code_hash = "exists", match.key.code_hash
                 return result
@@ -155,7 +155,7 @@ def compile_target(
             },
             creator=creator(),
             version=__version__,
-            signing_key=signing_key(),
+            signing_key=signing_key(config.require_signature),
             precompile=package,
         )
         result.bundle_bytes = manifest.archive.size

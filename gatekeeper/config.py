@@ -229,6 +229,9 @@ class Config(_Strict):
     # record torch's caching-precompile package in each inference bundle, so that a
     # deploy can skip Dynamo once `check` verified it (a model's own setting wins)
     precompile: Precompile = "auto"
+    # load only bundles whose signature verifies: a missing or empty
+    # GATEKEEPER_SIGNING_KEY is then an error, never an unchecked load (docs/hardening.md)
+    require_signature: bool = False
 
     @model_validator(mode="after")
     def _unique(self) -> Config:
@@ -305,9 +308,12 @@ def find_config(explicit: str | os.PathLike[str] | None, cwd: Path | None = None
 
 def _has_section(path: Path) -> bool:
     try:
-        return "gatekeeper" in tomllib.loads(path.read_text()).get("tool", {})
+        tool = tomllib.loads(path.read_text()).get("tool")
+        return isinstance(tool, dict) and "gatekeeper" in tool
     except OSError:
         return False
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
@@ -320,11 +326,17 @@ def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
-    section = doc.get("tool", {}).get("gatekeeper")
+    tool = doc.get("tool")
+    section = tool.get("gatekeeper") if isinstance(tool, dict) else None
     if section is None:
         if path.name == "pyproject.toml":
             raise ConfigError(f"{path}: no [tool.gatekeeper] section")
         section = doc
+    elif not isinstance(section, dict):
+        raise ConfigError(
+            f"{path}: tool.gatekeeper: expected a table ([tool.gatekeeper]), "
+            f"got {type(section).__name__}"
+        )
     config = _validate(Config, section, path).model_copy(update={"path": path.absolute()})
     for model in config.models:
         config.gate_for(model)  # a bad per-model override fails now, not after measuring

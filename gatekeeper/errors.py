@@ -49,6 +49,11 @@ class PreconditionFailed(StoreError):
     """A conditional write lost: the object exists (If-None-Match) or moved (If-Match)."""
 
 
+class ObjectTooLarge(StoreError):
+    """An object is larger than anything of its kind may be: refused before it is read
+    whole (a manifest, a baseline, reference outputs larger than their record)."""
+
+
 class AccessDenied(StoreError):
     """The store refused the request for lack of permission (HTTP 403)."""
 

@@ -52,7 +52,7 @@ from typing import Any
 
 from . import bundle
 from .config import ModelConfig
-from .errors import BundleError, ConfigError
+from .errors import AccessDenied, BundleError, ConfigError, GatekeeperError, StoreUnavailable
 from .hashing import sha256_bytes, sha256_file
 from .store.layout import BundleLocation, Store
 from .targets import Target
@@ -417,34 +417,54 @@ def find_bundle(
     reason: str | None = None
     memo: dict[str, str | None] = {}  # candidates share most files: hash each once
     for loc in store.manifests(key.target_id, key.env_key):
-        data = store.read_manifest(loc)
-        if data is None:  # pruned in between
-            continue
         try:
-            manifest = bundle.verify_manifest(data, target=key.target_id, signing_key=signing_key)
-            check_location(manifest, loc)
-        except BundleError as e:
-            log.warning("%s", e)
-            reason = reason or str(e)
+            match = _examine(store, loc, key, signing_key=signing_key, memo=memo)
+        except (StoreUnavailable, AccessDenied):
+            raise  # the store, not this manifest: the lookup cannot go on
+        except Exception as e:  # noqa: BLE001 - one bad manifest refuses itself only
+            text = str(e) if isinstance(e, GatekeeperError) else f"{type(e).__name__}: {e}"
+            if not text.startswith(key.target_id):
+                text = f"{key.target_id}: bundle {loc.code_hash} refused: {text}"
+            log.warning("%s", " ".join(text.split())[:400])
+            reason = reason or text
             continue
-        recorded = manifest.key.get("deps")
-        why = "its manifest recorded no dependencies (an older gatekeeper wrote it)"
-        if recorded is not None and not valid_deps(recorded):
-            why, recorded = "its recorded dependencies are malformed", None
-        if recorded is not None:
-            current = resolve_deps(recorded, key.base_dir, memo)
-            found = key.with_deps(current)
-            if found.code_hash == manifest.code_hash:
-                return Match("hit", loc, manifest, found), None
-            why = first_difference(recorded, current) or (
-                "the factory or the compile spec changed"
-                if manifest.key.get("refs") != key.refs or manifest.key.get("spec") != key.spec
-                else "the code hash differs"
-            )
-        if partial is None:
-            partial = Match(
-                "partial", loc, manifest, key, f"code changed since bundle {loc.code_hash}: {why}"
-            )
+        if match is None:  # pruned in between
+            continue
+        if match.status == "hit":
+            return match, None
+        partial = partial or match
     if partial is not None:
         return partial, None
     return None, reason or "no bundle for this target and environment"
+
+
+def _examine(
+    store: Store,
+    loc: BundleLocation,
+    key: CacheKey,
+    *,
+    signing_key: bytes | None,
+    memo: dict[str, str | None],
+) -> Match | None:
+    """The manifest at ``loc`` as a hit or a partial match for ``key`` (None: gone).
+    Raises whatever refuses it: :func:`find_bundle` skips that manifest only."""
+    data = store.read_manifest(loc)
+    if data is None:
+        return None
+    manifest = bundle.verify_manifest(data, target=key.target_id, signing_key=signing_key)
+    check_location(manifest, loc)
+    recorded = manifest.key.get("deps")
+    why = "its manifest recorded no dependencies (an older gatekeeper wrote it)"
+    if recorded is not None and not valid_deps(recorded):
+        why, recorded = "its recorded dependencies are malformed", None
+    if recorded is not None:
+        current = resolve_deps(recorded, key.base_dir, memo)
+        found = key.with_deps(current)
+        if found.code_hash == manifest.code_hash:
+            return Match("hit", loc, manifest, found)
+        why = first_difference(recorded, current) or (
+            "the factory or the compile spec changed"
+            if manifest.key.get("refs") != key.refs or manifest.key.get("spec") != key.spec
+            else "the code hash differs"
+        )
+    return Match("partial", loc, manifest, key, f"code changed since bundle {loc.code_hash}: {why}")

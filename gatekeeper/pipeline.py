@@ -17,7 +17,7 @@ from .gate.baseline import publish_results
 from .gate.drift import merge_latency
 from .gate.judge import judge
 from .paired import Mode, choose_mode
-from .results import Results, TargetResult, write_results
+from .results import Results, TargetResult, contained, write_results
 from .store import Store
 from .store.base import store_error
 from .targets import Target
@@ -125,7 +125,8 @@ def _keep_files(result: TargetResult, scratch: Path, out_dir: Path) -> None:
         if profile is not None and profile.trace:
             names.append(profile.trace)
     for name in names:
-        src, dest = scratch / name, out_dir / name
+        src = contained(scratch, name, f"{result.target}: a file of its results")
+        dest = contained(out_dir, name, f"{result.target}: a file of its results")
         if src.is_file():
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(src, dest)

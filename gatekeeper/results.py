@@ -10,6 +10,7 @@ No torch here: tensors never appear in these documents, only numbers and file ha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -18,10 +19,52 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import GatekeeperError, UsageError
+from .hashing import sha256_file
 from .targets import parse_shard
 
 RESULTS_SCHEMA = "gatekeeper.results/1"
 BASELINE_SCHEMA = "gatekeeper.baseline/1"
+# the largest results.json read: a fleet's merged results hold every timing sample of
+# every target (tens of KB each); anything larger is refused before it is read
+MAX_RESULTS_BYTES = 256 << 20
+# the largest Chrome trace merge copies (traces carry no hash to check them against)
+MAX_TRACE_BYTES = 256 << 20
+
+
+def reference_name(target_id: str) -> str:
+    """Where a target's reference outputs go, relative to its results.json."""
+    return "references/" + target_id.replace("/", "__") + ".pt"
+
+
+def trace_name(target_id: str, *, base: bool = False) -> str:
+    """Where a target's gzipped Chrome trace goes, relative to its results.json (paired:
+    ``.base.json.gz`` for the base commit's)."""
+    return "traces/" + target_id.replace("/", "__") + (".base.json.gz" if base else ".json.gz")
+
+
+def contained(folder: Path, name: str, what: str) -> Path:
+    """``folder / name`` for a ``name`` that a document gives (``what`` says which
+    field of which file): a relative path of plain segments that resolves, symbolic
+    links followed, inside ``folder``. Anything else (absolute, ``..``, a backslash, a
+    link out of the folder) is a one-line error: documents come from pull requests'
+    jobs, and a path in one must never reach a file outside its folder."""
+    parts = name.split("/")
+    if (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or "\0" in name
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise GatekeeperError(f"{what}: {name!r} is not a relative path inside {folder}")
+    path = folder.joinpath(*parts)
+    try:
+        inside = path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise GatekeeperError(f"{what}: {name!r} leads outside {folder}")
+    return path
 
 
 class _Doc(BaseModel):
@@ -282,11 +325,27 @@ class Baseline(_Doc):
 def load_results(path: str | Path) -> Results:
     path = Path(path)
     try:
-        return Results.model_validate_json(path.read_bytes())
+        if path.is_dir():
+            raise GatekeeperError(
+                f"{path}: is a directory, not a results file (give the results.json in it)"
+            )
+        size = path.stat().st_size
+        if size > MAX_RESULTS_BYTES:
+            raise GatekeeperError(
+                f"{path}: {size} bytes, more than the {MAX_RESULTS_BYTES} a results file "
+                "may have: refused unread"
+            )
+        with open(path, "rb") as f:
+            data = f.read(MAX_RESULTS_BYTES + 1)
+        if len(data) > MAX_RESULTS_BYTES:
+            raise GatekeeperError(f"{path}: grew past {MAX_RESULTS_BYTES} bytes while read")
+        return Results.model_validate_json(data)
     except FileNotFoundError:
         raise GatekeeperError(
             f"{path}: results file not found (run 'gatekeeper check' first)"
         ) from None
+    except OSError as e:
+        raise GatekeeperError(f"{path}: cannot read: {e.strerror or e}") from None
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -297,42 +356,93 @@ def load_results(path: str | Path) -> Results:
 
 def write_results(results: Results, out_dir: Path) -> Path:
     """``out_dir/results.json``, replaced atomically."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
     tmp = path.with_suffix(".json.part")
-    tmp.write_text(results.dump())
-    os.replace(tmp, path)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(results.dump())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise GatekeeperError(f"cannot write {path}: {e.strerror or e}") from None
     return path
 
 
 def merge_results(paths: list[Path], out_dir: Path) -> Results:
     """Shard results concatenated into one document; each target may appear once.
-    Reference outputs are copied next to the merged file so it stays self-contained."""
-    docs = [(p.parent, load_results(p)) for p in paths]
+    Reference outputs and traces are copied next to the merged file so it stays
+    self-contained. Shards come from pull requests' jobs: every file a shard names must
+    lie inside its folder (:func:`contained`), its copy's name is rebuilt from the
+    target id, and reference outputs must match the sha256 and size their shard
+    records."""
+    docs = [(p, load_results(p)) for p in paths]
     seen: dict[str, Path] = {}
     targets = []
-    for folder, doc in docs:
-        for t in doc.targets:
-            if t.target in seen:
-                raise UsageError(f"target {t.target} is in both {seen[t.target]} and {folder}")
-            seen[t.target] = folder
-            if t.reference is not None:
-                src, dest = folder / t.reference.file, out_dir / t.reference.file
-                if src.is_file() and src.resolve() != dest.resolve():
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(src, dest)
-            targets.append(t)
     check_shards([d.shard for _, d in docs])
-    first = docs[0][1]
     bases = {d.base_ref for _, d in docs}
     if len(bases) > 1:
         raise UsageError(f"shards were gated against different base refs: {sorted(bases)}")
+    for path, doc in docs:
+        folder = path.parent
+        for i, t in enumerate(doc.targets):
+            if t.target in seen:
+                raise UsageError(f"target {t.target} is in both {seen[t.target]} and {folder}")
+            seen[t.target] = folder
+            targets.append(_carry_files(t, path, f"targets[{i}]", out_dir))
+    first = docs[0][1]
     return first.model_copy(
         update={
             "targets": sorted(targets, key=lambda t: t.target),
             "created_at": max(d.created_at for _, d in docs),
         }
     )
+
+
+def _carry_files(t: TargetResult, path: Path, where: str, out_dir: Path) -> TargetResult:
+    """``t`` with its reference outputs and traces copied from the shard ``path``'s
+    folder into ``out_dir`` under names rebuilt from its target id."""
+    folder = path.parent
+    t = t.model_copy(deep=True)
+    if t.reference is not None:
+        src = contained(folder, t.reference.file, f"{path}: {where}.reference.file")
+        name = reference_name(t.target)
+        contained(out_dir, name, f"{path}: {where}.target")  # one file name, whatever the id
+        if src.is_file():
+            _copy(src, out_dir / name, t.reference.size, f"{path}: {where}.reference.file")
+            dest = out_dir / name
+            if sha256_file(dest) != t.reference.sha256:
+                dest.unlink()
+                raise GatekeeperError(
+                    f"{path}: {where}.reference.file {t.reference.file}: its sha256 "
+                    "does not match the results"
+                )
+        t.reference.file = name
+    profiles = [("profile", t.profile, False)]
+    if t.paired is not None:
+        profiles.append(("paired.profile", t.paired.profile, True))
+    for field, profile, base in profiles:
+        if profile is None or not profile.trace:
+            continue
+        what = f"{path}: {where}.{field}.trace"
+        src = contained(folder, profile.trace, what)
+        name = trace_name(t.target, base=base)
+        contained(out_dir, name, f"{path}: {where}.target")
+        if src.is_file():
+            _copy(src, out_dir / name, MAX_TRACE_BYTES, what)
+        profile.trace = name
+    return t
+
+
+def _copy(src: Path, dest: Path, max_bytes: int, what: str) -> None:
+    """Copy a regular file of at most ``max_bytes`` (a no-op onto itself)."""
+    if dest.exists() and src.resolve() == dest.resolve():
+        return
+    size = src.stat().st_size
+    if size > max_bytes:
+        raise GatekeeperError(f"{what}: {src} is {size} bytes, more than its {max_bytes}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
 
 
 def check_shards(shards: list[str | None]) -> None:

@@ -163,7 +163,9 @@ def warm_target(
         result.bundle_bytes = manifest.archive.size
         with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
             archive = Path(tmp, manifest.archive.name)
-            store.download(match.location.key(manifest.archive.name), archive)
+            store.download(
+                match.location.key(manifest.archive.name), archive, max_bytes=manifest.archive.size
+            )
             staging = Path(tmp, "staging")
             bundle.extract(archive, manifest, staging)
             served = set() if served is None else served
@@ -215,7 +217,7 @@ def warm_targets(
             # inductor reads this on every lookup: the Mega-Cache load lands there too
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
         cache = default_cache_dir()
-        key = signing_key()
+        key = signing_key(config.require_signature)
     except Exception as e:  # noqa: BLE001 - best effort
         return cold(targets, e)
     results: list[WarmResult] = []
@@ -226,8 +228,35 @@ def warm_targets(
         except Exception as e:  # noqa: BLE001 - best effort: the deploy compiles cold
             log.warning("%s; %s will compile cold", _reason(e), t.id)
             results.append(WarmResult(t.id, "miss", reason=_reason(e)))
-    hold_packages(results)
+    stuck = drop_unserved_packages(cache, served)
+    hold_packages(results, stuck=stuck)
     return results
+
+
+def drop_unserved_packages(cache_dir: Path, served: set[str]) -> str | None:
+    """Remove every precompile package (``dynamo/<key>``) in ``cache_dir`` that this
+    warm did not serve: one an earlier deploy left for a target that now misses, or
+    that is no longer warmed, must not load (torch finds a package by the forward's
+    name, not by the code it was verified for). Returns the first one that could not
+    be removed, None when none is left."""
+    root = cache_dir / "dynamo"
+    try:
+        entries = [p for p in root.iterdir()] if root.is_dir() else []
+    except OSError:
+        return str(root)
+    for entry in entries:
+        name = f"dynamo/{entry.name}"
+        if name in served:
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError as e:
+            log.warning("cannot remove the stale precompile package %s: %s", entry, e)
+            return name
+    return None
 
 
 def service_env(results: list[WarmResult]) -> dict[str, str]:
@@ -245,26 +274,38 @@ def service_env(results: list[WarmResult]) -> dict[str, str]:
 
 
 def _unpackaged(results: list[WarmResult]) -> WarmResult | None:
-    """The first target warm found (``hit`` or ``partial``) that is not served from a
-    package of its own; None when every one is."""
-    return next(
-        (r for r in results if r.status in ("hit", "partial") and r.precompile != "served"), None
-    )
+    """The first target warmed (found or missed) that is not served from a package of
+    its own; None when every one is. A miss counts: that target compiles cold, and
+    turning packages on would let torch load whatever package it finds for it."""
+    return next((r for r in results if r.precompile != "served"), None)
 
 
-def hold_packages(results: list[WarmResult]) -> None:
-    """When :func:`service_env` turns packages off, say why on each installed one."""
+def hold_packages(results: list[WarmResult], *, stuck: str | None = None) -> None:
+    """When :func:`service_env` turns packages off, say why on each installed one.
+    ``stuck``: a package this warm did not serve that could not be removed (then no
+    package may load: torch would find that one too)."""
     held = _unpackaged(results)
-    if held is None:
+    if held is None and stuck is None:
         return
     for r in results:
-        if r.precompile == "served":
-            r.precompile = "installed"
+        if r.precompile != "served":
+            continue
+        r.precompile = "installed"
+        if held is None:
             r.precompile_reason = (
-                f"not loaded: {held.target} is warmed too and has no package of its own "
-                f"({held.precompile or 'none'}); turning packages on would cost it its "
-                "cache hits (warm it for a service of its own to load this one)"
+                f"not loaded: the stale package {stuck} in this cache dir could not be removed"
             )
+            continue
+        why = (
+            f"missed ({held.reason or 'no bundle'})"
+            if held.status == "miss"
+            else f"has no package of its own ({held.precompile or 'none'})"
+        )
+        r.precompile_reason = (
+            f"not loaded: {held.target} is warmed too and {why}; turning packages on "
+            "would cost it its cache hits (warm it for a service of its own to load "
+            "this one)"
+        )
 
 
 def probe(

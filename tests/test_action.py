@@ -837,8 +837,9 @@ def _fake_torch_wheel(folder: Path, version: str) -> Path:
 
 
 def test_install_refuses_to_replace_torch(action_dir: Path, tmp_path: Path) -> None:
-    """A gatekeeper that wants a newer torch, with one on offer: the constraint makes pip
-    fail rather than replace the runner's torch."""
+    """A gatekeeper that wants a newer torch, with one on offer: pip never resolves
+    torch (the pinned dependencies and gatekeeper go in with --no-deps), and the step
+    fails, naming torch, rather than run with a torch gatekeeper does not take."""
     action = tmp_path / "action"
     shutil.copytree(action_dir, action, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     pyproject = action / "pyproject.toml"
@@ -861,8 +862,8 @@ def test_install_refuses_to_replace_torch(action_dir: Path, tmp_path: Path) -> N
     )
     install = run.step("setup")
     assert install.returncode == 2, install.log
-    assert f"without changing torch {before[0]}" in install.log
-    assert "torch==" in install.log and "99" in install.log  # pip names the conflict
+    assert f"never replaces torch {before[0]}" in install.log
+    assert "torch>=99" in install.log  # pip check names the conflict
     assert _torch_of(bin_dir / "python") == before
     assert run.outcome == "failure"
 
@@ -898,6 +899,68 @@ def test_a_gatekeeper_folder_in_the_workspace_does_not_shadow_the_tool(
     assert "decoy" not in run.log
     assert "read-only: auto -> false" in run.log  # the event was read by the real module
     assert run.outputs["cache-hit"] == "false"  # an empty store: a miss, not an error
+
+
+def test_the_install_runs_an_isolated_pip_from_an_empty_folder(
+    action_dir: Path, tmp_path: Path
+) -> None:
+    """A pull request's checkout is the workspace: a ``pip/`` or ``setuptools/`` folder
+    there, or on PYTHONPATH, must not run in the place of pip while the step holds the
+    token and the signing key."""
+    workspace = write_project(tmp_path / "workspace", TINY_MODEL, CONFIG)
+    ran = tmp_path / "decoy-ran"
+    for name in ("pip", "setuptools"):
+        decoy = workspace / name
+        decoy.mkdir()
+        code = f"open({str(ran)!r}, 'a').write({name!r})\n"
+        (decoy / "__init__.py").write_text(code)
+        (decoy / "__main__.py").write_text(code)
+    bin_dir = _layered_venv(tmp_path / "venv", with_parent_packages=True)
+    runner = CompositeRunner(action_dir, workspace, tmp_path, _runner_env(bin_dir))
+    run = runner.run(
+        {"command": "warm", "signing-key": SIGNING_KEY, "comment": "false"},
+        github={"event_name": "push", "repository": REPO, "token": ""},
+        job_env={"PYTHONPATH": str(workspace)},
+    )
+    install = run.step("setup")
+    assert install.outcome == "success", install.log
+    assert not ran.exists(), ran.read_text()
+    assert "Successfully installed gatekeeper" in install.log
+
+
+def test_the_install_takes_only_hash_pinned_dependencies(action_dir: Path, tmp_path: Path) -> None:
+    """What runs with the signing key is pinned by the action's commit: its
+    dependencies come from requirements/pinned.txt, each with its hashes; a requirement
+    there without them fails the install (no floating ``>=`` ranges fetched)."""
+    action = tmp_path / "action"
+    shutil.copytree(action_dir, action, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    pinned = action / "requirements" / "pinned.txt"
+    assert "--hash=sha256:" in pinned.read_text()
+    pinned.write_text(pinned.read_text() + "six==1.16.0\n")  # not installed, no hash
+    bin_dir = _layered_venv(tmp_path / "venv", with_parent_packages=True)
+    runner = CompositeRunner(action, tmp_path, tmp_path, _runner_env(bin_dir))
+    run = runner.run(
+        {"command": "warm", "comment": "false"},
+        github={"event_name": "push", "repository": REPO, "token": ""},
+    )
+    install = run.step("setup")
+    assert install.returncode == 2, install.log
+    assert "pinned dependencies" in install.log and "six" in install.log
+    assert "Successfully installed gatekeeper" not in install.log
+
+
+def test_require_signature_without_a_key_fails_before_anything_runs(
+    installed: Installed, action_dir: Path, tmp_path: Path
+) -> None:
+    env = _runner_env(installed.bin) | {"GATEKEEPER_ACTION_SKIP_INSTALL": "true"}
+    runner = CompositeRunner(action_dir, tmp_path, tmp_path, env)
+    github = {"event_name": "push", "repository": REPO, "token": ""}
+    run = runner.run({"command": "warm", "require-signature": "true"}, github=github)
+    assert run.step("setup").returncode == 2
+    assert "require-signature is true but signing-key is empty" in run.step("setup").log
+    assert run.outcome == "failure"
+    run = runner.run({"command": "warm", "require-signature": "maybe"}, github=github)
+    assert "require-signature must be true or false" in run.step("setup").log
 
 
 def test_gate_flow_outputs_summary_sticky_comment_and_failures(

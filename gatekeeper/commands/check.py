@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..check import check_all
 from ..errors import EXIT_ERROR, EXIT_OK
 from ..results import write_results
-from .common import Context, add_measure_flags
+from .common import Context, add_measure_flags, output_dir
 
 HELP = "measure parity, compile time, graph breaks, latency and memory per target"
 
@@ -18,7 +16,8 @@ def register(sub, parents) -> None:
 
 
 def run(ctx: Context) -> int:
-    out = Path(ctx.args.out)
+    ctx.signing_key()  # a signature required without a key: exit 2 before any work
+    out = output_dir(ctx.args.out, "--out")
     results = check_all(
         ctx.targets,
         ctx.config,

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ..errors import EXIT_OK, UsageError
 from ..github.comment import upsert_sticky_comment
 from ..github.event import pr_context_from_env
-from .common import Context
+from .common import Context, input_file
 
 HELP = "post the report as one sticky pull-request comment (updated in place)"
 
@@ -45,11 +44,13 @@ def run(ctx: Context) -> int:
             )
             return EXIT_OK
         repo, number = pr.repo, pr.number
-    path = Path(args.report)
-    if not path.is_file():
-        raise UsageError(f"{path}: report not found (run 'gatekeeper gate' or 'run' first)")
+    path = input_file(args.report, "--report", "report")
+    try:
+        body = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise UsageError(f"--report {path}: cannot read: {e.strerror or e}") from None
     result = upsert_sticky_comment(
-        repo=repo, issue_number=number, body=path.read_text(), token=token, author=args.author
+        repo=repo, issue_number=number, body=body, token=token, author=args.author
     )
     ctx.emit(
         {

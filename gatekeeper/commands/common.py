@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -15,7 +16,7 @@ from typing import Any
 from tabulate import tabulate
 
 from ..config import Config, load_config
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..gate import GateReport
 from ..paired import Mode, ModeName
 from ..store import Store, open_store
@@ -156,6 +157,18 @@ class Context:
             base_dir=cfg.base_dir,
         )
 
+    def signing_key(self) -> bytes | None:
+        """``GATEKEEPER_SIGNING_KEY``, checked before any work: when a signature is
+        required (``require_signature``, or the action's ``require-signature``), a
+        missing or empty key is an error (exit 2) rather than an unchecked load."""
+        from ..bundle import signing_key
+
+        if self.args.store and not self.args.config:
+            cfg = _optional_config()  # `--store` alone works without a config file
+        else:
+            cfg = self.config
+        return signing_key(bool(cfg and cfg.require_signature))
+
     @cached_property
     def targets(self) -> list[Target]:
         return select(expand(self.config), self.args.target, self.args.shard)
@@ -212,6 +225,53 @@ class Context:
             base_dir=self.config.base_dir,
         )
         return report.exit_code
+
+
+def output_dir(path: str | Path, flag: str, *, create: bool = True) -> Path:
+    """A folder a command writes into (``--out``, ``--cache-dir``), created now (with
+    ``create``; else only checked): one that cannot be is a usage error naming the flag,
+    before any work is done."""
+    path = Path(path)
+    if not create:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{flag} {path}: not a directory")
+        there = next(p for p in (path, *path.absolute().parents) if p.exists())
+        if not there.is_dir():
+            raise UsageError(f"{flag} {path}: {there} is not a directory")
+        if not os.access(there, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: {there} is not writable")
+        return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(
+            f"{flag} {path}: cannot create this directory: {e.strerror or e}"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: this directory is not writable")
+    return path
+
+
+def output_file(path: str | Path, flag: str) -> Path:
+    """A file a command writes (``--report``): its folder is created now, and a path
+    that cannot be a file is a usage error naming the flag."""
+    path = Path(path)
+    if path.is_dir() or not path.name:
+        raise UsageError(f"{flag} {path}: is a directory, not a file")
+    output_dir(path.parent, flag)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path}: this file is not writable")
+    return path
+
+
+def input_file(path: str | Path, flag: str, what: str) -> Path:
+    """A file a command reads (``--results``, ``--report``): there, and a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory, not a {what} (give the file in it)")
+    if not path.is_file():
+        raise UsageError(f"{flag} {path}: {what} not found")
+    return path
 
 
 def _optional_config() -> Config | None:

@@ -19,6 +19,7 @@ def register(sub, parents) -> None:
 
 
 def run(ctx: Context) -> int:
+    ctx.signing_key()  # a signature required without a key: exit 2 before any work
     results = compile_all(
         ctx.targets, ctx.config, ctx.store, force=ctx.args.force, verbose=ctx.args.verbose
     )

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ..errors import EXIT_OK
-from .common import Context
+from .common import Context, output_dir
 
 HELP = "build a static site with charts of a branch's baselines over commits"
 
@@ -37,7 +36,7 @@ def run(ctx: Context) -> int:
     from ..dashboard import build
 
     a = ctx.args
-    out = Path(a.out)
+    out = output_dir(a.out, "--out", create=False)  # made once there is a site to write
     built = build(
         ctx.store, out, ref=a.ref, globs=a.target, repository=a.repository, stream=sys.stderr
     )

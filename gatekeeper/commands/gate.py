@@ -7,7 +7,7 @@ from pathlib import Path
 from ..gate.judge import judge
 from ..provenance import base_ref
 from ..results import load_results
-from .common import Context, accept_globs, add_gate_flags
+from .common import Context, accept_globs, add_gate_flags, output_file
 
 HELP = "compare results with the base branch's baseline; exit 1 on a regression"
 
@@ -26,6 +26,7 @@ def register(sub, parents) -> None:
 def run(ctx: Context) -> int:
     path = Path(ctx.args.results)
     results = load_results(path)
+    report_path = output_file(ctx.args.report or path.parent / "report.md", "--report")
     report = judge(
         results,
         ctx.config,
@@ -34,4 +35,4 @@ def run(ctx: Context) -> int:
         require_baseline=ctx.args.require_baseline,
         accept=accept_globs(ctx.args),
     )
-    return ctx.finish_gate(report, Path(ctx.args.report or path.parent / "report.md"), path)
+    return ctx.finish_gate(report, report_path, path)

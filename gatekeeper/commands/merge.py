@@ -7,7 +7,7 @@ from pathlib import Path
 from ..gate.judge import judge
 from ..provenance import base_ref
 from ..results import merge_results, write_results
-from .common import Context, accept_globs, add_gate_flags
+from .common import Context, accept_globs, add_gate_flags, output_dir, output_file
 
 HELP = "merge shard results.json files, then gate and report them as one run"
 
@@ -32,7 +32,8 @@ def register(sub, parents) -> None:
 
 def run(ctx: Context) -> int:
     paths = [Path(p) / "results.json" if Path(p).is_dir() else Path(p) for p in ctx.args.results]
-    out = Path(ctx.args.out)
+    out = output_dir(ctx.args.out, "--out")
+    report_path = output_file(ctx.args.report or out / "report.md", "--report")
     merged = merge_results(paths, out)
     path = write_results(merged, out)
     report = judge(
@@ -43,4 +44,4 @@ def run(ctx: Context) -> int:
         require_baseline=ctx.args.require_baseline,
         accept=accept_globs(ctx.args),
     )
-    return ctx.finish_gate(report, Path(ctx.args.report or out / "report.md"), path)
+    return ctx.finish_gate(report, report_path, path)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .. import pipeline
 from ..provenance import current_ref
-from .common import Context, accept_globs, add_gate_flags, add_measure_flags
+from .common import (
+    Context,
+    accept_globs,
+    add_gate_flags,
+    add_measure_flags,
+    output_dir,
+    output_file,
+)
 
 HELP = "compile + check + gate + report; re-measures borderline timings before failing"
 
@@ -24,12 +29,15 @@ def register(sub, parents) -> None:
 
 
 def run(ctx: Context) -> int:
+    ctx.signing_key()  # a signature required without a key: exit 2 before any work
     args = ctx.args
+    out_dir = output_dir(args.out, "--out")
+    report_path = output_file(args.report or out_dir / "report.md", "--report")
     out = pipeline.run(
         ctx.targets,
         ctx.config,
         ctx.store,
-        out_dir=Path(args.out),
+        out_dir=out_dir,
         base_ref=ctx.base_ref,
         mode=ctx.mode(),
         cold=args.cold,
@@ -38,9 +46,7 @@ def run(ctx: Context) -> int:
         require_baseline=args.require_baseline,
         accept=accept_globs(args),
     )
-    code = ctx.finish_gate(
-        out.report, Path(args.report or out.results_path.parent / "report.md"), out.results_path
-    )
+    code = ctx.finish_gate(out.report, report_path, out.results_path)
     if args.publish:
         pipeline.publish(out, ctx.store, current_ref())
     return code

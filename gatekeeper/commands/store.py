@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ..bundle import signing_key
 from ..errors import EXIT_FAILED, EXIT_OK, UsageError
 from ..store import maintenance
 from .common import Context, human_bytes
@@ -64,7 +63,7 @@ def ls(ctx: Context) -> int:
 
 
 def verify(ctx: Context) -> int:
-    findings = maintenance.verify(ctx.store, signing_key())
+    findings = maintenance.verify(ctx.store, ctx.signing_key())
     bad = [f for f in findings if not f.ok]
     ctx.emit(
         {

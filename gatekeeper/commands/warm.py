@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
 from ..warm import cold, default_cache_dir, probe, service_env, settle, warm_targets
 from ..worker.protocol import dynamo_skipped
-from .common import Context, human_bytes
+from .common import Context, human_bytes, output_dir
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
 
@@ -32,7 +30,10 @@ def register(sub, parents) -> None:
 
 
 def run(ctx: Context) -> int:
-    cache_dir = Path(ctx.args.cache_dir).absolute() if ctx.args.cache_dir else None
+    ctx.signing_key()  # a signature required without a key: exit 2 before any work
+    cache_dir = (
+        output_dir(ctx.args.cache_dir, "--cache-dir").absolute() if ctx.args.cache_dir else None
+    )
     targets = ctx.targets  # a config error is an error; the store is best effort
     try:
         store_uri = ctx.store.uri

@@ -84,8 +84,7 @@ def read_history(
             f"{key.target_id} ({key.env_key})", f"reading {len(keys)} baseline(s)"
         ) as step:
             for k in keys:
-                got = store.read(k)
-                doc = baselines.parse_doc(got[0]) if got is not None else None
+                doc = baselines.read_doc(store, k)
                 if doc is None or doc.result.status != "ok":
                     skipped.append(k)
                 else:

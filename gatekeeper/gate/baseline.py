@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..bundle import now_iso
 from ..errors import GatekeeperError
-from ..results import Baseline, Results, TargetResult
+from ..results import Baseline, Results, TargetResult, contained
 from ..store import Store, baselines
 from .drift import HISTORY_FOR_NOISE, measure_noise
 
@@ -57,7 +57,11 @@ def publish_results(
         if r.status != "ok":
             rows.append({"target": r.target, "status": "error", "error": r.error})
             continue
-        ref_file = results_dir / r.reference.file if r.reference else None
+        ref_file = (
+            contained(results_dir, r.reference.file, f"{r.target}: reference.file")
+            if r.reference
+            else None
+        )
         status = publish_result(
             store,
             r,

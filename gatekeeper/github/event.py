@@ -2,7 +2,9 @@
 
 Fork detection decides whether the store may be written (``read-only: auto``), so whatever
 is unsure counts as a fork: a PR event kind this module does not know, an ``issue_comment``
-on a pull request (its payload names no head repository), a head repository that is gone.
+on a pull request (its payload names no head repository), a head repository that is gone,
+a ``workflow_run`` or ``check_suite``/``check_run`` of a fork's head, a ``merge_group``,
+an event kind that is not known to carry no outside code.
 An event that cannot be read raises GitHubError, which :func:`read_only_from_env` also
 takes as read-only.
 """
@@ -63,13 +65,92 @@ def pr_context_from_env(environ: Mapping[str, str] = os.environ) -> PRContext | 
         ) from exc
 
 
+# events that carry no pull request and run no outside code: a run of one may write
+# (issue_comment: one on a plain issue; on a pull request it is read-only, above)
+TRUSTED_EVENTS = frozenset(
+    {
+        "push",
+        "schedule",
+        "workflow_dispatch",
+        "repository_dispatch",
+        "release",
+        "create",
+        "delete",
+        "deployment",
+        "deployment_status",
+        "registry_package",
+        "page_build",
+        "issue_comment",
+        "issues",
+    }
+)
+
+
 def read_only_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this run must not write the store: a fork's PR, or not sure that it is not one."""
+    """Whether this run must not write the store: a fork's PR, or not sure that it is not one.
+
+    Every event kind is decided: a pull request's events by its head repository;
+    ``workflow_run`` by the head repository of the run that triggered it;
+    ``check_suite`` and ``check_run`` by their head branch (GitHub leaves it null for a
+    fork's) and their pull requests' head and base repositories; the events of
+    :data:`TRUSTED_EVENTS` are writable; anything else (``merge_group``, whose queued
+    pull requests the payload does not name, and every kind this module does not know)
+    is read-only. Outside Actions (no ``GITHUB_EVENT_NAME``) nothing is a fork."""
+    name = environ.get("GITHUB_EVENT_NAME", "")
     try:
         context = pr_context_from_env(environ)
     except GitHubError:
         return True
-    return context is not None and context.is_fork
+    if context is not None:
+        return context.is_fork
+    if not name or name in TRUSTED_EVENTS:
+        return False
+    if name not in ("workflow_run", "check_suite", "check_run"):
+        return True  # merge_group, and whatever this module does not know
+    try:
+        with open(environ.get("GITHUB_EVENT_PATH", ""), encoding="utf-8") as f:
+            event = json.load(f)
+        return _untrusted_run(name, event, environ.get("GITHUB_REPOSITORY", ""))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return True  # unreadable: unsure
+
+
+def _untrusted_run(name: str, event: dict[str, Any], repository: str) -> bool:
+    """Whether a workflow_run / check_suite / check_run event may be about a fork."""
+    base = event["repository"]
+    if name == "workflow_run":
+        run = event["workflow_run"]
+        head = run.get("head_repository")
+        if not isinstance(head, dict) or not head.get("full_name"):
+            return True  # the head repository is gone or not said: unsure
+        base_name = repository or base["full_name"]
+        return bool(head["full_name"] != base_name or _fork_prs(run.get("pull_requests")))
+    suite = event["check_suite"] if name == "check_suite" else event["check_run"]["check_suite"]
+    if suite.get("head_branch") is None:
+        return True  # GitHub leaves it null when the head branch is in a fork
+    prs = list(suite.get("pull_requests") or [])
+    if name == "check_run":
+        prs += event["check_run"].get("pull_requests") or []
+    return _fork_prs(prs, base.get("id"))
+
+
+def _fork_prs(prs: object, base_id: object = None) -> bool:
+    """Whether any of these (abridged) pull requests comes from another repository
+    than its base; a malformed entry counts as one."""
+    if prs is None:
+        return False
+    if not isinstance(prs, list):
+        return True
+    for pr in prs:
+        try:
+            head, into = pr["head"]["repo"], pr["base"]["repo"]
+            if head is None or head.get("id") is None or head.get("id") != into.get("id"):
+                return True
+            if base_id is not None and into.get("id") != base_id:
+                return True
+        except (KeyError, TypeError, AttributeError):
+            return True
+    return False
 
 
 def _context(name: str, event: dict[str, Any], repository: str) -> PRContext | None:

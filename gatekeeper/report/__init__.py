@@ -7,6 +7,7 @@ from __future__ import annotations
 import json as _json
 from pathlib import Path
 
+from ..errors import GatekeeperError
 from ..gate import GateReport
 from .json import report_json
 from .markdown import render_markdown, summary_line
@@ -18,7 +19,12 @@ def write_report(report: GateReport, path: Path) -> tuple[str, dict]:
     """Write ``path`` (markdown) and the JSON report beside it; return both."""
     markdown = render_markdown(report)
     doc = report_json(report)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(markdown)
-    path.with_suffix(".json").write_text(_json.dumps(doc, indent=2))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(markdown)
+        path.with_suffix(".json").write_text(_json.dumps(doc, indent=2))
+    except (OSError, ValueError) as e:
+        raise GatekeeperError(
+            f"cannot write the report {path}: {getattr(e, 'strerror', None) or e}"
+        ) from None
     return markdown, doc

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import StoreError
+from ..errors import ObjectTooLarge, StoreError
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,15 @@ class Backend(abc.ABC):
     uri: str
 
     @abc.abstractmethod
-    def get(self, key: str) -> tuple[bytes, str] | None:
-        """The object's bytes and ETag, or None when absent."""
+    def get(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag, or None when absent. An object larger than
+        ``max_bytes`` raises :class:`~gatekeeper.errors.ObjectTooLarge` before more than
+        ``max_bytes`` of it are read."""
 
     @abc.abstractmethod
-    def download(self, key: str, dest: Path) -> bool:
-        """Write the object to ``dest`` (atomically); False when absent."""
+    def download(self, key: str, dest: Path, *, max_bytes: int | None = None) -> bool:
+        """Write the object to ``dest`` (atomically); False when absent. Larger than
+        ``max_bytes``: ``ObjectTooLarge``, and nothing is left at ``dest``."""
 
     @abc.abstractmethod
     def put(
@@ -77,6 +80,14 @@ class Backend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing to close
         pass
+
+
+def too_large(where: str, max_bytes: int, size: int | None = None) -> ObjectTooLarge:
+    """The one-line refusal of an object over its size cap."""
+    size_text = f"{size} bytes" if size is not None else "larger"
+    return ObjectTooLarge(
+        f"{where}: refused unread: {size_text}, more than the {max_bytes} bytes it may have"
+    )
 
 
 def store_error(uri: str, e: Exception, doing: str = "") -> StoreError:

@@ -22,7 +22,7 @@ from urllib.parse import quote, unquote
 
 from pydantic import ValidationError
 
-from ..errors import GatekeeperError, PreconditionFailed, StoreError
+from ..errors import GatekeeperError, ObjectTooLarge, PreconditionFailed, StoreError
 from ..hashing import sha256_file
 from ..results import Baseline
 from .layout import Store
@@ -124,8 +124,14 @@ def publish(
     except PreconditionFailed:
         pass  # this very run was published before
     for attempt in range(CAS_ATTEMPTS):
-        current = store.read(key.latest)
+        etag: str | None = None
+        try:
+            current = store.read(key.latest)
+        except ObjectTooLarge:  # not a baseline: replaced like any unreadable one
+            info = store.backend.head(key.latest)
+            current, etag = None, info.etag if info else None
         if current is not None:
+            etag = current[1]
             existing = parse_doc(current[0])
             if existing is not None and existing.created_at > doc.created_at:
                 return "older"
@@ -133,8 +139,8 @@ def publish(
             written = store.write(
                 key.latest,
                 data,
-                if_none_match=current is None,
-                if_match=current[1] if current else None,
+                if_none_match=etag is None,
+                if_match=etag,
             )
             return "published" if written is not None else "skipped"
         except PreconditionFailed:
@@ -154,11 +160,19 @@ def history(store: Store, key: BaselineKey, newest: int) -> list[Baseline]:
     )[-newest:]
     out = []
     for info in infos:
-        got = store.read(info.key)
-        doc = parse_doc(got[0]) if got else None
+        doc = read_doc(store, info.key)
         if doc is not None:
             out.append(doc)
     return out
+
+
+def read_doc(store: Store, key: str) -> Baseline | None:
+    """The baseline at ``key``; None when it is absent, too large or not a baseline."""
+    try:
+        got = store.read(key)
+    except ObjectTooLarge:
+        return None
+    return parse_doc(got[0]) if got else None
 
 
 def fetch(store: Store, key: BaselineKey) -> Baseline | None:
@@ -181,7 +195,7 @@ def fetch_reference(store: Store, baseline: Baseline, dest: Path) -> Path | None
     ref = baseline.result.reference
     if baseline.reference_key is None or ref is None:
         return None
-    store.download(baseline.reference_key, dest)
+    store.download(baseline.reference_key, dest, max_bytes=ref.size)
     if sha256_file(dest) != ref.sha256:
         dest.unlink(missing_ok=True)
         raise StoreError(f"{baseline.reference_key}: sha256 does not match the baseline")
@@ -206,7 +220,11 @@ def documents(store: Store) -> Iterator[tuple[str, Baseline | None]]:
     for info in store.list(ROOT):
         p = parse_key(info.key)
         if p is not None and p.kind in ("latest", "history"):
-            got = store.read(info.key)
+            try:
+                got = store.read(info.key)
+            except ObjectTooLarge:
+                yield info.key, None  # unreadable, like a malformed one
+                continue
             if got is not None:
                 yield info.key, parse_doc(got[0])
 

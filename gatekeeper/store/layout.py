@@ -27,12 +27,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import AccessDenied, PreconditionFailed, StoreError
+from ..errors import AccessDenied, ObjectTooLarge, PreconditionFailed, StoreError
 from .base import Backend, ObjectInfo
 
 log = logging.getLogger("gatekeeper.store")
 
 MANIFEST = "manifest.json"
+# The most a document read before it is verified may have: a manifest (every file of a
+# cache dir with its sha256: about 150 bytes a file) and a baseline (every timing
+# sample of one run). Anything larger is refused unread: a 3 GiB object must not be a
+# MemoryError in a deploy.
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_DOCUMENT_BYTES = 16 << 20
 # bundles / model / shapes / variant / env-key / code-hash / file
 _DEPTH = 7
 
@@ -49,6 +55,16 @@ class BundleLocation:
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
+
+
+def bundle_target(target_id: str) -> str:
+    """Where the bundle of the target ``target_id`` lives: its own id, or for a
+    ``dynamic`` model (``+dynamic`` in its variant) ``<model>/dynamic/<variant>``, the
+    one bundle all its shape sets share (:attr:`gatekeeper.targets.Target.bundle_id`)."""
+    parts = target_id.split("/")
+    if len(parts) == 3 and "dynamic" in parts[2].split("+")[1:]:
+        return f"{parts[0]}/dynamic/{parts[2]}"
+    return target_id
 
 
 @dataclass(frozen=True)
@@ -100,8 +116,12 @@ class Store:
         self.skipped_writes.append(what)
 
     # -- plain objects, for layouts built elsewhere (baselines) ---------------------------
-    def read(self, key: str) -> tuple[bytes, str] | None:
-        return self.backend.get(key)
+    def read(
+        self, key: str, *, max_bytes: int | None = MAX_DOCUMENT_BYTES
+    ) -> tuple[bytes, str] | None:
+        """A document's bytes and ETag (None when absent); larger than ``max_bytes``:
+        ObjectTooLarge, unread (``None``: no cap, for objects verified by their size)."""
+        return self.backend.get(key, max_bytes=max_bytes)
 
     def write(
         self,
@@ -173,12 +193,13 @@ class Store:
     def _swap_manifest(self, loc: BundleLocation, manifest: bytes, attempts: int = 8) -> str:
         """Put ``manifest`` in place of whatever is there, in one conditional write."""
         for _ in range(attempts):
-            got = self.backend.get(loc.key(MANIFEST))
+            # its ETag only: whatever is there (a forged manifest of any size) is replaced
+            there = self.backend.head(loc.key(MANIFEST))
             try:
-                if got is None:
+                if there is None:
                     self.backend.put(loc.key(MANIFEST), manifest, if_none_match=True)
                     return "published"
-                self.backend.put(loc.key(MANIFEST), manifest, if_match=got[1])
+                self.backend.put(loc.key(MANIFEST), manifest, if_match=there.etag)
                 return "replaced"
             except PreconditionFailed:
                 continue  # another publisher moved it in between: read it again
@@ -194,7 +215,7 @@ class Store:
         what = f"manifest {loc.target_id}"
         if not self._writing(what):
             return "skipped"
-        got = self.backend.get(loc.key(MANIFEST))
+        got = self.backend.get(loc.key(MANIFEST), max_bytes=MAX_MANIFEST_BYTES)
         if got is None or got[0] != old:
             return "changed"
         try:
@@ -207,10 +228,8 @@ class Store:
         return "updated"
 
     def _drop_losing_archive(self, loc: BundleLocation, archive_name: str) -> None:
-        got = self.backend.get(loc.key(MANIFEST))
-        try:
-            winner = json.loads(got[0])["archive"]["name"] if got else None
-        except (ValueError, KeyError, TypeError):
+        winner = self._archive_named(loc)
+        if winner is None:
             return  # unreadable winner: leave the orphan for `store prune`
         if winner and winner != archive_name:
             self.backend.delete(loc.key(archive_name))
@@ -230,7 +249,7 @@ class Store:
 
     def read_manifest(self, loc: BundleLocation) -> bytes | None:
         """A manifest's bytes, unverified (hand them to bundle.verify_manifest)."""
-        got = self.backend.get(loc.key(MANIFEST))
+        got = self.backend.get(loc.key(MANIFEST), max_bytes=MAX_MANIFEST_BYTES)
         return got[0] if got else None
 
     def unnamed_archives(self, b: StoredBundle) -> builtins.list[ObjectInfo]:
@@ -239,14 +258,22 @@ class Store:
         archives = [o for o in b.objects if o.key.rsplit("/", 1)[-1].startswith("bundle-")]
         if not b.complete or len(archives) < 2:
             return []
-        got = self.backend.get(b.location.key(MANIFEST))
-        try:
-            named = json.loads(got[0])["archive"]["name"] if got else None
-        except (ValueError, KeyError, TypeError):
-            return []  # unreadable: `store verify` reports it; prune guesses nothing
+        named = self._archive_named(b.location)
         if named is None:
-            return []
+            return []  # unreadable: `store verify` reports it; prune guesses nothing
         return [o for o in archives if o.key.rsplit("/", 1)[-1] != named]
+
+    def _archive_named(self, loc: BundleLocation) -> str | None:
+        """The archive name the manifest at ``loc`` gives (unverified); None when there
+        is none or it cannot be read as a manifest (too large, malformed)."""
+        try:
+            got = self.backend.get(loc.key(MANIFEST), max_bytes=MAX_MANIFEST_BYTES)
+            name = json.loads(got[0])["archive"]["name"] if got else None
+        except ObjectTooLarge:
+            return None
+        except (ValueError, KeyError, TypeError):
+            return None
+        return name if isinstance(name, str) else None
 
     def find_bundle(self, target_id: str, env_key: str, code_hash: str) -> FoundBundle | None:
         """The bundle at exactly this code hash, else the newest one of the target and env.
@@ -254,7 +281,7 @@ class Store:
         A plain location lookup: whether a bundle really is this checkout's code is
         :func:`gatekeeper.key.find_bundle`'s question (recorded dependencies)."""
         exact = BundleLocation(target_id, env_key, code_hash)
-        got = self.backend.get(exact.key(MANIFEST))
+        got = self.backend.get(exact.key(MANIFEST), max_bytes=MAX_MANIFEST_BYTES)
         if got is not None:
             return FoundBundle(exact, "hit", got[0])
         newest: ObjectInfo | None = None
@@ -265,14 +292,16 @@ class Store:
                     newest = info
         if newest is None:
             return None
-        got = self.backend.get(newest.key)
+        got = self.backend.get(newest.key, max_bytes=MAX_MANIFEST_BYTES)
         if got is None:  # pruned in between
             return None
         loc = BundleLocation(target_id, env_key, newest.key.split("/")[-2])
         return FoundBundle(loc, "partial", got[0])
 
-    def download(self, key: str, dest: Path) -> None:
-        if not self.backend.download(key, dest):
+    def download(self, key: str, dest: Path, *, max_bytes: int | None = None) -> None:
+        """The object into ``dest``; ``max_bytes``: what its record says it has (an
+        archive's manifest, a baseline's reference outputs), more is refused."""
+        if not self.backend.download(key, dest, max_bytes=max_bytes):
             raise StoreError(f"{key} is missing from store {self.uri}")
 
     def bundles(self) -> Iterator[StoredBundle]:

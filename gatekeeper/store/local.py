@@ -4,6 +4,9 @@ Atomicity comes from the file system: every write goes to a temporary file (``.t
 in the same directory and is published by ``os.link`` (create-only, fails if the name
 exists) or ``os.replace`` (compare-and-swap, under an exclusive ``flock`` on a lock file
 beside it). ETags are the sha256 of the content, so they are stable across processes.
+Objects get the mode any new file of this process gets (0666 less the umask), so a
+store shared by a CI user and a service's group is readable by both when the umask
+allows it.
 
 A write that fails (a full disk, a file too large, an interrupt) removes its temporary
 file and raises a one-line :class:`~gatekeeper.errors.StoreError` naming the object's
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from ..errors import PreconditionFailed, StoreError
 from ..hashing import sha256_bytes, sha256_file
-from .base import Backend, ObjectInfo
+from .base import Backend, ObjectInfo, too_large
 
 _LOCKS = ".locks"
 
@@ -53,8 +56,13 @@ class LocalBackend(Backend):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-            os.close(fd)
             tmp = Path(name)
+            try:
+                # mkstemp makes it 0600; an object is as readable as any file this
+                # process creates (a store shared by a CI user and a service's group)
+                os.fchmod(fd, _file_mode())
+            finally:
+                os.close(fd)
             yield tmp
         except OSError as e:
             raise StoreError(f"cannot write {path}: {e.strerror or e}") from e
@@ -93,23 +101,42 @@ class LocalBackend(Backend):
         return etag
 
     # -- Backend -----------------------------------------------------------------------
-    def get(self, key: str) -> tuple[bytes, str] | None:
+    def get(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str] | None:
         path = self._path(key)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if max_bytes is not None and size > max_bytes:
+                    raise too_large(str(path), max_bytes, size)
+                # a file that grows while it is read is still cut at the cap
+                data = f.read() if max_bytes is None else f.read(max_bytes + 1)
         except FileNotFoundError:
             return None
+        except IsADirectoryError:
+            raise StoreError(f"cannot read {path}: it is a directory") from None
         except OSError as e:
             raise StoreError(f"cannot read {path}: {e.strerror or e}") from e
+        if max_bytes is not None and len(data) > max_bytes:
+            raise too_large(str(path), max_bytes)
         return data, sha256_bytes(data)
 
-    def download(self, key: str, dest: Path) -> bool:
+    def download(self, key: str, dest: Path, *, max_bytes: int | None = None) -> bool:
         path = self._path(key)
         dest = Path(dest)
         tmp = dest.with_name(dest.name + ".part")
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, tmp)
+            with open(path, "rb") as src:
+                size = os.fstat(src.fileno()).st_size
+                if max_bytes is not None and size > max_bytes:
+                    raise too_large(str(path), max_bytes, size)
+                with open(tmp, "wb") as out:
+                    copied = 0
+                    while chunk := src.read(1 << 20):
+                        copied += len(chunk)
+                        if max_bytes is not None and copied > max_bytes:
+                            raise too_large(str(path), max_bytes)
+                        out.write(chunk)
             os.replace(tmp, dest)
         except FileNotFoundError as e:
             if str(e.filename) != str(path):  # the destination's folder went away
@@ -197,6 +224,25 @@ class LocalBackend(Backend):
             except OSError:
                 break
             parent = parent.parent
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux says it
+    (``/proc/self/status``); elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _file_mode() -> int:
+    """The mode ``open()`` gives a new file here: 0666 less the umask."""
+    return 0o666 & ~_umask()
 
 
 def _is_temporary(name: str) -> bool:

@@ -17,12 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import bundle
-from ..errors import BundleError, StoreError
+from ..errors import BundleError, ObjectTooLarge, StoreError
 from ..hashing import sha256_bytes
 from ..results import Baseline
 from . import baselines
 from .base import ObjectInfo
-from .layout import MANIFEST, BundleLocation, Store, StoredBundle
+from .layout import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    BundleLocation,
+    Store,
+    StoredBundle,
+    bundle_target,
+)
 
 ORPHAN_GRACE_S = 24 * 3600  # an orphan this young may still be a publish in progress
 
@@ -52,7 +59,10 @@ def _verify_bundle(
     store: Store, b: StoredBundle, tmp: Path, signing_key: bytes | None, now: float
 ) -> list[Finding]:
     loc = b.location
-    got = store.read(loc.key(MANIFEST))
+    try:
+        got = store.read(loc.key(MANIFEST), max_bytes=MAX_MANIFEST_BYTES)
+    except ObjectTooLarge as e:
+        return [Finding(loc.prefix, False, str(e))]
     if got is None:
         if b.complete:
             return []  # deleted since it was listed (a prune running meanwhile)
@@ -66,9 +76,9 @@ def _verify_bundle(
             )
         archive = tmp / manifest.archive.name
         try:
-            store.download(loc.key(manifest.archive.name), archive)
+            store.download(loc.key(manifest.archive.name), archive, max_bytes=manifest.archive.size)
         except StoreError:
-            if store.read(loc.key(MANIFEST)) is None:
+            if store.backend.head(loc.key(MANIFEST)) is None:
                 return []  # pruned while we looked
             raise
         staging = tmp / "staging"
@@ -105,7 +115,11 @@ def verify(store: Store, signing_key: bytes | None, *, now: float | None = None)
             continue
         ref = doc.result.reference
         if doc.reference_key and ref:
-            got = store.read(doc.reference_key)
+            try:
+                got = store.read(doc.reference_key, max_bytes=ref.size)
+            except ObjectTooLarge as e:
+                findings.append(Finding(doc.reference_key, False, str(e)))
+                continue
             if got is None:
                 findings.append(Finding(doc.reference_key, False, f"missing (named by {key})"))
             elif sha256_bytes(got[0]) != ref.sha256:
@@ -130,7 +144,8 @@ def protected(store: Store) -> tuple[set[str], set[str]]:
         if doc is None:
             continue
         r = doc.result
-        bundles.add(BundleLocation(r.target, r.env_key, r.code_hash).prefix)
+        # a dynamic model's targets share one bundle, stored under <model>/dynamic/...
+        bundles.add(BundleLocation(bundle_target(r.target), r.env_key, r.code_hash).prefix)
         if doc.reference_key:
             keys.add(doc.reference_key)
     return bundles, keys

@@ -47,7 +47,7 @@ from botocore.exceptions import (
 )
 
 from ..errors import AccessDenied, PreconditionFailed, StoreError, StoreUnavailable
-from .base import Backend, ObjectInfo
+from .base import Backend, ObjectInfo, too_large
 
 log = logging.getLogger(__name__)
 
@@ -225,13 +225,18 @@ class S3Backend(Backend):
 
     # -- reads -------------------------------------------------------------------------
     def _read_into(
-        self, key: str, write: Callable[[bytes], object], restart: Callable[[], object]
+        self,
+        key: str,
+        write: Callable[[bytes], object],
+        restart: Callable[[], object],
+        max_bytes: int | None = None,
     ) -> str | None:
         """Stream the object into ``write``; its ETag, or None when absent.
 
         botocore retries the request itself; a body that breaks off mid-stream is fetched
         again from the start (after ``restart``), so the bytes and the ETag always belong
-        to one version of the object even if it is replaced meanwhile.
+        to one version of the object even if it is replaced meanwhile. An object over
+        ``max_bytes`` (by its Content-Length, or by what arrives) raises ObjectTooLarge.
         """
         attempt = 0
         while True:
@@ -244,7 +249,14 @@ class S3Backend(Backend):
                 raise
             body = resp["Body"]
             try:
+                size = resp.get("ContentLength")
+                if max_bytes is not None and size is not None and int(size) > max_bytes:
+                    raise too_large(self._where(key), max_bytes, int(size))
+                got = 0
                 for chunk in body.iter_chunks(1 << 20):
+                    got += len(chunk)
+                    if max_bytes is not None and got > max_bytes:
+                        raise too_large(self._where(key), max_bytes)
                     write(chunk)
                 return str(resp["ETag"])
             except (HTTPClientError, IncompleteReadError):
@@ -255,13 +267,13 @@ class S3Backend(Backend):
             restart()
             self._backoff(attempt)
 
-    def get(self, key: str) -> tuple[bytes, str] | None:
+    def get(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str] | None:
         buf = bytearray()
         with self._translated("get", key):
-            etag = self._read_into(key, buf.extend, buf.clear)
+            etag = self._read_into(key, buf.extend, buf.clear, max_bytes)
         return None if etag is None else (bytes(buf), etag)
 
-    def download(self, key: str, dest: Path) -> bool:
+    def download(self, key: str, dest: Path, *, max_bytes: int | None = None) -> bool:
         dest = Path(dest)
         part = dest.with_name(dest.name + ".part")
         try:
@@ -272,7 +284,7 @@ class S3Backend(Backend):
                     f.seek(0)
                     f.truncate()
 
-                etag = self._read_into(key, f.write, restart)
+                etag = self._read_into(key, f.write, restart, max_bytes)
             if etag is None:
                 return False
             os.replace(part, dest)

@@ -5,6 +5,7 @@ with an isolated inductor cache dir, and read its :class:`Response`. No torch he
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -13,11 +14,46 @@ from pathlib import Path
 from ..errors import WorkerError
 from .protocol import Request, Response
 
+# What the worker never sees. It imports and runs the user's model code and whatever
+# that imports, while the parent may hold the store's write credentials, the signing
+# key and the job's tokens; the worker needs none of them (the parent fetches and
+# publishes). Dropped by prefix, by name, and by a secret-sounding word in the name.
+SECRET_PREFIXES = (
+    "GATEKEEPER_",  # the signing key, and any future secret of ours
+    "AWS_",  # the store's credentials and their files (torch and inductor read none)
+    "GOOGLE_",
+    "GCLOUD_",
+    "CLOUDSDK_",
+    "AZURE_",
+    "ARM_",
+    "ACTIONS_",  # the runner's runtime and OIDC request tokens and URLs
+    "GITHUB_",  # the token, and GITHUB_ENV / GITHUB_PATH: files that steer later steps
+    "GIT_CONFIG_",  # an auth header passed to git through the environment
+    "VAULT_",
+)
+SECRET_NAMES = frozenset({"GH_TOKEN", "GH_ENTERPRISE_TOKEN", "SSH_AUTH_SOCK", "KUBECONFIG"})
+_SECRET_WORD = re.compile(
+    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|API_?KEY|ACCESS_KEY|"
+    r"PRIVATE_KEY|AUTH)(_|$)",
+    re.IGNORECASE,
+)
+
+
+def is_secret(name: str) -> bool:
+    """Whether the variable ``name`` stays out of the worker's environment."""
+    upper = name.upper()
+    return (
+        upper.startswith(SECRET_PREFIXES)
+        or upper in SECRET_NAMES
+        or _SECRET_WORD.search(upper) is not None
+    )
+
 
 def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a compile: this cache dir only, FX graph and AOT caches on;
-    ``extra``: what a deploy's service sets besides (see :func:`gatekeeper.warm.service_env`)."""
-    env = dict(os.environ) | (extra or {})
+    ``extra``: what a deploy's service sets besides (see :func:`gatekeeper.warm.service_env`).
+    Secrets (:func:`is_secret`) are dropped: the worker runs the user's model code."""
+    env = {k: v for k, v in os.environ.items() if not is_secret(k)} | (extra or {})
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
     env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"

@@ -171,3 +171,96 @@ def test_the_repository_comes_from_the_runner_first(tmp_path: Path) -> None:
 
     context = pr_context_from_env({**env, "GITHUB_REPOSITORY": "acme/renamed"})
     assert context is not None and context.repo == "acme/renamed"
+
+
+# -- event kinds without a pull_request payload (docs/hardening.md, finding 7) ------------
+
+FORK = "mallory/models"
+
+
+def _workflow_run(head_repo: str | None, event: str = "pull_request") -> dict[str, Any]:
+    run: dict[str, Any] = {
+        "id": 99,
+        "event": event,
+        "head_branch": "feature",
+        "head_sha": HEAD_SHA,
+        "repository": {"full_name": REPO},
+        "head_repository": None if head_repo is None else {"full_name": head_repo},
+        # GitHub lists no pull request for a fork's run
+        "pull_requests": [] if head_repo != REPO else [_abridged_pr(1, 1)],
+    }
+    return {"action": "completed", "workflow_run": run, "repository": {"full_name": REPO}}
+
+
+def _abridged_pr(head_id: int | None, base_id: int) -> dict[str, Any]:
+    """A pull request as check_suite, check_run and workflow_run events abridge it."""
+    return {
+        "number": 42,
+        "head": {"ref": "feature", "sha": HEAD_SHA, "repo": {"id": head_id, "name": "models"}},
+        "base": {"ref": "main", "sha": BASE_SHA, "repo": {"id": base_id, "name": "models"}},
+    }
+
+
+def _check_suite(head_branch: str | None, prs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "head_branch": head_branch,
+        "head_sha": HEAD_SHA,
+        "pull_requests": prs,
+        "app": {"slug": "github-actions"},
+    }
+
+
+def _check_event(name: str, head_branch: str | None, prs: list[dict[str, Any]]) -> dict[str, Any]:
+    suite = _check_suite(head_branch, prs)
+    repository = {"id": 1, "full_name": REPO}
+    if name == "check_suite":
+        return {"action": "rerequested", "check_suite": suite, "repository": repository}
+    run = {"name": "gate", "head_sha": HEAD_SHA, "check_suite": suite, "pull_requests": prs}
+    return {"action": "rerequested", "check_run": run, "repository": repository}
+
+
+def test_a_workflow_run_of_a_fork_is_read_only(tmp_path: Path) -> None:
+    # before: no pull_request in the payload, so "not a PR" and writable
+    assert read_only_from_env(_env(tmp_path, "workflow_run", _workflow_run(FORK))) is True
+    gone = _env(tmp_path, "workflow_run", _workflow_run(None))  # the fork was deleted
+    assert read_only_from_env(gone) is True
+
+
+def test_a_workflow_run_of_this_repository_is_writable(tmp_path: Path) -> None:
+    for event in ("push", "pull_request"):
+        env = _env(tmp_path, "workflow_run", _workflow_run(REPO, event))
+        assert read_only_from_env(env) is False
+
+
+@pytest.mark.parametrize("name", ["check_suite", "check_run"])
+def test_a_check_event_of_a_fork_is_read_only(tmp_path: Path, name: str) -> None:
+    # a fork's head branch: GitHub sends head_branch null and no pull requests
+    assert read_only_from_env(_env(tmp_path, name, _check_event(name, None, []))) is True
+    # a pull request whose head repository is another one than its base
+    fork_pr = _check_event(name, "feature", [_abridged_pr(2, 1)])
+    assert read_only_from_env(_env(tmp_path, name, fork_pr)) is True
+    malformed = _check_event(name, "feature", [{"number": 42}])
+    assert read_only_from_env(_env(tmp_path, name, malformed)) is True
+
+
+@pytest.mark.parametrize("name", ["check_suite", "check_run"])
+def test_a_check_event_of_this_repository_is_writable(tmp_path: Path, name: str) -> None:
+    same = _check_event(name, "feature", [_abridged_pr(1, 1)])
+    assert read_only_from_env(_env(tmp_path, name, same)) is False
+    branch = _check_event(name, "main", [])  # a push's suite
+    assert read_only_from_env(_env(tmp_path, name, branch)) is False
+
+
+@pytest.mark.parametrize(
+    ("name", "event"),
+    [
+        # a merge queue's commit holds queued pull requests the payload does not name
+        ("merge_group", {"merge_group": {"head_sha": HEAD_SHA, "head_ref": "gh-readonly-queue"}}),
+        ("discussion_comment", {"discussion": {"number": 3}}),
+        ("some_future_event", {"whatever": True}),
+        ("workflow_run", "not json"),
+        ("check_suite", {"check_suite": "?"}),
+    ],
+)
+def test_every_other_event_kind_is_read_only(tmp_path: Path, name: str, event: Any) -> None:
+    assert read_only_from_env(_env(tmp_path, name, event)) is True

@@ -1,0 +1,76 @@
+"""The worker runs the user's model code, and everything it imports, in the parent's
+environment less its secrets: a factory run by ``gatekeeper key`` (a real worker,
+building the model, nothing compiled) records the variables it can see."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from helpers import TINY_CONFIG, TINY_MODEL, gk, write_project
+
+SPY_MODEL = TINY_MODEL.replace(
+    "def make():\n",
+    textwrap.dedent("""
+        def make():
+            import json, os, pathlib
+            seen = pathlib.Path(__file__).with_name("seen.json")
+            seen.write_text(json.dumps(dict(os.environ)))
+    """).lstrip("\n"),
+)
+assert "seen.json" in SPY_MODEL
+
+SECRETS = {
+    "GATEKEEPER_SIGNING_KEY": "sk-signing",
+    "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "AWS_SESSION_TOKEN": "aws-session",
+    "AWS_PROFILE": "store-writer",
+    "GITHUB_TOKEN": "ghs_token",
+    "GH_TOKEN": "ghs_token2",
+    "GITHUB_ENV": "/tmp/steers-later-steps",
+    "ACTIONS_RUNTIME_TOKEN": "runtime",
+    "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "oidc",
+    "ACTIONS_ID_TOKEN_REQUEST_URL": "https://oidc.example",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp.json",
+    "AZURE_CLIENT_SECRET": "azure",
+    "HF_TOKEN": "hf_x",
+    "WANDB_API_KEY": "wandb",
+    "MY_SERVICE_PASSWORD": "hunter2",
+    "GIT_CONFIG_VALUE_0": "AUTHORIZATION: basic eA==",
+}
+KEPT = {
+    "OMP_NUM_THREADS": "1",
+    "TORCHINDUCTOR_MAX_AUTOTUNE": "0",
+    "MY_MODEL_SETTING": "42",
+    "HF_HOME": "/tmp/hf-home",
+    "KEYBOARD_LAYOUT": "us",  # a word that merely contains KEY
+}
+
+
+def test_a_factory_cannot_see_the_secrets(tmp_path: Path) -> None:
+    project = write_project(tmp_path / "p", SPY_MODEL, TINY_CONFIG)
+    proc = gk("key", "--json", cwd=project, env={**SECRETS, **KEPT})
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((project / "seen.json").read_text())
+    assert not set(SECRETS) & set(seen)
+    assert not any(v in json.dumps(seen) for v in SECRETS.values())
+    for name, value in KEPT.items():
+        assert seen.get(name) == value, name
+    assert seen["TORCHINDUCTOR_CACHE_DIR"]  # what the worker does need is there
+
+
+def test_the_scrubbed_environment_is_the_one_every_worker_gets(tmp_path: Path, monkeypatch) -> None:
+    from gatekeeper.worker.launch import cache_env, is_secret
+
+    for name, value in {**SECRETS, **KEPT}.items():
+        monkeypatch.setenv(name, value)
+    env = cache_env(tmp_path, {"TORCH_CACHING_PRECOMPILE": "1"})
+    assert not set(SECRETS) & set(env)
+    assert {k: env[k] for k in KEPT} == KEPT
+    assert env["TORCH_CACHING_PRECOMPILE"] == "1"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+    assert not any(
+        is_secret(k) for k in ("PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
+    )
