@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
-from torch.utils._pytree import tree_flatten, tree_map
 
+from .calls import entry
 from .compile import compile_model, snapshot_counters
 from .counters import (
     flops,
@@ -35,10 +35,6 @@ from .task import (
 from .timing import first_call
 
 
-def _copied(out):
-    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
-
-
 def measure(req: Request) -> Response:
     if req.task == "train":
         from .train import measure_train
@@ -49,57 +45,58 @@ def measure(req: Request) -> Response:
     tol = parity_tolerance(req.parity.model_dump(), req.precision)
     check_precision(device, req.precision)
     model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
+    fn = entry(model, cfg.call)  # the module, its method `call`, or a plain function
     # the precision's autocast around every forward (none for fp32); fp64 runs without
-    eager = under_autocast(model, device, req.precision)
+    eager = under_autocast(fn, device, req.precision)
     amp = lambda: autocast(device, req.precision)  # noqa: E731
     paired: dict | None = None
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
-    graphs = graph_breaks(model, inputs, base_dir, context=amp)
+    graphs = graph_breaks(fn, inputs, base_dir, context=amp)
     if base_dir_paired is not None:
         base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
-        base_graphs = graph_breaks(base_model, inputs, base_dir_paired, context=amp)
+        base_fn_eager = entry(base_model, cfg.call)
+        base_graphs = graph_breaks(base_fn_eager, inputs, base_dir_paired, context=amp)
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
 
     before_compile = allocated(device)
-    compiled = under_autocast(
-        compile_model(model, cfg, req.mode, req.dynamic), device, req.precision
-    )
+    compiled = under_autocast(compile_model(fn, cfg, req.mode, req.dynamic), device, req.precision)
     with torch.no_grad():
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
-        # next call: keep a copy of what the first call returned
+        # next call: keep a copy of what the first call returned (every leaf, a cache's
+        # tensors included)
         out_compiled, compile_seconds = first_call(compiled, inputs, device)
-        out_compiled = _copied(out_compiled)
+        cand = Outputs.of(out_compiled).cloned()
+        del out_compiled
         for _ in range(2):
-            compiled(*inputs)
+            inputs.call(compiled)
         cache = snapshot_counters()
         # what the compiled model keeps allocated (CUDA graph pools, static buffers),
         # not counting the copy of its first outputs kept for parity
         copy_bytes = sum(
-            t.numel() * t.element_size()
-            for t in tree_flatten(out_compiled)[0]
-            if isinstance(t, torch.Tensor) and t.device.type == "cuda"
+            t.numel() * t.element_size() for t in cand.tensors() if t.device.type == "cuda"
         )
         held = allocated(device) - before_compile - copy_bytes
         work = {
             **inductor_metrics(),
-            "flops": flops(lambda: eager(*inputs)),
-            "instructions": instructions(lambda: compiled(*inputs)),
+            "flops": flops(lambda: inputs.call(eager)),
+            "instructions": instructions(lambda: inputs.call(compiled)),
         }
         base_fn = None
         if base_dir_paired is not None:
             reset_inductor_metrics()
             base_compiled = under_autocast(
-                compile_model(base_model, cfg, req.mode, req.dynamic), device, req.precision
+                compile_model(base_fn_eager, cfg, req.mode, req.dynamic), device, req.precision
             )
-            base_out, base_seconds = first_call(base_compiled, inputs, device)
-            base_out = _copied(base_out)
-            base_compiled(*inputs)
-            base_fn = lambda: base_compiled(*inputs)  # noqa: E731
+            base_first, base_seconds = first_call(base_compiled, inputs, device)
+            base_out = Outputs.of(base_first).cloned()
+            del base_first
+            inputs.call(base_compiled)
+            base_fn = lambda: inputs.call(base_compiled)  # noqa: E731
             paired = {
                 "compile_seconds": base_seconds,
                 "graphs": base_graphs,
@@ -107,18 +104,17 @@ def measure(req: Request) -> Response:
                 "work": {
                     **inductor_metrics(),
                     "flops": flops(
-                        lambda: under_autocast(base_model, device, req.precision)(*inputs)
+                        lambda: inputs.call(under_autocast(base_fn_eager, device, req.precision))
                     ),
                     "instructions": instructions(base_fn),
                 },
             }
 
-        cand = Outputs.of(out_compiled)
-        ref64 = fp64_reference(model, inputs)
+        ref64 = fp64_reference(model, inputs, cfg.call)
         ref64_leaves = ref64.leaves if ref64 is not None else None
-        parity = {"vs_eager": check_parity(cand, Outputs.of(eager(*inputs)), ref64_leaves, tol)}
+        parity = {"vs_eager": check_parity(cand, Outputs.of(inputs.call(eager)), ref64_leaves, tol)}
         if base_dir_paired is not None:
-            parity["vs_baseline"] = check_parity(cand, Outputs.of(base_out), None, tol)
+            parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
         elif req.baseline_reference:
             base_outputs, base64 = load_reference(req.baseline_reference)
             parity["vs_baseline"] = check_parity(cand, base_outputs, base64, tol)

@@ -12,57 +12,18 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .calls import Inputs, entry
+from .outputs import Outputs, UnreadableOutput
+
+__all__ = ["Outputs", "UnreadableOutput", "check_parity", "load_reference", "save_reference"]
+
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 RMSE_MULTIPLIER = 3.0  # compiled may be this many times further from fp64 than eager is
 REFERENCE_FORMAT = 2  # reference files: {"format", "structure", "leaves", "fp64"}
-
-
-@dataclass
-class Outputs:
-    """A model's outputs as ``structure`` (container path -> its kind, e.g. ``tuple[2]``,
-    ``dict{hidden,logits}``) and ``leaves`` (leaf path -> tensor or plain value).
-    ``structure`` is None for a reference saved before structures were recorded: then
-    leaves are compared in order."""
-
-    structure: dict[str, str] | None
-    leaves: dict[str, Any]
-
-    @classmethod
-    def of(cls, out: Any) -> Outputs:
-        structure: dict[str, str] = {}
-        leaves: dict[str, Any] = {}
-        _walk(out, "output", structure, leaves)
-        return cls(structure, leaves)
-
-    def to_cpu(self) -> Outputs:
-        return Outputs(
-            self.structure,
-            {
-                k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                for k, v in self.leaves.items()
-            },
-        )
-
-
-def _walk(obj: Any, path: str, structure: dict[str, str], leaves: dict[str, Any]) -> None:
-    if isinstance(obj, torch.Tensor):
-        leaves[path] = obj
-    elif isinstance(obj, Mapping):
-        structure[path] = f"{type(obj).__name__}{{{','.join(sorted(map(str, obj)))}}}"
-        for k, v in obj.items():
-            _walk(v, f"{path}[{k!r}]", structure, leaves)
-    elif isinstance(obj, (list, tuple)):
-        structure[path] = f"{type(obj).__name__}[{len(obj)}]"
-        for i, v in enumerate(obj):
-            _walk(v, f"{path}[{i}]", structure, leaves)
-    else:
-        leaves[path] = obj
 
 
 def save_reference(path: str, compiled: Outputs, fp64: Outputs | None) -> None:
@@ -90,16 +51,13 @@ def load_reference(path: str) -> tuple[Outputs, dict[str, Any] | None]:
     )
 
 
-def fp64_reference(model: torch.nn.Module, inputs: tuple) -> Outputs | None:
-    """The eager model's outputs computed in float64, or None where it cannot run so."""
+def fp64_reference(model: Any, inputs: Inputs, call: str | None = None) -> Outputs | None:
+    """The eager model's outputs (its method ``call``'s; a plain function's) computed in
+    float64, or None where it cannot run so."""
     try:
-        m64 = copy.deepcopy(model).double()
-        args = tuple(
-            a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-            for a in inputs
-        )
+        m64 = copy.deepcopy(model).double() if isinstance(model, torch.nn.Module) else model
         with torch.no_grad():
-            return Outputs.of(m64(*args))
+            return Outputs.of(inputs.double().call(entry(m64, call)))
     except Exception:  # a model with fp32-only kernels: the RMSE test is skipped
         return None
 
