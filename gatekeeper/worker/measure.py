@@ -22,7 +22,7 @@ from .counters import (
 from .graphs import graph_breaks
 from .memory import allocated
 from .model import build_base, build_recorded
-from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
+from .parity import Outputs, check_parity, fp64_reference, read_reference, save_reference
 from .protocol import Request, Response
 from .task import (
     autocast,
@@ -116,8 +116,9 @@ def measure(req: Request) -> Response:
         if base_dir_paired is not None:
             parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
         elif req.baseline_reference:
-            base_outputs, base64 = load_reference(req.baseline_reference)
-            parity["vs_baseline"] = check_parity(cand, base_outputs, base64, tol)
+            loaded = read_reference(req.baseline_reference)
+            if loaded is not None:
+                parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
         save_reference(req.reference_out, cand, ref64)
         start_counting()  # recompiles from here on: the measured calls
 
@@ -130,6 +131,7 @@ def measure(req: Request) -> Response:
         counters=cache,
         graphs=graphs,
         parity=parity,
+        outputs=cand.summary(),
         memory=memory,
         latency=lat,
         paired=paired,

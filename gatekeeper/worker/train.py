@@ -32,7 +32,7 @@ from .counters import (
 )
 from .graphs import graph_breaks
 from .model import build_base, build_recorded
-from .parity import Outputs, check_parity, load_reference, save_reference
+from .parity import Outputs, check_parity, read_reference, save_reference
 from .protocol import Request, Response
 from .task import (
     Trainer,
@@ -144,8 +144,9 @@ def measure_train(req: Request) -> Response:
             },
         }
     elif req.baseline_reference:
-        base_outputs, base64 = load_reference(req.baseline_reference)
-        parity["vs_baseline"] = name_task(check_parity(cand, base_outputs, base64, tol), steps)
+        loaded = read_reference(req.baseline_reference)
+        if loaded is not None:
+            parity["vs_baseline"] = name_task(check_parity(cand, *loaded, tol), steps)
     save_reference(req.reference_out, cand, Outputs.of(ref64) if ref64 is not None else None)
 
     start_counting()  # recompiles from here on: the measured steps
