@@ -204,7 +204,7 @@ def check_target(
         graphs=resp.graphs,
         latency=resp.latency,
         memory=resp.memory,
-        parity=resp.parity,
+        parity={**resp.parity, "outputs": resp.outputs} if resp.parity else None,
         paired=pair,
         work=resp.work,
         precompile=precompile,

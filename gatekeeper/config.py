@@ -10,9 +10,19 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
 
@@ -84,6 +94,35 @@ class InputSpec(_Strict):
         return {d for d in self.shape if isinstance(d, str)}
 
 
+def _input_kind(value: Any) -> str:
+    return "tensor-input" if isinstance(value, (dict, InputSpec)) else "plain-input"
+
+
+def _plain_value(value: Any) -> Any:
+    if not isinstance(value, (bool, int, float, str)):
+        raise ValueError(
+            "expected a tensor's table ({ shape = [...], dtype = ... }) or a plain value "
+            f"(true/false, a number, a string), got {value!r}"
+        )
+    return value
+
+
+# one input: a seeded random tensor (a table) or a plain value passed as it is (a flag
+# such as ``use_cache = false``, a number, a string)
+Input = Annotated[
+    Annotated[InputSpec, Tag("tensor-input")]
+    | Annotated[Any, BeforeValidator(_plain_value), Tag("plain-input")],
+    Discriminator(_input_kind),
+]
+# positional inputs (a list) or keyword inputs (a table of named inputs)
+Inputs = Annotated[
+    Annotated[list[Input], Tag("positional-inputs")]
+    | Annotated[dict[str, Input], Tag("keyword-inputs")],
+    Discriminator(lambda v: "keyword-inputs" if isinstance(v, dict) else "positional-inputs"),
+]
+_INPUT_TAGS = ("tensor-input", "plain-input", "positional-inputs", "keyword-inputs")
+
+
 class ParityTolerance(_Strict):
     atol: float = Field(1e-4, ge=0)
     rtol: float = Field(1e-4, ge=0)
@@ -145,8 +184,13 @@ class TrainConfig(BaseModel):
 
 class ModelConfig(_Strict):
     name: str = Field(pattern=_NAME)
-    factory: str = Field(pattern=_CALLABLE)
-    inputs: list[InputSpec] | None = None
+    # what is compiled: the module ``factory`` returns (its ``forward``, or its method
+    # ``call``), or the plain function ``function`` names
+    factory: str | None = Field(None, pattern=_CALLABLE)
+    function: str | None = Field(None, pattern=_CALLABLE)
+    call: str | None = Field(None, pattern=r"^[A-Za-z_]\w*$")
+    # positional inputs (a list) or keyword inputs (a table of named inputs)
+    inputs: Inputs | None = None
     inputs_factory: str | None = Field(None, pattern=_CALLABLE)
     shapes: list[dict[str, int]] = Field(default_factory=lambda: [dict[str, int]()])
     modes: list[Mode] = Field(default_factory=lambda: list[Mode](["default"]))
@@ -167,8 +211,37 @@ class ModelConfig(_Strict):
         """The training step's settings (the defaults when ``train`` is not given)."""
         return self.train or TrainConfig()
 
+    @property
+    def builder(self) -> str:
+        """The reference that builds what is compiled (``factory`` or ``function``)."""
+        ref = self.factory or self.function
+        assert ref is not None  # the validator requires one
+        return ref
+
+    def input_specs(self) -> list[InputSpec]:
+        """The tensor inputs of ``inputs`` (positional or keyword)."""
+        items = self.inputs.values() if isinstance(self.inputs, dict) else self.inputs or []
+        return [i for i in items if isinstance(i, InputSpec)]
+
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
+        if (self.factory is None) == (self.function is None):
+            raise ValueError("give exactly one of 'factory' (a module) or 'function'")
+        if self.function is not None:
+            if self.call is not None:
+                raise ValueError(
+                    "'call' names a method of the module 'factory' returns; a "
+                    "'function' model has none"
+                )
+            if "train" in self.tasks:
+                raise ValueError(
+                    "tasks: \"train\" needs a module's parameters; a 'function' model "
+                    "has none (use a factory)"
+                )
+        if isinstance(self.inputs, dict):
+            for k in self.inputs:
+                if not re.fullmatch(r"[A-Za-z_]\w*", k):
+                    raise ValueError(f"inputs: keyword {k!r} is not an identifier")
         if (self.inputs is None) == (self.inputs_factory is None):
             raise ValueError("give exactly one of 'inputs' or 'inputs_factory'")
         if not self.shapes:
@@ -188,7 +261,7 @@ class ModelConfig(_Strict):
                 "'options' cannot be combined with modes other than 'default' "
                 "(torch.compile takes either mode or options)"
             )
-        used = set().union(*(i.names() for i in self.inputs or []))
+        used = set().union(*(i.names() for i in self.input_specs()))
         for n, shape_set in enumerate(self.shapes):
             for k, v in shape_set.items():
                 if not re.fullmatch(r"[A-Za-z_]\w*", k):
@@ -264,6 +337,8 @@ class Config(_Strict):
 def _where(loc: tuple) -> str:
     out = ""
     for part in loc:
+        if part in _INPUT_TAGS:  # an input's kind, not a field the user wrote
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle
-from .config import ModelConfig
+from .config import InputSpec, ModelConfig
 from .errors import AccessDenied, BundleError, ConfigError, GatekeeperError, StoreUnavailable
 from .hashing import sha256_bytes, sha256_file
 from .store.layout import BundleLocation, Store
@@ -190,35 +190,37 @@ def compile_spec(target: Target) -> dict:
     # a dynamic model's bundle serves every shape set: its key names the dimensions
     # (and every shape set), never one set's sizes
     shape_set = {} if target.dynamic else target.shape_set
-    inputs: list[dict[str, Any]] | None = None
-    if m.inputs is not None:
-        inputs = []
-        for spec in m.inputs:
-            if target.dynamic:
-                inputs.append(
-                    {
-                        "shape": list(spec.shape),
-                        "dtype": spec.dtype,
-                        "low": spec.low,
-                        "high": spec.high,
-                    }
-                )
-                continue
-            shape = [shape_set[d] if isinstance(d, str) else d for d in spec.shape]
-            strides: list[int] = []
-            acc = 1
-            for d in reversed(shape):
-                strides.insert(0, acc)
-                acc *= max(d, 1)
-            inputs.append(
-                {
-                    "shape": shape,
-                    "stride": strides,
-                    "dtype": spec.dtype,
-                    "low": spec.low,
-                    "high": spec.high,
-                }
-            )
+
+    def one(spec: InputSpec | bool | int | float | str) -> dict[str, Any]:
+        if not isinstance(spec, InputSpec):  # a plain value, passed as it is
+            return {"value": spec}
+        if target.dynamic:
+            return {
+                "shape": list(spec.shape),
+                "dtype": spec.dtype,
+                "low": spec.low,
+                "high": spec.high,
+            }
+        shape = [shape_set[d] if isinstance(d, str) else d for d in spec.shape]
+        strides: list[int] = []
+        acc = 1
+        for d in reversed(shape):
+            strides.insert(0, acc)
+            acc *= max(d, 1)
+        return {
+            "shape": shape,
+            "stride": strides,
+            "dtype": spec.dtype,
+            "low": spec.low,
+            "high": spec.high,
+        }
+
+    # positional inputs are a list (as they always were); keyword inputs a table
+    inputs: list[dict[str, Any]] | dict[str, dict[str, Any]] | None = None
+    if isinstance(m.inputs, dict):
+        inputs = {name: one(spec) for name, spec in m.inputs.items()}
+    elif m.inputs is not None:
+        inputs = [one(spec) for spec in m.inputs]
     spec_doc = {
         "backend": m.backend,
         "mode": target.mode,
@@ -232,6 +234,11 @@ def compile_spec(target: Target) -> dict:
     }
     if target.dynamic:
         spec_doc["shape_sets"] = m.shapes
+    # what is compiled, only when not a module's forward (so those keys stay as they were)
+    if m.call not in (None, "forward"):
+        spec_doc["call"] = m.call
+    if m.function is not None:
+        spec_doc["function"] = m.function
     # only when not the default: the keys of inference float32 targets stay what they were
     if target.task != "infer":
         spec_doc["task"] = target.task
@@ -242,7 +249,7 @@ def compile_spec(target: Target) -> dict:
 
 
 def refs_of(model: ModelConfig) -> list[str]:
-    return [model.factory] + ([model.inputs_factory] if model.inputs_factory else [])
+    return [model.builder] + ([model.inputs_factory] if model.inputs_factory else [])
 
 
 def code_hash(refs: list[str], spec: dict, deps: dict) -> str:

@@ -202,9 +202,20 @@ class ParityCheck(_Doc):
     detail: str | None = None
 
 
+class OutputsSummary(_Doc):
+    """What the model returned, as parity walked it (gatekeeper.worker.outputs)."""
+
+    kind: str  # the top level: "tensor", "tuple[2]", "CausalLMOutputWithPast{cache,logits}"
+    leaves: int  # tensors and plain values compared
+    tensors: int
+    elements: int  # numbers in those tensors
+    containers: dict[str, str] = {}  # path -> kind of each cache, ModelOutput, object
+
+
 class Parity(_Doc):
     vs_eager: ParityCheck
     vs_baseline: ParityCheck | None = None  # compiled outputs vs the baseline's stored ones
+    outputs: OutputsSummary | None = None  # inference targets
 
 
 class ReferenceOutputs(_Doc):

@@ -79,6 +79,10 @@ class Target:
             "dynamic": self.dynamic,
             "device": self.model.device,
         }
+        if self.model.function is not None:
+            d["function"] = self.model.function
+        if self.model.call not in (None, "forward"):
+            d["call"] = self.model.call
         if self.task != "infer":
             d["task"] = self.task
         if self.precision != "fp32":

@@ -571,3 +571,51 @@ def test_precompile_defaults_to_auto_and_a_model_can_turn_it_off(tmp_path):
 def test_bad_precompile_value_names_the_field(tmp_path):
     msg = config_error(tmp_path, MODEL + 'precompile = "always"\n')
     assert "models[0].precompile" in msg and "\n" not in msg
+
+
+def test_keyword_inputs_plain_values_call_and_function(tmp_path):
+    path = write(
+        tmp_path,
+        "gatekeeper.toml",
+        """
+        [[models]]
+        name = "lm"
+        factory = "mymod:make"
+        call = "encode"
+        shapes = [{ batch = 2 }]
+
+        [models.inputs]
+        input_ids = { shape = ["batch", 4], dtype = "int64", high = 10 }
+        use_cache = false
+
+        [[models]]
+        name = "f"
+        function = "mymod:fn"
+        inputs = [{ shape = [4] }, 3, "mean"]
+        """,
+    )
+    lm, f = load_config(path).models
+    assert lm.call == "encode" and lm.builder == "mymod:make"
+    assert isinstance(lm.inputs, dict) and lm.inputs["use_cache"] is False
+    assert [s.dtype for s in lm.input_specs()] == ["int64"]
+    assert f.function == "mymod:fn" and f.factory is None and f.inputs[1:] == [3, "mean"]
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            'factory = "m:f"\nshapes = [{ batch = 2 }]\n[models.inputs]\n'
+            'x = { shape = ["batch"], dtype = "int65" }',
+            "models[0].inputs.x.dtype: expected 'float32'",
+        ),
+        ('factory = "m:f"\ninputs = { x = [1, 2] }', "models[0].inputs.x: expected a tensor's"),
+        ('factory = "m:f"\nfunction = "m:g"\ninputs = []', "exactly one of 'factory'"),
+        ('function = "m:g"\ninputs = []\ntasks = ["train"]', 'tasks: "train" needs a module'),
+        ('function = "m:g"\ncall = "encode"\ninputs = []', "'call' names a method"),
+        ('factory = "m:f"\ncall = "not a name"\ninputs = []', "models[0].call:"),
+    ],
+)
+def test_bad_inputs_call_and_function_are_one_line_errors(tmp_path, body, expected):
+    msg = config_error(tmp_path, f'[[models]]\nname = "m"\n{body}\n')
+    assert expected in msg and "\n" not in msg, msg

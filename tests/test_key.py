@@ -422,3 +422,25 @@ def test_compile_spec_has_task_precision_and_no_shapes_when_dynamic():
     dyn = expand(Config.model_validate({"models": [{**m, "dynamic": True}]}))
     assert compile_spec(dyn[0]) == compile_spec(dyn[1])  # one key for every shape set
     assert compile_spec(dyn[0])["inputs"][0]["shape"] == ["batch", 4]
+
+
+def test_compile_spec_adds_call_function_and_keyword_inputs_only_when_used():
+    from gatekeeper.config import ModelConfig
+    from gatekeeper.targets import Target
+
+    def spec(**model):
+        m = ModelConfig.model_validate({"name": "m", "shapes": [{"batch": 2}], **model})
+        return key.compile_spec(Target(m, (("batch", 2),), "default", False))
+
+    positional = spec(factory="a:b", inputs=[{"shape": ["batch", 4]}])
+    # a positional config's spec is what it always was: its stored bundles still hit
+    assert positional["inputs"] == [
+        {"shape": [2, 4], "stride": [4, 1], "dtype": "float32", "low": None, "high": None}
+    ]
+    assert "call" not in positional and "function" not in positional
+    named = spec(factory="a:b", inputs={"x": {"shape": ["batch", 4]}, "use_cache": False})
+    assert named["inputs"] == {"x": positional["inputs"][0], "use_cache": {"value": False}}
+    assert spec(factory="a:b", call="encode", inputs=[{"shape": ["batch", 4]}])["call"] == "encode"
+    fn = spec(function="a:c", inputs=[{"shape": ["batch", 4]}])
+    assert fn["function"] == "a:c"
+    assert key.refs_of(ModelConfig(name="m", function="a:c", inputs=[])) == ["a:c"]

@@ -582,7 +582,16 @@ def _parity_table(r: TargetResult) -> str | None:
                 md_text(c.detail, MAX_REASON_CHARS) if c.detail else "",
             ]
         )
-    return _table(rows, ["", "result", "method", "max abs err", "RMSE", "cosine", "detail"])
+    table = _table(rows, ["", "result", "method", "max abs err", "RMSE", "cosine", "detail"])
+    out = r.parity.outputs
+    if out is None:
+        return table
+    parts = [
+        f"Outputs compared: {md_code(out.kind)}, {out.leaves} leaves "
+        f"({out.tensors} tensors, {out.elements:,} numbers)"
+    ]
+    parts += [f"{md_code(path)}: {md_code(kind)}" for path, kind in out.containers.items()]
+    return table + "\n\n" + "; ".join(parts) + "."
 
 
 def _break_where(b: GraphBreak, *, table: bool = False) -> str:
@@ -726,14 +735,26 @@ def _headline(report: GateReport, title: str) -> str:
 
 def _failures(rows: list[GateRow]) -> str | None:
     items = []
+    # targets that failed with the same error (a model torch cannot compile, at every
+    # shape set and mode) are one item
+    errors: dict[str, list[str]] = {}
+    for row in rows:
+        if row.verdict.verdict == "error":
+            errors.setdefault(error_line(row.result.error), []).append(row.result.target)
     for row in rows:
         v = row.verdict
         if v.verdict not in EXPLAINED:
             continue
         if v.verdict == "error":
-            why = [error_line(row.result.error)]
-        else:
-            why = v.reasons or [v.verdict]
+            line = error_line(row.result.error)
+            targets = errors.pop(line, None)
+            if targets is None:  # listed with the first target of its group
+                continue
+            names = ", ".join(f"**{md_text(t)}**" for t in targets)
+            count = f" ({len(targets)} targets)" if len(targets) > 1 else ""
+            items.append(f"- {_emoji(v.verdict)} {names}{count}: {md_text(line, MAX_REASON_CHARS)}")
+            continue
+        why = v.reasons or [v.verdict]
         items.append(
             f"- {_emoji(v.verdict)} **{md_text(row.result.target)}**: "
             + "; ".join(md_text(w, MAX_REASON_CHARS) for w in why)

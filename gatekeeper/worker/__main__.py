@@ -3,11 +3,13 @@
 Started by :mod:`gatekeeper.worker.launch` with a fresh, isolated inductor cache dir.
 It always writes a response: ``ok`` true with the action's fields, or ``ok`` false with
 ``kind`` (``config``: the user's factory or inputs; ``compile``: torch failed) and a
-one-line ``error``.
+one-line ``error``: torch's message and where in the model's code it happened.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -30,6 +32,53 @@ def handle(req: Request) -> Response:
     return compile_target(req)
 
 
+_USER_CODE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _shown(path: str, base_dir: Path) -> str:
+    """A source file as a person finds it: relative to the config's folder, else from
+    its package (``transformers/models/llama/modeling_llama.py``), else as it is."""
+    path = os.path.abspath(path)
+    try:
+        return Path(path).relative_to(base_dir.resolve()).as_posix()
+    except ValueError:
+        pass
+    for marker in ("site-packages", "dist-packages"):
+        if f"{os.sep}{marker}{os.sep}" in path:
+            return path.split(f"{os.sep}{marker}{os.sep}", 1)[1]
+    return path
+
+
+def where(e: BaseException, base_dir: Path) -> str | None:
+    """The model code's ``file:line`` where ``e`` happened: the last frame of the user
+    code torch names (Dynamo: "from user code:"), else the innermost traceback frame
+    outside torch, gatekeeper and Python's own library."""
+    text = str(e)
+    if "from user code:" in text:
+        found = _USER_CODE.findall(text.split("from user code:", 1)[1])
+        if found:
+            return f"{_shown(found[-1][0], base_dir)}:{found[-1][1]}"
+    from .deps import is_stdlib
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    torch_dir = os.sep + "torch" + os.sep
+    best = None
+    for frame, line in traceback.walk_tb(e.__traceback__):
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(ours) or torch_dir in path or not os.path.isfile(path):
+            continue
+        if is_stdlib(path):
+            continue
+        best = f"{_shown(path, base_dir)}:{line}"
+    return best
+
+
+def describe(e: BaseException, base_dir: Path) -> str:
+    """One line: torch's message (``Type: first line``) and the model code's file:line."""
+    at = where(e, base_dir)
+    return first_line(e) + (f" (at {at})" if at else "")
+
+
 def main(argv: list[str]) -> int:
     request_path, response_path = Path(argv[0]), Path(argv[1])
     req = Request.model_validate_json(request_path.read_text())
@@ -39,7 +88,7 @@ def main(argv: list[str]) -> int:
         resp = Response.failure("config", str(e))
     except Exception as e:  # the model's own failure: report it, let other targets run
         traceback.print_exc(file=sys.stderr)
-        resp = Response.failure("compile", first_line(e))
+        resp = Response.failure("compile", describe(e, req.base_path))
     response_path.write_text(resp.model_dump_json())
     return 0
 

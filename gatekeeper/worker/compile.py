@@ -10,6 +10,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ..config import ModelConfig
+from .calls import Inputs, entry
 from .counters import record_inductor_metrics
 from .model import build_recorded
 from .protocol import Request, Response
@@ -20,8 +21,9 @@ from .timing import first_call
 def compile_model(
     model: Any, cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
 ):
-    """``torch.compile`` a model (or a training step function) as configured;
-    ``fullgraph`` overrides the config's (a training step always breaks at backward)."""
+    """``torch.compile`` a model (or its method, a plain function, a training step
+    function) as configured; ``fullgraph`` overrides the config's (a training step always
+    breaks at backward)."""
     kwargs: dict[str, Any] = {
         "backend": cfg.backend,
         "fullgraph": cfg.fullgraph if fullgraph is None else fullgraph,
@@ -72,7 +74,9 @@ def compile_target(req: Request) -> Response:
         model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
         with torch.no_grad():
             seconds = first_call(
-                under_autocast(model, req.device, req.precision), inputs, req.device
+                under_autocast(entry(model, req.model.call), req.device, req.precision),
+                inputs,
+                req.device,
             )[1]
         return Response(
             ok=True,
@@ -96,14 +100,16 @@ def compile_target(req: Request) -> Response:
         from .train import compile_steps
 
         resp, cstep = compile_steps(req)
-        run = lambda ins: cstep(*ins)  # noqa: E731
+        run = lambda ins: ins.call(cstep)  # noqa: E731
     else:
         model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
         check_precision(req.device, req.precision)
         imports = _import_inductor()
         start = time.perf_counter()  # torch.compile() itself: a package loads in there
         compiled = under_autocast(
-            compile_model(model, req.model, req.mode, req.dynamic), req.device, req.precision
+            compile_model(entry(model, req.model.call), req.model, req.mode, req.dynamic),
+            req.device,
+            req.precision,
         )
         wrap = time.perf_counter() - start
         calls = []
@@ -121,9 +127,9 @@ def compile_target(req: Request) -> Response:
             deps=deps,
         )
 
-        def run(ins: tuple) -> None:
+        def run(ins: Inputs) -> None:
             with torch.no_grad():
-                compiled(*ins)
+                ins.call(compiled)
 
     if req.action == "compile" and req.dynamic:
         # one bundle serves every shape set: whatever else they compile goes in it too
@@ -155,15 +161,19 @@ def _record_precompile(req: Request) -> dict:
     def build():
         model, inputs, _ = build_recorded(req.model, req.shapes, req.base_path, req.device)
         compiled = under_autocast(
-            compile_model(model, req.model, req.mode, req.dynamic), req.device, req.precision
+            compile_model(entry(model, req.model.call), req.model, req.mode, req.dynamic),
+            req.device,
+            req.precision,
         )
 
         def calls() -> None:
             with torch.no_grad():
                 for _ in range(2):
-                    compiled(*inputs)
+                    inputs.call(compiled)
                 if req.dynamic:  # the one package serves every shape set
-                    shape_sweep(req.model, req.base_path, req.device, lambda ins: compiled(*ins))
+                    shape_sweep(
+                        req.model, req.base_path, req.device, lambda ins: ins.call(compiled)
+                    )
 
         return calls
 

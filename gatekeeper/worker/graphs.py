@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 
+from .calls import Inputs
+
 
 def graph_breaks(
     model: Callable,
-    inputs: tuple,
+    inputs: Inputs,
     base_dir: Path,
     *,
     grad: bool = False,
@@ -22,7 +24,7 @@ def graph_breaks(
     every model before compiling anything). ``grad``: with autograd on (a training
     step); ``context``: entered around the call (autocast)."""
     with torch.set_grad_enabled(grad), context():
-        explained = torch._dynamo.explain(model)(*inputs)
+        explained = inputs.call(torch._dynamo.explain(model))
     reasons = []
     for r in explained.break_reasons:
         frame = r.user_stack[-1] if r.user_stack else None

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
-from torch.utils._pytree import tree_flatten, tree_map
 
+from .calls import entry
 from .compile import compile_model, snapshot_counters
 from .counters import (
     flops,
@@ -23,7 +23,7 @@ from .counters import (
 from .graphs import graph_breaks
 from .memory import allocated
 from .model import build_base, build_recorded
-from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
+from .parity import Outputs, check_parity, fp64_reference, read_reference, save_reference
 from .protocol import Request, Response
 from .task import (
     autocast,
@@ -34,10 +34,6 @@ from .task import (
     under_autocast,
 )
 from .timing import first_call
-
-
-def _copied(out):
-    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
 
 
 def eager_model(model: torch.nn.Module, paired: bool) -> torch.nn.Module:
@@ -59,57 +55,59 @@ def measure(req: Request) -> Response:
     tol = parity_tolerance(req.parity.model_dump(), req.precision)
     check_precision(device, req.precision)
     model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
+    fn = entry(model, cfg.call)  # the module, its method `call`, or a plain function
     # the precision's autocast around every forward (none for fp32); fp64 runs without
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
-    eager = under_autocast(eager_model(model, base_dir_paired is not None), device, req.precision)
+    eager_fn = entry(eager_model(model, base_dir_paired is not None), cfg.call)
+    eager = under_autocast(eager_fn, device, req.precision)
     amp = lambda: autocast(device, req.precision)  # noqa: E731
     paired: dict | None = None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
-    graphs = graph_breaks(model, inputs, base_dir, context=amp)
+    graphs = graph_breaks(fn, inputs, base_dir, context=amp)
     if base_dir_paired is not None:
         base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
-        base_graphs = graph_breaks(base_model, inputs, base_dir_paired, context=amp)
+        base_fn_eager = entry(base_model, cfg.call)
+        base_graphs = graph_breaks(base_fn_eager, inputs, base_dir_paired, context=amp)
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
 
     before_compile = allocated(device)
-    compiled = under_autocast(
-        compile_model(model, cfg, req.mode, req.dynamic), device, req.precision
-    )
+    compiled = under_autocast(compile_model(fn, cfg, req.mode, req.dynamic), device, req.precision)
     with torch.no_grad():
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
-        # next call: keep a copy of what the first call returned
+        # next call: keep a copy of what the first call returned (every leaf, a cache's
+        # tensors included)
         out_compiled, compile_seconds = first_call(compiled, inputs, device)
-        out_compiled = _copied(out_compiled)
+        cand = Outputs.of(out_compiled).cloned()
+        del out_compiled
         for _ in range(2):
-            compiled(*inputs)
+            inputs.call(compiled)
         cache = snapshot_counters()
         # what the compiled model keeps allocated (CUDA graph pools, static buffers),
         # not counting the copy of its first outputs kept for parity
         copy_bytes = sum(
-            t.numel() * t.element_size()
-            for t in tree_flatten(out_compiled)[0]
-            if isinstance(t, torch.Tensor) and t.device.type == "cuda"
+            t.numel() * t.element_size() for t in cand.tensors() if t.device.type == "cuda"
         )
         held = allocated(device) - before_compile - copy_bytes
         work = {
             **inductor_metrics(),
-            "flops": flops(lambda: eager(*inputs)),
-            "instructions": instructions(lambda: compiled(*inputs)),
+            "flops": flops(lambda: inputs.call(eager)),
+            "instructions": instructions(lambda: inputs.call(compiled)),
         }
         base_fn = None
         if base_dir_paired is not None:
             reset_inductor_metrics()
             base_compiled = under_autocast(
-                compile_model(base_model, cfg, req.mode, req.dynamic), device, req.precision
+                compile_model(base_fn_eager, cfg, req.mode, req.dynamic), device, req.precision
             )
-            base_out, base_seconds = first_call(base_compiled, inputs, device)
-            base_out = _copied(base_out)
-            base_compiled(*inputs)
-            base_fn = lambda: base_compiled(*inputs)  # noqa: E731
+            base_first, base_seconds = first_call(base_compiled, inputs, device)
+            base_out = Outputs.of(base_first).cloned()
+            del base_first
+            inputs.call(base_compiled)
+            base_fn = lambda: inputs.call(base_compiled)  # noqa: E731
             paired = {
                 "compile_seconds": base_seconds,
                 "graphs": base_graphs,
@@ -117,21 +115,21 @@ def measure(req: Request) -> Response:
                 "work": {
                     **inductor_metrics(),
                     "flops": flops(
-                        lambda: under_autocast(base_model, device, req.precision)(*inputs)
+                        lambda: inputs.call(under_autocast(base_fn_eager, device, req.precision))
                     ),
                     "instructions": instructions(base_fn),
                 },
             }
 
-        cand = Outputs.of(out_compiled)
-        ref64 = fp64_reference(model, inputs)
+        ref64 = fp64_reference(model, inputs, cfg.call)
         ref64_leaves = ref64.leaves if ref64 is not None else None
-        parity = {"vs_eager": check_parity(cand, Outputs.of(eager(*inputs)), ref64_leaves, tol)}
+        parity = {"vs_eager": check_parity(cand, Outputs.of(inputs.call(eager)), ref64_leaves, tol)}
         if base_dir_paired is not None:
-            parity["vs_baseline"] = check_parity(cand, Outputs.of(base_out), None, tol)
+            parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
         elif req.baseline_reference:
-            base_outputs, base64 = load_reference(req.baseline_reference)
-            parity["vs_baseline"] = check_parity(cand, base_outputs, base64, tol)
+            loaded = read_reference(req.baseline_reference)
+            if loaded is not None:
+                parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
         save_reference(req.reference_out, cand, ref64)
         start_counting()  # recompiles from here on: the measured calls
 
@@ -144,6 +142,7 @@ def measure(req: Request) -> Response:
         counters=cache,
         graphs=graphs,
         parity=parity,
+        outputs=cand.summary(),
         memory=memory,
         latency=lat,
         paired=paired,

@@ -15,6 +15,7 @@ import torch
 
 from ..config import InputSpec, ModelConfig
 from ..errors import ConfigError
+from .calls import Inputs
 from .deps import recording
 
 # the user's modules (hashed by content) that recorded builds in this process imported:
@@ -92,12 +93,21 @@ def _call(ref: str, fn: Callable[..., Any], *args: Any) -> Any:
         raise ConfigError(f"factory {ref!r} raised {type(e).__name__}: {first}") from None
 
 
-def build_model(cfg: ModelConfig, base_dir: Path, device: str) -> torch.nn.Module:
+def build_model(cfg: ModelConfig, base_dir: Path, device: str) -> Any:
+    """The module ``factory`` returns (on ``device``, in eval mode), or the function
+    ``function`` names."""
     torch.manual_seed(cfg.seed)
-    model = _call(cfg.factory, load_callable(cfg.factory, base_dir))
+    if cfg.function is not None:
+        return load_callable(cfg.function, base_dir)
+    model = _call(cfg.builder, load_callable(cfg.builder, base_dir))
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(
-            f"factory {cfg.factory!r} returned {type(model).__name__}, not a torch.nn.Module"
+            f"factory {cfg.builder!r} returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    if cfg.call is not None and not callable(getattr(model, cfg.call, None)):
+        raise ConfigError(
+            f"call: {type(model).__name__} (from factory {cfg.builder!r}) has no method "
+            f"{cfg.call!r}"
         )
     return model.to(device).eval()
 
@@ -127,29 +137,37 @@ def make_inputs(
     base_dir: Path,
     device: str,
     seed: int | None = None,
-) -> tuple[Any, ...]:
-    """Seeded inputs: the same seed and shape set give the same tensors everywhere."""
+) -> Inputs:
+    """Seeded inputs: the same seed and shape set give the same tensors everywhere.
+    Positional (``inputs`` as a list), keyword (``inputs`` as a table), or whatever the
+    inputs factory returns (see :meth:`Inputs.of`); plain values pass as they are."""
     seed = cfg.seed if seed is None else seed
     if cfg.inputs_factory:
         torch.manual_seed(seed)
-        args = _call(
+        made = _call(
             cfg.inputs_factory, load_callable(cfg.inputs_factory, base_dir), dict(shape_set)
         )
-        args = args if isinstance(args, tuple) else (args,)
-        return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+        return Inputs.of(made, f"inputs_factory {cfg.inputs_factory!r}").to(device)
     gen = torch.Generator().manual_seed(seed)
-    return tuple(_tensor(spec, shape_set, gen, device) for spec in cfg.inputs or [])
+
+    def one(item: Any) -> Any:
+        return _tensor(item, shape_set, gen, device) if isinstance(item, InputSpec) else item
+
+    if isinstance(cfg.inputs, dict):  # keyword inputs, drawn in the order written
+        return Inputs((), {name: one(item) for name, item in cfg.inputs.items()})
+    return Inputs(tuple(one(item) for item in cfg.inputs or []))
 
 
 def build_recorded(
     cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str
-) -> tuple[torch.nn.Module, tuple[Any, ...], dict]:
-    """The model, its inputs, and what they were built from (the key's dependencies)."""
-    refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
+) -> tuple[Any, Inputs, dict]:
+    """The model (or function), its inputs, and what they were built from (the key's
+    dependencies)."""
+    refs = [cfg.builder] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
     with recording(base_dir) as rec:
         model = build_model(cfg, base_dir, device)
         inputs = make_inputs(cfg, shape_set, base_dir, device)
-    rec.note(model, *inputs, refs=refs)
+    rec.note(model, *inputs.values(), refs=refs)
     deps = rec.finish()
     _user_modules.update(deps["modules"])
     return model, inputs, deps
@@ -157,10 +175,10 @@ def build_recorded(
 
 def build_base(
     cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str
-) -> tuple[torch.nn.Module, dict]:
+) -> tuple[Any, dict]:
     """Paired mode: the base version's model, built (with its inputs, as a compile of
     that commit would) from its own checkout, and what it was built from."""
-    refs = [cfg.factory] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
+    refs = [cfg.builder] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
     with other_version(base_dir, [r.split(":")[0] for r in refs]):
         model, _, deps = build_recorded(cfg, shape_set, base_dir, device)
     return model, deps

@@ -144,9 +144,10 @@ def verify(req: Request) -> Response:
     make the first call, and compare it with eager and with the reference outputs of
     the check that asked (the ordinary compiled path). Verified only when Dynamo was
     skipped and every comparison passed."""
+    from .calls import entry
     from .compile import compile_model, snapshot_counters
     from .model import build_recorded
-    from .parity import Outputs, check_parity, fp64_reference, load_reference
+    from .parity import Outputs, check_parity, fp64_reference, read_reference
     from .protocol import Response, dynamo_skipped
     from .task import check_precision, parity_tolerance, under_autocast
     from .timing import first_call
@@ -160,7 +161,9 @@ def verify(req: Request) -> Response:
     with _torch_log() as log:
         start = time.perf_counter()  # the package loads inside torch.compile()
         compiled = under_autocast(
-            compile_model(model, req.model, req.mode, req.dynamic), req.device, req.precision
+            compile_model(entry(model, req.model.call), req.model, req.mode, req.dynamic),
+            req.device,
+            req.precision,
         )
         wrap = time.perf_counter() - start
         with torch.no_grad():
@@ -170,12 +173,15 @@ def verify(req: Request) -> Response:
     counts = snapshot_counters()
     skipped = dynamo_skipped(counts)
     with torch.no_grad():
-        eager = Outputs.of(under_autocast(model, req.device, req.precision)(*inputs))
-    ref64 = fp64_reference(model, inputs)
+        eager = Outputs.of(
+            inputs.call(under_autocast(entry(model, req.model.call), req.device, req.precision))
+        )
+    ref64 = fp64_reference(model, inputs, req.model.call)
     parity = {"vs_eager": check_parity(cand, eager, ref64.leaves if ref64 else None, tol)}
     if req.reference_in:
-        ref, ref_64 = load_reference(req.reference_in)
-        parity["vs_reference"] = check_parity(cand, ref, ref_64, tol)
+        loaded = read_reference(req.reference_in)
+        if loaded is not None:
+            parity["vs_reference"] = check_parity(cand, loaded[0], loaded[1], tol)
     failed = [k for k, v in parity.items() if not v.get("passed")]
     reason = None
     if not skipped:

@@ -116,6 +116,9 @@ class Response(_Msg):
     precompile: dict[str, Any] | None = None  # compile: recorded or why not; precompile: verdict
     graphs: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
+    outputs: dict[str, Any] | None = (
+        None  # measure: what the model returned (results.OutputsSummary)
+    )
     memory: dict[str, Any] | None = None
     latency: dict[str, Any] | None = None
     paired: dict[str, Any] | None = None  # measure, paired: the base's, with its "deps"

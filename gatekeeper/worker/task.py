@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..config import ModelConfig, TrainConfig
 from ..errors import ConfigError
+from .calls import Inputs, entry, loss_inputs
 from .memory import peak_memory
 from .model import load_callable
 from .profile import profile_calls
@@ -78,9 +79,9 @@ def under_autocast(fn: Callable, device: str, precision: str) -> Callable:
     if DTYPES[precision] is None:
         return fn
 
-    def call(*args: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         with autocast(device, precision):
-            return fn(*args)
+            return fn(*args, **kwargs)
 
     return call
 
@@ -103,7 +104,8 @@ def _first_float(out: Any) -> int | None:
 
 def make_loss(cfg: ModelConfig, base_dir: Path, sample_out: Any) -> Callable:
     """The configured ``train.loss`` or, by default, the mean of squares of the first
-    floating-point output (low-precision outputs upcast to float32)."""
+    floating-point output (low-precision outputs upcast to float32). It is called with
+    the outputs and the inputs (:func:`gatekeeper.worker.calls.loss_inputs`)."""
     train = cfg.training
     if train.loss:
         fn = load_callable(train.loss, base_dir)
@@ -115,7 +117,7 @@ def make_loss(cfg: ModelConfig, base_dir: Path, sample_out: Any) -> Callable:
             f"loss, and model {cfg.name!r} returns none (set train.loss)"
         )
 
-    def loss(out: Any, inputs: tuple) -> torch.Tensor:
+    def loss(out: Any, inputs: Any) -> torch.Tensor:
         t = tree_flatten(out)[0][index]
         if t.dtype in (torch.float16, torch.bfloat16):
             t = t.float()
@@ -137,28 +139,29 @@ def make_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Op
 
 
 def make_step(
-    model: torch.nn.Module,
+    forward: Callable,
     opt: torch.optim.Optimizer,
     loss_fn: Callable,
     device: str,
     precision: str,
 ) -> Callable:
-    """One training step as one function (what ``torch.compile`` compiles whole)."""
+    """One training step as one function (what ``torch.compile`` compiles whole);
+    ``forward`` is the model (or the method of it that is trained)."""
     dtype, dev = DTYPES[precision], device_type(device)
     if dtype is None:
 
-        def step(*inputs: Any) -> torch.Tensor:
+        def step(*args: Any, **kwargs: Any) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(*inputs), inputs)
+            loss = loss_fn(forward(*args, **kwargs), loss_inputs(args, kwargs))
             loss.backward()
             opt.step()
             return loss  # detached outside: a detach here is one more graph
     else:
 
-        def step(*inputs: Any) -> torch.Tensor:
+        def step(*args: Any, **kwargs: Any) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
             with torch.autocast(dev, dtype=dtype):
-                loss = loss_fn(model(*inputs), inputs)
+                loss = loss_fn(forward(*args, **kwargs), loss_inputs(args, kwargs))
             loss.backward()
             opt.step()
             return loss  # detached outside: a detach here is one more graph
@@ -179,7 +182,8 @@ class Trainer:
     ) -> None:
         self.model = model.train()
         self.opt = make_optimizer(self.model, cfg.training)
-        self.step = make_step(self.model, self.opt, loss_fn, device, precision)
+        forward = entry(self.model, cfg.call)
+        self.step = make_step(forward, self.opt, loss_fn, device, precision)
 
     @classmethod
     def copy_of(
@@ -226,21 +230,17 @@ def copy_state(src: Trainer, dst: Trainer) -> None:
                 d.copy_(s)
 
 
-def run_steps(step: Callable, inputs: tuple, steps: int) -> list[torch.Tensor]:
-    return [step(*inputs) for _ in range(steps)]
+def run_steps(step: Callable, inputs: Inputs, steps: int) -> list[torch.Tensor]:
+    return [inputs.call(step) for _ in range(steps)]
 
 
 def fp64_trajectory(
-    model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable, inputs: tuple, device: str
+    model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable, inputs: Inputs, device: str
 ) -> dict | None:
     """The eager training run in float64 (no autocast), or None where it cannot run."""
     try:
         t = Trainer(copy.deepcopy(model).double(), cfg, loss_fn, device, "fp32")
-        args = tuple(
-            a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-            for a in inputs
-        )
-        return t.outputs(run_steps(t.step, args, cfg.training.steps))
+        return t.outputs(run_steps(t.step, inputs.double(), cfg.training.steps))
     except Exception:  # fp32-only kernels: the RMSE rung is skipped
         return None
 
@@ -277,7 +277,7 @@ def recompiles() -> tuple[int, list[str]]:
 
 
 def shape_sweep(
-    cfg: ModelConfig, base_dir: Path, device: str, call: Callable[[tuple], Any]
+    cfg: ModelConfig, base_dir: Path, device: str, call: Callable[[Inputs], Any]
 ) -> dict:
     """Every shape set of the model, in turn, through ``call`` (the compiled model or
     step): the recompiles they cause, with the guards torch names."""
@@ -300,7 +300,7 @@ def shape_sweep(
 def measure_calls(
     eager: Callable[..., Any],
     compiled: Callable[..., Any],
-    inputs: tuple,
+    inputs: Inputs,
     req: Any,
     graphs: dict,
     *,
@@ -316,8 +316,8 @@ def measure_calls(
     ``paired``. ``before_timing`` runs between the memory and the timed calls (a training
     step puts eager and compiled back into the same state there)."""
     device = req.device
-    eager_fn = lambda: eager(*inputs)  # noqa: E731
-    compiled_fn = lambda: compiled(*inputs)  # noqa: E731
+    eager_fn = lambda: inputs.call(eager)  # noqa: E731
+    compiled_fn = lambda: inputs.call(compiled)  # noqa: E731
     memory = {
         "kind": "cuda" if device.startswith("cuda") else "cpu",
         "eager_peak_bytes": peak_memory(eager_fn, device),
@@ -336,5 +336,7 @@ def measure_calls(
         paired["samples"] = lat["samples"].pop("base")
     graphs["recompiles"], graphs["recompile_guards"] = recompiles()
     if req.sweep:
-        graphs["sweep"] = shape_sweep(req.model, req.base_path, device, lambda ins: compiled(*ins))
+        graphs["sweep"] = shape_sweep(
+            req.model, req.base_path, device, lambda ins: ins.call(compiled)
+        )
     return memory, lat, prof

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..gate import stats
+from .calls import Inputs
 
 SAMPLE_SECONDS = 0.002  # aim for at least this much work in one timing sample
 
@@ -23,12 +24,12 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def first_call(compiled: Callable, inputs: tuple, device: str) -> tuple[Any, float]:
+def first_call(compiled: Callable, inputs: Inputs, device: str) -> tuple[Any, float]:
     """One call's output and wall time (the first call of a compiled model is its
     compile)."""
     sync(device)
     start = time.perf_counter()
-    out = compiled(*inputs)
+    out = inputs.call(compiled)
     sync(device)
     return out, time.perf_counter() - start
 

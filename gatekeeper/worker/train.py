@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
+from .calls import Inputs, entry
 from .compile import compile_model, snapshot_counters
 from .counters import (
     flops,
@@ -31,7 +32,7 @@ from .counters import (
 )
 from .graphs import graph_breaks
 from .model import build_base, build_recorded
-from .parity import Outputs, check_parity, load_reference, save_reference
+from .parity import Outputs, check_parity, read_reference, save_reference
 from .protocol import Request, Response
 from .task import (
     Trainer,
@@ -49,12 +50,12 @@ from .task import (
 from .timing import first_call
 
 
-def prepare(req: Request, base_dir: Path, model: torch.nn.Module, inputs: tuple):
+def prepare(req: Request, base_dir: Path, model: torch.nn.Module, inputs: Inputs):
     """The loss function, from one eager forward's outputs (a config error when the
     default loss finds no floating-point output)."""
     check_precision(req.device, req.precision)
     with torch.no_grad(), autocast(req.device, req.precision):
-        sample = model(*inputs)
+        sample = inputs.call(entry(model, req.model.call))
     return make_loss(req.model, base_dir, sample)
 
 
@@ -106,7 +107,7 @@ def measure_train(req: Request) -> Response:
     cache = snapshot_counters()
     work: dict[str, int | str | None] = {
         **inductor_metrics(),
-        "flops": flops(lambda: new(model).step(*inputs)),
+        "flops": flops(lambda: inputs.call(new(model).step)),
     }
     cand = Outputs.of(comp.outputs(losses))
     ref64 = fp64_trajectory(model, cfg, loss_fn, inputs, device)
@@ -131,24 +132,25 @@ def measure_train(req: Request) -> Response:
         base_first, base_seconds = first_call(base_step, inputs, device)
         base_out = Outputs.of(base.outputs([base_first] + run_steps(base_step, inputs, steps - 1)))
         parity["vs_baseline"] = name_task(check_parity(cand, base_out, None, tol), steps)
-        base_fn = lambda: base_step(*inputs)  # noqa: E731
+        base_fn = lambda: inputs.call(base_step)  # noqa: E731
         paired = {
             "compile_seconds": base_seconds,
             "graphs": base_graphs,
             "deps": base_deps,
             "work": {
                 **inductor_metrics(),
-                "flops": flops(lambda: new(base_model).step(*inputs)),
+                "flops": flops(lambda: inputs.call(new(base_model).step)),
                 "instructions": instructions(base_fn),
             },
         }
     elif req.baseline_reference:
-        base_outputs, base64 = load_reference(req.baseline_reference)
-        parity["vs_baseline"] = name_task(check_parity(cand, base_outputs, base64, tol), steps)
+        loaded = read_reference(req.baseline_reference)
+        if loaded is not None:
+            parity["vs_baseline"] = name_task(check_parity(cand, *loaded, tol), steps)
     save_reference(req.reference_out, cand, Outputs.of(ref64) if ref64 is not None else None)
 
     start_counting()  # recompiles from here on: the measured steps
-    work["instructions"] = instructions(lambda: cstep(*inputs))
+    work["instructions"] = instructions(lambda: inputs.call(cstep))
     memory, lat, prof = measure_calls(
         eager.step,
         cstep,
