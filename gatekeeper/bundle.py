@@ -140,13 +140,21 @@ def pack(
     version: str,
     signing_key: bytes | None,
     precompile: dict[str, Path] | None = None,
+    only: set[str] | None = None,
 ) -> tuple[Path, Manifest]:
     """Pack a compile's cache dir (and Mega-Cache blob, and precompile files by their
-    path in the cache dir) into ``dest_dir``.
+    path in the cache dir) into ``dest_dir``; ``only``: just these files of the cache
+    dir, by relative path (what a seeded compile used or wrote).
 
     Returns the archive path (``bundle-<sha16>.tar.zst``) and its manifest.
     """
     members = _members(cache_dir, megacache)
+    if only is not None:
+        members = {
+            name: path
+            for name, path in members.items()
+            if not name.startswith(CACHE_PREFIX) or name[len(CACHE_PREFIX) :] in only
+        }
     members.update({PRECOMPILE_PREFIX + rel: p for rel, p in (precompile or {}).items()})
     files = {
         name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size) for name, p in members.items()
@@ -194,6 +202,15 @@ def precompile_info(manifest: Manifest) -> dict:
     from before packages, or compiled with ``precompile = "off"``)."""
     info = manifest.compile.get("precompile")
     return info if isinstance(info, dict) else {}
+
+
+def cold_seconds(manifest: Manifest) -> float | None:
+    """The cold compile time of the bundle's graphs: a compile seeded with an earlier
+    bundle records its ``state`` and the cold figure it knows (None when it compiled
+    some graphs anew and reused others); older manifests' ``seconds`` were all cold."""
+    info = manifest.compile
+    value = info.get("cold_seconds") if "state" in info else info.get("seconds")
+    return value if isinstance(value, (int, float)) else None
 
 
 def precompile_entries(manifest: Manifest) -> set[str]:

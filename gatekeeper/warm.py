@@ -159,7 +159,7 @@ def warm_target(
             result.reason = reason
             return result
         manifest = match.manifest
-        result.cold_compile_seconds = manifest.compile.get("seconds")
+        result.cold_compile_seconds = bundle.cold_seconds(manifest)
         result.bundle_bytes = manifest.archive.size
         with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
             archive = Path(tmp, manifest.archive.name)

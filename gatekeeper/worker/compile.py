@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from torch._dynamo.utils import counters
 
 from ..config import ModelConfig
 from .counters import record_inductor_metrics
+from .deps import watching_cache
 from .model import build_recorded
 from .protocol import Request, Response
 from .task import check_precision, shape_sweep, under_autocast
@@ -61,10 +63,7 @@ def _import_inductor() -> float:
     return time.perf_counter() - start
 
 
-def compile_target(req: Request) -> Response:
-    """``compile``: the first compiled calls, then the Mega-Cache blob. ``probe``: the
-    same calls against the cache dir the parent restored, saving nothing: their time and
-    counters show whether a warm start really was warm. ``deps``: the build alone."""
+def _compile(req: Request) -> Response:
     if req.action == "deps":
         _, _, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
         return Response(ok=True, deps=deps, torch=torch.__version__)
@@ -133,23 +132,38 @@ def compile_target(req: Request) -> Response:
         megacache = torch.compiler.save_cache_artifacts()
         if megacache is not None:
             Path(req.megacache_out).write_bytes(megacache[0])
-    precompile = None
-    if req.action == "compile" and req.precompile_out:
-        precompile = _record_precompile(req)
     return resp.model_copy(
-        update={
-            "megacache": megacache is not None,
-            "megacache_load_seconds": megacache_load,
-            "precompile": precompile,
-        }
+        update={"megacache": megacache is not None, "megacache_load_seconds": megacache_load}
+    )
+
+
+def compile_target(req: Request) -> Response:
+    """``compile``: the first compiled calls, then the Mega-Cache blob, and which files of
+    the cache dir the compile read or loaded (``cache_used``: a compile seeded with the
+    previous bundle ships those and what it wrote, nothing else). ``probe``: the same
+    calls against the cache dir the parent restored, saving nothing: their time and
+    counters show whether a warm start really was warm. ``deps``: the build alone."""
+    if req.action != "compile":
+        return _compile(req)
+    cache_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    with watching_cache(cache_dir) as use:
+        resp = _compile(req)
+    used, known = use.used, not use.failed
+    precompile = None
+    if req.precompile_out:
+        # recording copies the cache dir first: only what torch then reads in the copy
+        # counts (it is the same file in the cache dir)
+        with watching_cache(Path(req.precompile_out), reads_only=True) as again:
+            precompile = _record_precompile(req)
+        used, known = used | again.used, known and not again.failed
+    return resp.model_copy(
+        update={"precompile": precompile, "cache_used": sorted(used) if known else None}
     )
 
 
 def _record_precompile(req: Request) -> dict:
     """Dynamo's package of the inference model, recorded into ``precompile_out`` (a
     copy of this compile's cache dir: see :mod:`gatekeeper.worker.precompile`)."""
-    import os
-
     from .precompile import record
 
     def build():

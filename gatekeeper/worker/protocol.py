@@ -114,6 +114,9 @@ class Response(_Msg):
     megacache: bool | None = None  # compile: a Mega-Cache blob was written
     megacache_load_seconds: float | None = None
     precompile: dict[str, Any] | None = None  # compile: recorded or why not; precompile: verdict
+    # compile: the files of the cache dir it read, loaded or wrote (relative paths; None
+    # when that could not be known)
+    cache_used: list[str] | None = None
     graphs: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
