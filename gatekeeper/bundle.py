@@ -9,6 +9,9 @@ Archive members::
                      that cache dir (``dynamo/<key>/entry`` and its AOT/FX entries);
                      installed into the cache dir only once ``check`` verified it
                      (``compile.precompile.verified`` in the manifest)
+    aot/model.pt2    an ``+aot`` target's AOTInductor package (torch.export, then
+                     aoti_compile_and_package); installed for a deploy only once ``check``
+                     verified it (``compile.aot.verified``), see :mod:`gatekeeper.runtime`
 
 The manifest (JSON, stored beside the archive, never inside it) lists every member's
 sha256 and size and the archive's own sha256; when a signing key is set it carries an
@@ -41,6 +44,7 @@ FORMAT = 1
 MEGACACHE = "megacache.bin"
 CACHE_PREFIX = "cache/"
 PRECOMPILE_PREFIX = "precompile/"
+AOT_PACKAGE = "aot/model.pt2"
 SKIP_DIRS = {"locks"}
 ARCHIVE_NAME = re.compile(
     r"bundle-[0-9a-f]{16}\.tar\.zst"
@@ -141,6 +145,7 @@ def pack(
     signing_key: bytes | None,
     precompile: dict[str, Path] | None = None,
     only: set[str] | None = None,
+    aot: Path | None = None,
 ) -> tuple[Path, Manifest]:
     """Pack a compile's cache dir (and Mega-Cache blob, and precompile files by their
     path in the cache dir) into ``dest_dir``; ``only``: just these files of the cache
@@ -156,6 +161,8 @@ def pack(
             if not name.startswith(CACHE_PREFIX) or name[len(CACHE_PREFIX) :] in only
         }
     members.update({PRECOMPILE_PREFIX + rel: p for rel, p in (precompile or {}).items()})
+    if aot is not None:
+        members[AOT_PACKAGE] = aot
     files = {
         name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size) for name, p in members.items()
     }
@@ -201,6 +208,13 @@ def precompile_info(manifest: Manifest) -> dict:
     """What the bundle's compile said of its precompile package (``{}`` for bundles
     from before packages, or compiled with ``precompile = "off"``)."""
     info = manifest.compile.get("precompile")
+    return info if isinstance(info, dict) else {}
+
+
+def aot_info(manifest: Manifest) -> dict:
+    """What the bundle's compile said of its AOTInductor package (``{}``: not an
+    ``+aot`` bundle); ``verified`` is null until a ``check`` loaded it and compared."""
+    info = manifest.compile.get("aot")
     return info if isinstance(info, dict) else {}
 
 

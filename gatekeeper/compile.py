@@ -57,7 +57,7 @@ def _usable(store: Store, loc: BundleLocation) -> bool:
 @dataclass
 class CompileResult:
     target: str
-    status: str  # published | replaced | exists | skipped | error
+    status: str  # published | replaced | exists | skipped | error | not-exportable
     env_key: str | None = None
     code_hash: str | None = None
     compile_seconds: float | None = None
@@ -66,6 +66,7 @@ class CompileResult:
     precompile: dict | None = None  # recorded (entries, unguarded globals) or why not
     # the bundle whose cache dir the compile started from, and what it reused of it
     seed: dict | None = None
+    export: dict | None = None  # aot: torch.export's outcome
     error: str | None = None
     error_kind: str | None = None  # config | compile | store
 
@@ -86,6 +87,10 @@ def _cannot_package(target: Target) -> str | None:
             "a package recorded under autocast never loads (torch records its input "
             "guards without the Autocast dispatch key, so every call misses them)"
         )
+    if target.strategy == "regional":
+        return "a regional target compiles its blocks, and torch packages a whole forward"
+    if target.strategy == "aot":
+        return "an aot target ships its own AOTInductor package instead"
     return None
 
 
@@ -227,17 +232,20 @@ def compile_target(
     with tempfile.TemporaryDirectory(prefix="gk-compile-") as tmp:
         cache_dir, megacache = Path(tmp, "cache"), Path(tmp, "megacache.bin")
         seed = None
-        if match is not None and not cold:
+        # an aot package is built from the exported program, not from the cache dir
+        if match is not None and not cold and target.strategy != "aot":
             seed = _seed(target, store, match, cache_dir, Path(tmp))
         record = config.precompile_for(target.model) and _cannot_package(target) is None
         precompile_dir = Path(tmp, "precompile")
+        aot = Path(tmp, "model.pt2") if target.strategy == "aot" else None
         request = Request.for_target(
             "compile",
             target,
             config,
             key.device,
-            megacache_out=str(megacache),
+            megacache_out=str(megacache) if aot is None else None,
             precompile_out=str(precompile_dir) if record else None,
+            aot_out=str(aot) if aot is not None else None,
         )
         resp = run_or_fail(
             request,
@@ -246,6 +254,10 @@ def compile_target(
             verbose=verbose,
             label=target.id,
         )
+        result.export = resp.export
+        if not resp.ok and resp.kind == "export":  # a result of its own, not an error
+            result.status, result.error = "not-exportable", resp.error
+            return result
         if not resp.ok:
             result.error, result.error_kind = resp.error, resp.kind
             return result
@@ -263,6 +275,15 @@ def compile_target(
         only = None
         if seed is not None:
             only, result.seed = _shipped(cache_dir, seed, resp.cache_used, result.counters)
+        aot_doc = None
+        if aot is not None:  # the package is what deploys load: the cache dir stays here
+            only = set()
+            aot_doc = {
+                "status": "packaged",
+                "export": resp.export,
+                "bytes": aot.stat().st_size,
+                "verified": None,
+            }
         archive, manifest = bundle.pack(
             cache_dir,
             megacache if megacache.is_file() else None,
@@ -276,12 +297,14 @@ def compile_target(
                 **_cold_figure(resp.compile_seconds, result.counters, seed),
                 **({"seed": result.seed} if result.seed else {}),
                 **({"precompile": precompile} if precompile else {}),
+                **({"aot": aot_doc} if aot_doc else {}),
             },
             creator=creator(),
             version=__version__,
             signing_key=signing_key(),
             precompile=package,
             only=only,
+            aot=aot,
         )
         result.bundle_bytes = manifest.archive.size
         try:
@@ -336,8 +359,8 @@ def compile_all(
         with progress.step(target.id, "compiling") as step:
             r = compile_target(target, config, store, force=force, verbose=verbose, cold=cold)
             results.append(r)
-            if r.status == "error":
-                step.done(f"error: {r.error}")
+            if r.status in ("error", "not-exportable"):
+                step.done(f"error: {r.error}" if r.status == "error" else str(r.error))
             else:
                 took = f", {r.compile_seconds:.1f} s" if r.compile_seconds else ""
                 took += reuse_note(r.seed)

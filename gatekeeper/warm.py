@@ -18,6 +18,7 @@ the same place is removed, so the deploy can never load one that was not verifie
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -55,6 +56,10 @@ class WarmResult:
     # unavailable | shadowed (None: the bundle has none)
     precompile: str | None = None
     precompile_reason: str | None = None
+    # an +aot target's AOTInductor package: served (installed for gatekeeper.load_aot) |
+    # unverified | rejected | missing (the bundle has none)
+    aot: str | None = None
+    aot_reason: str | None = None
     manifest: Any = field(default=None, repr=False)  # the verified manifest, not output
     location: Any = field(default=None, repr=False)  # where it was found, not output
 
@@ -142,6 +147,7 @@ def warm_target(
     cache_key: CacheKey | None = None,
     precompile: Precompile = "verified",
     served: set[str] | None = None,
+    aot_dir: Path | None = None,
 ) -> WarmResult:
     """Restore one target's bundle into ``cache_dir``; ``megacache`` also loads the
     Mega-Cache blob into this process (skip it when another process will compile).
@@ -149,7 +155,10 @@ def warm_target(
     checkout's files the recorded dependencies are checked against. ``precompile``:
     install the bundle's precompile package when verified (a deploy), also unverified
     (the check that verifies it), or never (a measurement); ``served`` collects the
-    package folders installed so far into this cache dir."""
+    package folders installed so far into this cache dir. An ``+aot`` target's
+    AOTInductor package goes to ``aot_dir`` when given (a check measures or verifies
+    it), and for a deploy (``precompile="verified"``) where :func:`gatekeeper.load_aot`
+    finds it, only when the bundle is an exact ``hit`` and verified."""
     start = time.monotonic()
     ck = cache_key or target_key(target, config.base_dir)
     result = WarmResult(target.id, "miss", ck.env_key)
@@ -177,6 +186,12 @@ def warm_target(
             result.files = bundle.install_cache(staging, cache_dir, precompile=serve)
             if serve:
                 served |= entries
+            package = staging / bundle.AOT_PACKAGE
+            if aot_dir is not None and package.is_file():
+                aot_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(package, aot_dir / package.name)
+            if target.strategy == "aot" and precompile == "verified":
+                install_aot(result, manifest, match, package, cache_dir)
             blob = staging / bundle.MEGACACHE
             if megacache and blob.is_file():
                 load_megacache(blob.read_bytes())
@@ -186,11 +201,62 @@ def warm_target(
         return result
     finally:
         result.seconds = time.monotonic() - start
+        if target.strategy == "aot" and precompile == "verified" and result.aot is None:
+            # no bundle (or a bad one): no package of another version stays installed
+            from .runtime import package_dir
+
+            shutil.rmtree(package_dir(cache_dir, target.id), ignore_errors=True)
+            result.aot, result.aot_reason = "missing", "no bundle to serve it from"
     result.status, result.reason = match.status, match.why
     result.code_hash = match.key.code_hash
     result.bundle_code_hash = match.location.code_hash
     result.manifest, result.location = manifest, match.location
     return result
+
+
+def install_aot(
+    result: WarmResult, manifest: bundle.Manifest, match: Any, package: Path, cache_dir: Path
+) -> None:
+    """A deploy's AOTInductor package: installed where :func:`gatekeeper.load_aot` finds
+    it when the bundle is this code's (``hit``) and a check verified the package;
+    otherwise any package an earlier warm left there is removed, so a service never
+    loads one that was not verified for this code."""
+    from .runtime import INFO, package_dir
+
+    dest = package_dir(cache_dir, result.target)
+    info = bundle.aot_info(manifest)
+    check = info.get("check") or {}
+    if not package.is_file():
+        result.aot, result.aot_reason = "missing", info.get("reason") or "the bundle has none"
+    elif match.status != "hit":
+        result.aot = "unverified"
+        result.aot_reason = "the bundle is another version's: its package is not served"
+    elif info.get("verified") is not True:
+        result.aot = "rejected" if info.get("verified") is False else "unverified"
+        result.aot_reason = check.get("reason") or "no check has verified it yet"
+    else:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / INFO).unlink(missing_ok=True)  # never a verdict beside another package
+        fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest)
+        os.close(fd)
+        try:
+            shutil.copyfile(package, tmp)
+            os.replace(tmp, dest / package.name)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        doc = {
+            "target": result.target,
+            "code_hash": manifest.code_hash,
+            "env_key": manifest.env_key,
+            "sha256": manifest.files[bundle.AOT_PACKAGE].sha256,
+            "verified": True,
+            "check": check,
+        }
+        (dest / INFO).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        result.aot = "served"
+        return
+    shutil.rmtree(dest, ignore_errors=True)
 
 
 def cold(targets: list[Target], e: BaseException) -> list[WarmResult]:
@@ -248,7 +314,15 @@ def _unpackaged(results: list[WarmResult]) -> WarmResult | None:
     """The first target warm found (``hit`` or ``partial``) that is not served from a
     package of its own; None when every one is."""
     return next(
-        (r for r in results if r.status in ("hit", "partial") and r.precompile != "served"), None
+        (
+            r
+            for r in results
+            # an +aot target never runs torch.compile: the settings cannot cost it anything
+            if r.status in ("hit", "partial")
+            and r.precompile != "served"
+            and not r.target.endswith("+aot")
+        ),
+        None,
     )
 
 

@@ -148,9 +148,11 @@ def report_json(report: GateReport) -> dict:
                 "serving_rule": a.serving_rule,
                 "short_job": a.short_job,
                 "short_job_rule": a.short_job_rule,
+                "unavailable": [{"label": label, "why": why} for label, why in a.unavailable],
                 "modes": [
                     {
                         **f.__dict__,
+                        "label": f.label,
                         "speedup": f.speedup,
                         "break_even_cold": _calls(f.break_even(f.cold_s)),
                         "break_even_warm": _calls(f.break_even(f.warm_s)),
