@@ -83,6 +83,8 @@ def check_target(
         cache_status, warmed = "cold", None
         # an +aot target measures the bundle's AOTInductor package (what deploys load)
         aot_dir = Path(tmp, "aot") if target.strategy == "aot" else None
+        base_aot_dir = Path(tmp, "aot-base") if target.strategy == "aot" else None
+        base_warmed = None
         # the base version's dependencies are checked against the base checkout's files
         base_key = target_key(target, paired.base_dir) if paired else None
         if not cold:  # the measurement is of the ordinary warm start: no package
@@ -99,7 +101,7 @@ def check_target(
             )
             cache_status = warmed.status
             if base_key is not None:  # the base version's artifacts, into the same cache
-                warm_target(
+                base_warmed = warm_target(
                     target,
                     config,
                     store,
@@ -107,6 +109,7 @@ def check_target(
                     megacache=False,
                     signing_key=signing_key(),
                     cache_key=base_key,
+                    aot_dir=base_aot_dir,
                 )
             if config.measure.shape_sweep:
                 # the shape sweep runs the model's other shape sets: their bundles too,
@@ -140,6 +143,7 @@ def check_target(
             # a package serves the shape it was exported for (a dynamic one: all of them)
             sweep=config.measure.shape_sweep and target.strategy != "aot",
             aot_in=_package(aot_dir, warmed),
+            base_aot_in=_package(base_aot_dir, base_warmed),
         )
         resp = run_or_fail(
             request,
@@ -204,7 +208,10 @@ def check_target(
         mode="paired" if pair else "stored",
         compile={
             "seconds": resp.compile_seconds,
-            "warm": cache_status in ("hit", "partial", "stale"),
+            # an aot target is warm when it loaded its bundle's package
+            "warm": (resp.aot or {}).get("from") == "bundle"
+            if target.strategy == "aot"
+            else cache_status in ("hit", "partial", "stale"),
             "cache": cache_status,
             "cold_seconds": warmed.cold_compile_seconds if warmed else None,
             **{

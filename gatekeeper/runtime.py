@@ -76,7 +76,7 @@ class AotModel:
         import torch
         import torch.utils._pytree as pytree
 
-        kwargs_spec = self._in_spec.children_specs[1] if self._in_spec.num_children == 2 else None
+        kwargs_spec = self._in_spec.child(1) if self._in_spec.num_children == 2 else None
         if kwargs and kwargs_spec is not None:  # in the order export saw them
             kwargs = {k: kwargs[k] for k in kwargs_spec.context if k in kwargs}
         flat = pytree.tree_leaves((args, kwargs))
@@ -119,38 +119,42 @@ def load_aot(
     ``target`` is an ``+aot`` target's id (or that id without ``+aot``); ``cache_dir``
     (default: the one inductor would use) is where ``warm`` installed it. Raises
     :class:`AotUnavailable` when no verified package is installed there (the service
-    then compiles as before), ConfigError/UsageError for a config or target that does
-    not exist. Imports torch, not inductor."""
-    from .config import Config, load_config
-    from .targets import expand
-
-    cfg = config if isinstance(config, Config) else load_config(config)
-    found = _aot_target(cfg, target, [t.id for t in expand(cfg)])
-    where = package_dir(Path(cache_dir) if cache_dir else inductor_cache_dir(), found)
-    try:
+    then compiles as before); the config (a path or a loaded Config) is read only
+    then, to tell a target that does not exist (UsageError) from a missing package.
+    Imports torch, not inductor."""
+    wanted = target if target.endswith("+aot") else f"{target}+aot"
+    where = package_dir(Path(cache_dir) if cache_dir else inductor_cache_dir(), wanted)
+    try:  # the config is read only to say what is wrong: a deploy's load stays light
         info = json.loads((where / INFO).read_text())
     except FileNotFoundError:
+        _aot_target(config, wanted)  # a target that does not exist is a usage error
         raise AotUnavailable(
-            f"{found}: no AOTInductor package installed in {where.parent.parent.parent} "
+            f"{wanted}: no AOTInductor package installed in {where.parents[2]} "
             "(run gatekeeper warm; it installs only packages a check verified)"
         ) from None
     except (OSError, ValueError) as e:
-        raise AotUnavailable(f"{found}: unreadable {where / INFO}: {e}") from None
-    if not isinstance(info, dict) or info.get("verified") is not True:
-        raise AotUnavailable(f"{found}: the package installed in {where} is not verified")
+        raise AotUnavailable(f"{wanted}: unreadable {where / INFO}: {e}") from None
+    if not isinstance(info, dict) or info.get("target") != wanted:
+        raise AotUnavailable(f"{wanted}: {where / INFO} is not this target's")
+    if info.get("verified") is not True:
+        raise AotUnavailable(f"{wanted}: the package installed in {where} is not verified")
     if not (where / PACKAGE).is_file():
-        raise AotUnavailable(f"{found}: {where / PACKAGE} is missing")
+        raise AotUnavailable(f"{wanted}: {where / PACKAGE} is missing")
     return load_package(where / PACKAGE, info)
 
 
-def _aot_target(config: Config, target: str, ids: list[str]) -> str:
+def _aot_target(config: Config | str | os.PathLike[str] | None, wanted: str) -> None:
+    """A UsageError unless ``wanted`` is an aot target of the config."""
+    from .config import Config, load_config
     from .errors import UsageError
+    from .targets import expand
 
-    wanted = target if target.endswith("+aot") else f"{target}+aot"
+    cfg = config if isinstance(config, Config) else load_config(config)
+    ids = [t.id for t in expand(cfg)]
     if wanted in ids:
-        return wanted
+        return
     aot = ", ".join(i for i in ids if i.endswith("+aot"))
     hint = aot or 'none: add "aot" to a model\'s strategies'
     raise UsageError(
-        f"{target}: not an aot target of {config.path or 'the config'} (aot targets: {hint})"
+        f"{wanted}: not an aot target of {cfg.path or 'the config'} (aot targets: {hint})"
     )

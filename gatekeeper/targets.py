@@ -8,7 +8,8 @@ an autocast precision and a compile strategy join the third part with ``+`` so e
 store path keeps its depth. Inference, float32 and the ``whole`` strategy are implicit,
 so the ids (and store paths) of targets from before they existed are unchanged. A
 training step is always compiled whole: a model's other strategies give inference
-targets only. The device is not in the id: it is part of the env key.
+targets only, and ``aot`` float32 ones only. The device is not in the id: it is part of
+the env key.
 
 A ``dynamic`` model compiles once for all its shape sets: its targets share one bundle,
 stored under :attr:`Target.bundle_id` (``<model>/dynamic/<variant>``), while each shape
@@ -100,7 +101,7 @@ def expand(config: Config) -> list[Target]:
         for mode in model.modes
         for task in model.tasks
         for precision in model.precisions
-        for strategy in strategies(model, task)
+        for strategy in strategies(model, task, precision)
     ]
     ids = [t.id for t in targets]
     if dupes := sorted({i for i in ids if ids.count(i) > 1}):
@@ -110,9 +111,13 @@ def expand(config: Config) -> list[Target]:
     return targets
 
 
-def strategies(model: ModelConfig, task: str) -> list[str]:
-    """The strategies of a model's ``task``: a training step is compiled whole."""
-    return list(model.strategies) if task == "infer" else ["whole"]
+def strategies(model: ModelConfig, task: str, precision: str = "fp32") -> list[str]:
+    """The strategies of a model's ``task`` and ``precision``: a training step is
+    compiled whole, and ``aot`` exports the float32 forward (an AOTInductor package runs
+    its own kernels, which a caller's autocast cannot change)."""
+    if task != "infer":
+        return ["whole"]
+    return [s for s in model.strategies if s != "aot" or precision == "fp32"] or ["whole"]
 
 
 def one_per_bundle(targets: list[Target]) -> list[Target]:

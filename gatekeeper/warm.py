@@ -352,6 +352,7 @@ def probe(
     """The first compiled call of ``target`` in a new process on ``cache_dir``: its time
     and FX graph cache hits show whether the warm start really is warm. ``env``: the
     service's (:func:`service_env`); with packages loading, did Dynamo run?"""
+    from .runtime import PACKAGE, package_dir
     from .worker.launch import run_or_fail
     from .worker.protocol import Request
 
@@ -361,6 +362,10 @@ def probe(
         config,
         resolve_device(target.model.device),
         precompile=(env or {}).get(PRECOMPILE_ENV) == "1",
+        # an +aot target: the package warm installed, loaded as gatekeeper.load_aot does
+        aot_in=str(package_dir(cache_dir, target.id) / PACKAGE)
+        if target.strategy == "aot"
+        else None,
     )
     return run_or_fail(
         request,

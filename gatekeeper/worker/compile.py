@@ -15,15 +15,16 @@ from .counters import record_inductor_metrics
 from .deps import watching_cache
 from .model import build_recorded
 from .protocol import Request, Response
+from .strategy import NotExportable, compiled
 from .task import check_precision, shape_sweep, under_autocast
 from .timing import first_call
 
 
-def compile_model(
-    model: Any, cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
-):
-    """``torch.compile`` a model (or a training step function) as configured;
-    ``fullgraph`` overrides the config's (a training step always breaks at backward)."""
+def compile_kwargs(
+    cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
+) -> dict[str, Any]:
+    """``torch.compile``'s arguments as configured (a regional target's blocks take the
+    same)."""
     kwargs: dict[str, Any] = {
         "backend": cfg.backend,
         "fullgraph": cfg.fullgraph if fullgraph is None else fullgraph,
@@ -33,7 +34,15 @@ def compile_model(
         kwargs["options"] = cfg.options
     elif mode != "default":
         kwargs["mode"] = mode
-    return torch.compile(model, **kwargs)
+    return kwargs
+
+
+def compile_model(
+    model: Any, cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
+):
+    """``torch.compile`` a model (or a training step function) as configured;
+    ``fullgraph`` overrides the config's (a training step always breaks at backward)."""
+    return torch.compile(model, **compile_kwargs(cfg, mode, dynamic, fullgraph))
 
 
 def snapshot_counters() -> dict[str, int]:
@@ -61,6 +70,26 @@ def _import_inductor() -> float:
     import torch._inductor.compile_fx  # noqa: F401
 
     return time.perf_counter() - start
+
+
+def compiled_for(
+    req: Request, model: Any, inputs: tuple, *, keep_eager: bool = False, aot_out: str | None = None
+) -> tuple[Any, dict]:
+    """The request's target compiled by its strategy (see :mod:`.strategy`)."""
+    return compiled(
+        model,
+        inputs,
+        req.model,
+        mode=req.mode,
+        dynamic=req.dynamic,
+        strategy=req.strategy,
+        base_dir=req.base_path,
+        shapes=req.shapes,
+        device=req.device,
+        keep_eager=keep_eager,
+        aot_in=req.aot_in,
+        aot_out=aot_out,
+    )
 
 
 def _compile(req: Request) -> Response:
@@ -101,9 +130,18 @@ def _compile(req: Request) -> Response:
         check_precision(req.device, req.precision)
         imports = _import_inductor()
         start = time.perf_counter()  # torch.compile() itself: a package loads in there
-        compiled = under_autocast(
-            compile_model(model, req.model, req.mode, req.dynamic), req.device, req.precision
-        )
+        try:  # an aot target exports and builds its package in here
+            fn, done = compiled_for(req, model, inputs, aot_out=req.aot_out)
+        except NotExportable as e:
+            return Response(
+                ok=False,
+                kind="export",
+                error=e.says(),
+                export=e.info,
+                deps=deps,
+                torch=torch.__version__,
+            )
+        compiled = under_autocast(fn, req.device, req.precision)
         wrap = time.perf_counter() - start
         calls = []
         with torch.no_grad():
@@ -118,6 +156,8 @@ def _compile(req: Request) -> Response:
             counters=snapshot_counters(),
             torch=torch.__version__,
             deps=deps,
+            export=done.get("export"),
+            aot=done.get("aot"),
         )
 
         def run(ins: tuple) -> None:

@@ -5,13 +5,14 @@ Returns a :class:`Response` whose nested documents match :mod:`gatekeeper.result
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .compile import compile_model, snapshot_counters
+from .compile import compiled_for, snapshot_counters
 from .counters import (
     flops,
     inductor_metrics,
@@ -24,6 +25,7 @@ from .memory import allocated
 from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, fp64_reference, load_reference, save_reference
 from .protocol import Request, Response
+from .strategy import NotExportable, export, regional_graphs
 from .task import (
     autocast,
     check_precision,
@@ -56,24 +58,39 @@ def measure(req: Request) -> Response:
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
-    graphs = graph_breaks(model, inputs, base_dir, context=amp)
+    graphs = _graphs(model, cfg, req, inputs, base_dir, amp)
     if base_dir_paired is not None:
         base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
-        base_graphs = graph_breaks(base_model, inputs, base_dir_paired, context=amp)
+        base_graphs = _graphs(base_model, cfg, req, inputs, base_dir_paired, amp)
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
 
     before_compile = allocated(device)
-    compiled = under_autocast(
-        compile_model(model, cfg, req.mode, req.dynamic), device, req.precision
-    )
+    start = time.perf_counter()
+    try:  # regional: a compiled copy; aot: the bundle's package (or export + build one)
+        fn, done = compiled_for(req, model, inputs, keep_eager=True)
+    except NotExportable as e:
+        info = dict(e.info)
+        if base_dir_paired is not None:  # did the base commit's model export?
+            try:
+                export(base_model, inputs, cfg, req.dynamic, base_dir_paired)
+                info["base_exportable"] = True
+            except NotExportable:
+                info["base_exportable"] = False
+        return Response(
+            ok=False, kind="export", error=e.says(), export=info, deps=deps, torch=torch.__version__
+        )
+    prepared = time.perf_counter() - start  # aot: export, build and load the package
+    compiled = under_autocast(fn, device, req.precision)
     with torch.no_grad():
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
         # next call: keep a copy of what the first call returned
         out_compiled, compile_seconds = first_call(compiled, inputs, device)
         out_compiled = _copied(out_compiled)
+        if req.strategy == "aot":
+            compile_seconds += prepared
         for _ in range(2):
             compiled(*inputs)
         cache = snapshot_counters()
@@ -86,16 +103,17 @@ def measure(req: Request) -> Response:
         )
         held = allocated(device) - before_compile - copy_bytes
         work = {
-            **inductor_metrics(),
+            # an aot package's kernels were counted where it was built, if at all
+            **(inductor_metrics() if req.strategy != "aot" else {}),
             "flops": flops(lambda: eager(*inputs)),
             "instructions": instructions(lambda: compiled(*inputs)),
         }
         base_fn = None
         if base_dir_paired is not None:
             reset_inductor_metrics()
-            base_compiled = under_autocast(
-                compile_model(base_model, cfg, req.mode, req.dynamic), device, req.precision
-            )
+            base_req = req.model_copy(update={"aot_in": req.base_aot_in})
+            base_fn, base_done = compiled_for(base_req, base_model, inputs, keep_eager=True)
+            base_compiled = under_autocast(base_fn, device, req.precision)
             base_out, base_seconds = first_call(base_compiled, inputs, device)
             base_out = _copied(base_out)
             base_compiled(*inputs)
@@ -105,7 +123,7 @@ def measure(req: Request) -> Response:
                 "graphs": base_graphs,
                 "deps": base_deps,
                 "work": {
-                    **inductor_metrics(),
+                    **(inductor_metrics() if req.strategy != "aot" else {}),
                     "flops": flops(
                         lambda: under_autocast(base_model, device, req.precision)(*inputs)
                     ),
@@ -142,4 +160,17 @@ def measure(req: Request) -> Response:
         pid=os.getpid(),
         torch=torch.__version__,
         deps=deps,
+        export=done.get("export"),
+        aot=done.get("aot") or None,
     )
+
+
+def _graphs(model, cfg, req: Request, inputs: tuple, base_dir: Path, amp) -> dict:
+    """What the strategy compiles, explained: the whole model, a regional target's
+    blocks (one of each class), or an exported program (one graph, no break: a model
+    that breaks does not export)."""
+    if req.strategy == "regional":
+        return regional_graphs(model, cfg, inputs, base_dir, amp)
+    if req.strategy == "aot":
+        return {"count": 1, "breaks": 0, "break_reasons": []}
+    return graph_breaks(model, inputs, base_dir, context=amp)

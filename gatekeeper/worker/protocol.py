@@ -61,6 +61,7 @@ class Request(_Msg):
     strategy: Literal["whole", "regional", "aot"] = "whole"
     aot_out: str | None = None  # compile, aot: write the AOTInductor package here
     aot_in: str | None = None  # aot: the package to load (else export and compile it)
+    base_aot_in: str | None = None  # measure, paired, aot: the base version's package
     sweep: bool = True  # measure: run every shape set of the model and count recompiles
     megacache_out: str | None = None  # compile: write the Mega-Cache blob here
     megacache_in: str | None = None  # load this blob first (PyTorch's recipe, benchmarks)
