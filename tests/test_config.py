@@ -571,3 +571,35 @@ def test_precompile_defaults_to_auto_and_a_model_can_turn_it_off(tmp_path):
 def test_bad_precompile_value_names_the_field(tmp_path):
     msg = config_error(tmp_path, MODEL + 'precompile = "always"\n')
     assert "models[0].precompile" in msg and "\n" not in msg
+
+
+# -- strategies (issue 23) --------------------------------------------------------------------
+def test_strategies_default_to_whole_and_take_regions_and_export(tmp_path):
+    (m,) = load_config(write(tmp_path, "gatekeeper.toml", MODEL)).models
+    assert (m.strategies, m.regions, m.export) == (["whole"], None, None)
+    text = MODEL + 'strategies = ["whole", "regional", "aot"]\nregions = ["layers.*"]\n'
+    (m,) = load_config(write(tmp_path, "s.toml", text + "export = { strict = true }\n")).models
+    assert m.strategies == ["whole", "regional", "aot"] and m.regions == ["layers.*"]
+    assert m.export is not None and m.export.strict
+
+
+@pytest.mark.parametrize(
+    "extra, field, words",
+    [
+        ('strategies = ["whole", "eager"]', "models[0].strategies[1]", "'regional'"),
+        ('strategies = ["aot", "aot"]', "models[0]", "distinct"),
+        ('regions = ["layers.*"]', "models[0]", "'strategies' has no \"regional\""),
+        ('strategies = ["regional"]\nregions = ["layers/0"]', "models[0]", "'regions'"),
+        ("export = { strict = true }", "models[0]", "'strategies' has no \"aot\""),
+        ('strategies = ["aot"]\nexport = { strict = "yes" }', "models[0].export.strict", "bool"),
+        ('strategies = ["aot"]\nbackend = "eager"', "models[0]", "needs backend"),
+        (
+            'tasks = ["train"]\nstrategies = ["whole", "aot"]',
+            "models[0]",
+            "a training step is compiled whole; aot applies to inference targets only",
+        ),
+    ],
+)
+def test_strategy_errors_name_the_field(tmp_path, extra, field, words):
+    msg = config_error(tmp_path, MODEL + extra + "\n")
+    assert field in msg and words in msg, msg

@@ -422,3 +422,33 @@ def test_compile_spec_has_task_precision_and_no_shapes_when_dynamic():
     dyn = expand(Config.model_validate({"models": [{**m, "dynamic": True}]}))
     assert compile_spec(dyn[0]) == compile_spec(dyn[1])  # one key for every shape set
     assert compile_spec(dyn[0])["inputs"][0]["shape"] == ["batch", 4]
+
+
+def test_strategy_is_in_the_spec_and_whole_keeps_the_old_one():
+    import json
+
+    from gatekeeper.config import Config
+    from gatekeeper.key import compile_spec
+    from gatekeeper.targets import expand
+
+    m = {"name": "m", "factory": "mod:make", "inputs": [{"shape": ["batch", 4]}]}
+    m["shapes"] = [{"batch": 2}]
+    (plain,) = expand(Config.model_validate({"models": [m]}))
+    whole, regional, aot = expand(
+        Config.model_validate({"models": [{**m, "strategies": ["whole", "regional", "aot"]}]})
+    )
+    assert compile_spec(whole) == compile_spec(plain)  # today's keys and stores unchanged
+    assert compile_spec(regional)["strategy"] == "regional"
+    assert compile_spec(aot)["export"] == {"strict": False}
+    named = expand(
+        Config.model_validate(
+            {"models": [{**m, "strategies": ["regional", "aot"], "regions": ["layers.*"]}]}
+        )
+    )
+    strict = expand(
+        Config.model_validate(
+            {"models": [{**m, "strategies": ["aot"], "export": {"strict": True}}]}
+        )
+    )
+    specs = [compile_spec(t) for t in (whole, regional, aot, named[0], strict[0])]
+    assert len({json.dumps(s, sort_keys=True) for s in specs}) == 5  # each its own key

@@ -67,6 +67,8 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "verdict": v.verdict,
         "status": r.status,
         "error": r.error,
+        "export": dump(r.export),
+        "aot": r.aot,
         "reasons": list(v.reasons),
         "notes": list(v.notes),
         "borderline": v.borderline,
