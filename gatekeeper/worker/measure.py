@@ -108,12 +108,16 @@ def measure(req: Request) -> Response:
             "flops": flops(lambda: eager(*inputs)),
             "instructions": instructions(lambda: compiled(*inputs)),
         }
-        base_fn = None
+        base_fn = base_made = None
         if base_dir_paired is not None:
             reset_inductor_metrics()
             base_req = req.model_copy(update={"aot_in": req.base_aot_in})
-            base_fn, base_done = compiled_for(base_req, base_model, inputs, keep_eager=True)
-            base_compiled = under_autocast(base_fn, device, req.precision)
+            try:
+                base_made, _ = compiled_for(base_req, base_model, inputs, keep_eager=True)
+            except NotExportable:  # this change makes it export: no base to time it with
+                base_dir_paired = None
+        if base_dir_paired is not None and base_made is not None:
+            base_compiled = under_autocast(base_made, device, req.precision)
             base_out, base_seconds = first_call(base_compiled, inputs, device)
             base_out = _copied(base_out)
             base_compiled(*inputs)
