@@ -13,6 +13,11 @@ compiled training step: forward, backward and optimizer.)
         ``service_env``: TORCH_CACHING_PRECOMPILE=1, TORCHINDUCTOR_VEC_ISA_OK=1):
         Dynamo skipped
     eager: the first call of the model, not compiled, in a fresh process (the floor)
+    (f) an ``+aot`` target: `gatekeeper warm` (after `check` verified its AOTInductor
+        package), then in a fresh process the package loaded the way
+        ``gatekeeper.load_aot`` loads it and its first call; ``import torch`` is timed
+        apart and not included. Goal: (f) <= eager's first call + 0.1 s, and <= 0.1x of
+        (c) of the same model's whole target. A second table compares them.
 
 Every first call includes ``torch.compile()`` itself (a package loads in there) and
 importing inductor (``torch._inductor.compile_fx``), which any process that compiles
@@ -25,6 +30,7 @@ figure is the median over --repeats fresh processes. Usage, from the repo root:
     python benchmarks/warm_start.py --repeats 1 --target 'block/b1-s32/default+train'
     python benchmarks/warm_start.py --config examples/large.toml --repeats 3
     python benchmarks/warm_start.py --no-cold --target '*/default*'   # (c)-(e) only
+    python benchmarks/warm_start.py --no-cold --target '*/default' --target '*/default+aot'
 
 The last columns are (c)'s cache counters: FX graph hits/misses and AOTAutograd
 hits/misses (a warm training step: 3 FX hits, 2 AOT hits, no misses), and whether (e)'s
@@ -48,6 +54,7 @@ from gatekeeper import bundle
 from gatekeeper.compile import compile_all
 from gatekeeper.config import load_config
 from gatekeeper.key import find_bundle, target_key
+from gatekeeper.runtime import PACKAGE, package_dir
 from gatekeeper.store import open_store
 from gatekeeper.targets import expand, select
 from gatekeeper.worker.launch import run_worker
@@ -110,21 +117,32 @@ def main() -> None:
     print(f"compiling {len(targets)} targets into {store.uri}", file=sys.stderr)
     compiled = compile_all(targets, config, store)
     packaged = [r.target for r in compiled if (r.precompile or {}).get("status") == "recorded"]
-    if packaged:  # only a package a check verified is served
-        print(f"checking {len(packaged)} targets to verify their packages", file=sys.stderr)
+    aot = [r.target for r in compiled if r.status in ("published", "exists")]
+    aot = [t for t in aot if t.endswith("+aot")]
+    if packaged or aot:  # only a package a check verified is served
+        print(f"checking {len(packaged + aot)} targets to verify their packages", file=sys.stderr)
         gk(
             "check",
             "--config",
             args.config,
             "--store",
             store.uri,
-            *[a for t in packaged for a in ("--target", t)],
+            *[a for t in packaged + aot for a in ("--target", t)],
             "--out",
             str(work / "check"),
         )
+    not_exportable = {r.target: r.error for r in compiled if r.status == "not-exportable"}
+    aot_rows = []
 
     rows = []
+    c_of: dict[str, float] = {}  # (c) of each whole target, for the aot table
     for target in targets:
+        if target.id in not_exportable:
+            aot_rows.append([target.id, "not exportable: " + str(not_exportable[target.id])])
+            continue
+        if target.strategy == "aot":
+            aot_rows.append(aot_row(target, config, args, store, work))
+            continue
         key = target_key(target, config.base_dir)
         found, _ = find_bundle(store, key, signing_key=None)
         assert found is not None and found.status == "hit", target.id
@@ -178,6 +196,8 @@ def main() -> None:
                 file=sys.stderr,
             )
         med = {k: statistics.median(v) if v else None for k, v in times.items()}
+        if target.strategy == "whole" and med["c"] is not None:
+            c_of[target.id] = med["c"]
         c, e = COUNTERS.get("c", {}), COUNTERS.get("e", {})
         over = {
             k: med[k] - med["eager"] if med[k] is not None and med["eager"] is not None else None
@@ -239,9 +259,93 @@ def main() -> None:
             ],
         )
     )
+    if rows:
+        print(
+            f"\nmedian of {args.repeats} fresh processes each; first compiled call, "
+            f"torch {manifest.key['env']['torch']}, {key.env_key}"
+        )
+    if aot_rows:
+        print_aot(aot_rows, c_of, args.repeats)
+
+
+def aot_row(target, config, args, store, work: Path) -> list:
+    """(f): the first call of an +aot target's package in fresh processes after
+    `gatekeeper warm`, next to eager's."""
+    key = target_key(target, config.base_dir)
+    eager, first, imports, loads, inductor = [], [], [], [], []
+    for r in range(args.repeats):
+        run = work / f"{target.id.replace('/', '_')}-{r}"
+        eager.append(first_call(target, config, run / "eager", key.device, eager=True))
+        warmed = gk(
+            "warm",
+            "--config",
+            args.config,
+            "--store",
+            store.uri,
+            "--target",
+            target.id,
+            "--cache-dir",
+            str(run / "f"),
+        )["targets"][0]
+        if warmed.get("aot") != "served":
+            return [target.id, f"package not served: {warmed.get('aot_reason')}"]
+        package = package_dir(run / "f", target.id) / PACKAGE
+        req = Request.for_target("probe", target, config, key.device, aot_in=str(package))
+        resp = run_worker(req, cache_dir=run / "f", timeout=1800, label=target.id)
+        if not resp.ok or resp.aot is None:
+            raise SystemExit(f"{target.id}: {resp.error}")
+        first.append(resp.compile_seconds)
+        imports.append(resp.import_seconds)
+        loads.append(resp.aot["load_seconds"])
+        inductor.append(resp.aot["inductor_imported"])
+        print(f"{target.id} #{r + 1}: eager={eager[-1]:.3f}s f={first[-1]:.3f}s", file=sys.stderr)
+    med = statistics.median
+    return [target.id, med(eager), med(first), med(loads), med(imports), any(inductor)]
+
+
+def print_aot(rows: list, c_of: dict[str, float], repeats: int) -> None:
+    table = []
+    for row in rows:
+        if len(row) == 2:  # not exportable, or not served: said as it is
+            table.append([row[0], row[1]])
+            continue
+        target, eager, f, load, imports, inductor = row
+        c = c_of.get(target.removesuffix("+aot"))
+        table.append(
+            [
+                target,
+                eager,
+                f,
+                load,
+                f - eager,
+                c,
+                f / c if c else None,
+                imports,
+                "yes" if inductor else "no",
+            ]
+        )
+    print()
     print(
-        f"\nmedian of {args.repeats} fresh processes each; first compiled call, "
-        f"torch {manifest.key['env']['torch']}, {key.env_key}"
+        tabulate(
+            table,
+            floatfmt=".3f",
+            missingval="-",
+            headers=[
+                "target",
+                "eager first call s",
+                "(f) aot first call s",
+                "of which load s",
+                "f - eager (goal <= 0.1)",
+                "(c) of the whole target s",
+                "f/c (goal <= 0.1)",
+                "import torch s (apart)",
+                "inductor imported",
+            ],
+        )
+    )
+    print(
+        f"\n(f): median of {repeats} fresh processes after gatekeeper warm; the package "
+        "loaded as gatekeeper.load_aot loads it, import torch excluded"
     )
 
 

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "warm_start"]
+__all__ = ["__version__", "load_aot", "warm_start"]
 
 
 def warm_start(*args, **kwargs):  # noqa: D103 - documented in gatekeeper.warm
@@ -12,3 +12,12 @@ def warm_start(*args, **kwargs):  # noqa: D103 - documented in gatekeeper.warm
 
 
 warm_start.__doc__ = "Restore compiled artifacts for this process; see gatekeeper.warm.warm_start."
+
+
+def load_aot(*args, **kwargs):  # noqa: D103 - documented in gatekeeper.runtime
+    from .runtime import load_aot as _load_aot
+
+    return _load_aot(*args, **kwargs)
+
+
+load_aot.__doc__ = "The installed AOTInductor package of a target; see gatekeeper.runtime.load_aot."

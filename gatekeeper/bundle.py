@@ -9,6 +9,9 @@ Archive members::
                      that cache dir (``dynamo/<key>/entry`` and its AOT/FX entries);
                      installed into the cache dir only once ``check`` verified it
                      (``compile.precompile.verified`` in the manifest)
+    aot/model.pt2    an ``+aot`` target's AOTInductor package (torch.export, then
+                     aoti_compile_and_package); installed for a deploy only once ``check``
+                     verified it (``compile.aot.verified``), see :mod:`gatekeeper.runtime`
 
 The manifest (JSON, stored beside the archive, never inside it) lists every member's
 sha256 and size and the archive's own sha256; when a signing key is set it carries an
@@ -44,6 +47,7 @@ FORMAT = 1
 MEGACACHE = "megacache.bin"
 CACHE_PREFIX = "cache/"
 PRECOMPILE_PREFIX = "precompile/"
+AOT_PACKAGE = "aot/model.pt2"
 SKIP_DIRS = {"locks"}
 ARCHIVE_NAME = re.compile(
     r"bundle-[0-9a-f]{16}\.tar\.zst"
@@ -186,14 +190,25 @@ def pack(
     version: str,
     signing_key: bytes | None,
     precompile: dict[str, Path] | None = None,
+    only: set[str] | None = None,
+    aot: Path | None = None,
 ) -> tuple[Path, Manifest]:
     """Pack a compile's cache dir (and Mega-Cache blob, and precompile files by their
-    path in the cache dir) into ``dest_dir``.
+    path in the cache dir) into ``dest_dir``; ``only``: just these files of the cache
+    dir, by relative path (what a seeded compile used or wrote).
 
     Returns the archive path (``bundle-<sha16>.tar.zst``) and its manifest.
     """
     members = _members(cache_dir, megacache)
+    if only is not None:
+        members = {
+            name: path
+            for name, path in members.items()
+            if not name.startswith(CACHE_PREFIX) or name[len(CACHE_PREFIX) :] in only
+        }
     members.update({PRECOMPILE_PREFIX + rel: p for rel, p in (precompile or {}).items()})
+    if aot is not None:
+        members[AOT_PACKAGE] = aot
     files = {
         name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size) for name, p in members.items()
     }
@@ -240,6 +255,22 @@ def precompile_info(manifest: Manifest) -> dict:
     from before packages, or compiled with ``precompile = "off"``)."""
     info = manifest.compile.get("precompile")
     return info if isinstance(info, dict) else {}
+
+
+def aot_info(manifest: Manifest) -> dict:
+    """What the bundle's compile said of its AOTInductor package (``{}``: not an
+    ``+aot`` bundle); ``verified`` is null until a ``check`` loaded it and compared."""
+    info = manifest.compile.get("aot")
+    return info if isinstance(info, dict) else {}
+
+
+def cold_seconds(manifest: Manifest) -> float | None:
+    """The cold compile time of the bundle's graphs: a compile seeded with an earlier
+    bundle records its ``state`` and the cold figure it knows (None when it compiled
+    some graphs anew and reused others); older manifests' ``seconds`` were all cold."""
+    info = manifest.compile
+    value = info.get("cold_seconds") if "state" in info else info.get("seconds")
+    return value if isinstance(value, (int, float)) else None
 
 
 def precompile_entries(manifest: Manifest) -> set[str]:

@@ -20,7 +20,7 @@ from .key import CacheKey, target_key
 from .paired import Mode, checkout
 from .progress import Progress
 from .provenance import creator
-from .results import ReferenceOutputs, Results, TargetResult, reference_name, trace_name
+from .results import Export, ReferenceOutputs, Results, TargetResult, reference_name, trace_name
 from .store import Store, baselines
 from .targets import Target, expand
 from .warm import WarmResult, service_env, settle, warm_target
@@ -54,14 +54,15 @@ class PairedBase:
 
 
 def siblings(target: Target, config: Config) -> list[Target]:
-    """The same model, mode, task and precision at its other shape sets, each with its
+    """The same model, mode, task, precision and strategy at its other shape sets, each with its
     own bundle (a dynamic model's share one: none)."""
     return [
         t
         for t in expand(config)
         if t.model.name == target.model.name
         and t.bundle_id != target.bundle_id
-        and (t.mode, t.task, t.precision) == (target.mode, target.task, target.precision)
+        and (t.mode, t.task, t.precision, t.strategy)
+        == (target.mode, target.task, target.precision, target.strategy)
     ]
 
 
@@ -80,6 +81,10 @@ def check_target(
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
         cache_dir = Path(tmp, "cache")
         cache_status, warmed = "cold", None
+        # an +aot target measures the bundle's AOTInductor package (what deploys load)
+        aot_dir = Path(tmp, "aot") if target.strategy == "aot" else None
+        base_aot_dir = Path(tmp, "aot-base") if target.strategy == "aot" else None
+        base_warmed = None
         # the base version's dependencies are checked against the base checkout's files
         base_key = target_key(target, paired.base_dir) if paired else None
         if not cold:  # the measurement is of the ordinary warm start: no package
@@ -92,10 +97,11 @@ def check_target(
                 signing_key=signing_key(config.require_signature),
                 cache_key=key,
                 precompile="never",
+                aot_dir=aot_dir,
             )
             cache_status = warmed.status
             if base_key is not None:  # the base version's artifacts, into the same cache
-                warm_target(
+                base_warmed = warm_target(
                     target,
                     config,
                     store,
@@ -103,6 +109,7 @@ def check_target(
                     megacache=False,
                     signing_key=signing_key(config.require_signature),
                     cache_key=base_key,
+                    aot_dir=base_aot_dir,
                 )
             if config.measure.shape_sweep:
                 # the shape sweep runs the model's other shape sets: their bundles too,
@@ -138,7 +145,10 @@ def check_target(
             reference_out=str(ref_out),
             paired_base_dir=str(paired.base_dir) if paired else None,
             trace_out=str(trace),
-            sweep=config.measure.shape_sweep,
+            # a package serves the shape it was exported for (a dynamic one: all of them)
+            sweep=config.measure.shape_sweep and target.strategy != "aot",
+            aot_in=_package(aot_dir, warmed),
+            base_aot_in=_package(base_aot_dir, base_warmed),
         )
         resp = run_or_fail(
             request,
@@ -160,11 +170,26 @@ def check_target(
         "code_hash": code,
         "device": key.device,
     }
+    if not resp.ok and resp.kind == "export":
+        return TargetResult(
+            **ident,
+            status="not-exportable",
+            error=resp.error,
+            export=Export.model_validate(resp.export) if resp.export else None,
+            measured_at=now_iso(),
+        )
     if not resp.ok:
         return TargetResult(**ident, status="error", error=resp.error)
-    precompile = None
+    precompile = aot = None
     if warmed is not None and all((v or {}).get("passed") for v in (resp.parity or {}).values()):
-        precompile = verify_precompile(target, config, store, key, warmed, ref_out, verbose=verbose)
+        if target.strategy == "aot":
+            aot = verify_aot(target, config, store, key, warmed, ref_out, verbose=verbose)
+        else:
+            precompile = verify_precompile(
+                target, config, store, key, warmed, ref_out, verbose=verbose
+            )
+    if target.strategy == "aot":
+        aot = {**(resp.aot or {}), **(aot or {})}
     counters = resp.counters or {}
     cache_status = settle(cache_status, counters)
     data = ref_out.read_bytes()
@@ -188,7 +213,10 @@ def check_target(
         mode="paired" if pair else "stored",
         compile={
             "seconds": resp.compile_seconds,
-            "warm": cache_status in ("hit", "partial", "stale"),
+            # an aot target is warm when it loaded its bundle's package
+            "warm": (resp.aot or {}).get("from") == "bundle"
+            if target.strategy == "aot"
+            else cache_status in ("hit", "partial", "stale"),
             "cache": cache_status,
             "cold_seconds": warmed.cold_compile_seconds if warmed else None,
             **{
@@ -208,6 +236,8 @@ def check_target(
         paired=pair,
         work=resp.work,
         precompile=precompile,
+        export=Export.model_validate(resp.export) if resp.export else None,
+        aot=aot or None,
         profile={**resp.profile, "trace": os.path.relpath(trace, out_dir)}
         if resp.profile
         else None,
@@ -215,6 +245,124 @@ def check_target(
             file=os.path.relpath(ref_out, out_dir), sha256=sha256_bytes(data), size=len(data)
         ),
     )
+
+
+def _package(aot_dir: Path | None, warmed: WarmResult | None) -> str | None:
+    """The AOTInductor package the measurement loads: this code's bundle's (a ``hit``);
+    a ``partial`` bundle's package is another version's model, so it compiles anew."""
+    if aot_dir is None or warmed is None or warmed.status != "hit":
+        return None
+    package = aot_dir / "model.pt2"
+    return str(package) if package.is_file() else None
+
+
+def verify_aot(
+    target: Target,
+    config: Config,
+    store: Store,
+    key: CacheKey,
+    warmed: WarmResult,
+    reference: Path,
+    *,
+    verbose: bool = False,
+) -> dict | None:
+    """The check an ``+aot`` target's AOTInductor package must pass before ``warm``
+    serves it: a fresh worker loads it the way :func:`gatekeeper.load_aot` does and
+    compares its first outputs with eager and with this check's outputs
+    (``reference``). The verdict goes into the bundle's manifest (re-signed, one
+    conditional write) and into results.json. Once per bundle."""
+    manifest = warmed.manifest
+    info = bundle.aot_info(manifest) if manifest is not None else {}
+    if warmed.status != "hit" or info.get("status") != "packaged":
+        return None
+    if info.get("verified") is not None:
+        return {"verified": info["verified"], **(info.get("check") or {}), "now": False}
+    with tempfile.TemporaryDirectory(prefix="gk-aot-") as tmp:
+        again = warm_target(
+            target,
+            config,
+            store,
+            Path(tmp, "cache"),
+            megacache=False,
+            signing_key=signing_key(config.require_signature),
+            cache_key=key,
+            precompile="never",
+            aot_dir=Path(tmp, "aot"),
+        )
+        package = Path(tmp, "aot", "model.pt2")
+        if again.manifest != manifest or not package.is_file():
+            return None  # replaced in between: the next check verifies the new one
+        request = Request.for_target(
+            "aot",
+            target,
+            config,
+            key.device,
+            parity=config.gate_for(target.model).parity,
+            reference_in=str(reference),
+            aot_in=str(package),
+        )
+        resp = run_or_fail(
+            request,
+            cache_dir=Path(tmp, "cache"),
+            timeout=config.measure.timeout,
+            verbose=verbose,
+            label=f"{target.id} (aot package)",
+        )
+    verdict = (
+        resp.aot
+        if resp.ok and resp.aot
+        else {"verified": False, "reason": f"loading it failed: {resp.error}"}
+    )
+    check = {
+        "reason": verdict.get("reason"),
+        "first_call_seconds": verdict.get("first_call_seconds"),
+        "load_seconds": verdict.get("load_seconds"),
+        "at": now_iso(),
+        "torch": resp.torch,
+        "gatekeeper_version": __version__,
+    }
+    verified = bool(verdict.get("verified"))
+    if not verified:
+        log.warning(
+            "%s: AOTInductor package not verified, never served: %s", target.id, check["reason"]
+        )
+    stored = _store_verdict(
+        target, config, store, warmed, "aot", {**info, "verified": verified, "check": check}
+    )
+    return {"verified": verified, **check, "now": True, "stored": stored}
+
+
+def _store_verdict(
+    target: Target, config: Config, store: Store, warmed: WarmResult, section: str, doc: dict
+) -> str:
+    """Write a package's verdict into the bundle's manifest (``compile.<section>``),
+    re-signed, by one conditional write; says how it went."""
+    manifest = warmed.manifest
+    key = signing_key(config.require_signature)
+    if manifest.signature and not key:
+        # re-writing it unsigned would make every signed deploy refuse the bundle
+        log.warning(
+            "%s: %s verdict not stored: the bundle is signed and GATEKEEPER_SIGNING_KEY "
+            "is not set here",
+            target.id,
+            section,
+        )
+        return "unsigned"
+    updated = bundle.sign(
+        manifest.model_copy(update={"compile": {**manifest.compile, section: doc}}),
+        key,
+    )
+    try:
+        old = store.read_manifest(warmed.location)
+        if (
+            old is not None
+            and bundle.verify_manifest(old, target=manifest.target, signing_key=key) == manifest
+        ):
+            return store.update_manifest(warmed.location, old, updated.to_bytes())
+        return "changed"
+    except (StoreError, BundleError) as e:
+        log.warning("%s: %s verdict not stored: %s", target.id, section, e)
+        return "error"
 
 
 def verify_precompile(
@@ -287,40 +435,9 @@ def verify_precompile(
         log.warning(
             "%s: precompile package not verified, never served: %s", target.id, check["reason"]
         )
-    if manifest.signature and not signing_key(config.require_signature):
-        # re-writing it unsigned would make every signed deploy refuse the bundle
-        log.warning(
-            "%s: precompile verdict not stored: the bundle is signed and "
-            "GATEKEEPER_SIGNING_KEY is not set here",
-            target.id,
-        )
-        return {"verified": verified, **check, "now": True, "stored": "unsigned"}
-    updated = bundle.sign(
-        manifest.model_copy(
-            update={
-                "compile": {
-                    **manifest.compile,
-                    "precompile": {**info, "verified": verified, "check": check},
-                }
-            }
-        ),
-        signing_key(config.require_signature),
+    written = _store_verdict(
+        target, config, store, warmed, "precompile", {**info, "verified": verified, "check": check}
     )
-    try:
-        old = store.read_manifest(warmed.location)
-        if (
-            old is not None
-            and bundle.verify_manifest(
-                old, target=manifest.target, signing_key=signing_key(config.require_signature)
-            )
-            == manifest
-        ):
-            written = store.update_manifest(warmed.location, old, updated.to_bytes())
-        else:
-            written = "changed"
-    except (StoreError, BundleError) as e:
-        log.warning("%s: precompile verdict not stored: %s", target.id, e)
-        written = "error"
     return {"verified": verified, **check, "now": True, "stored": written}
 
 
@@ -424,7 +541,9 @@ def _check_all(
                 paired=paired,
             )
             results.append(r)
-            if r.latency is None or r.compile is None:
+            if r.status == "not-exportable":
+                step.done(str(r.error))
+            elif r.latency is None or r.compile is None:
                 step.done(f"error: {r.error}")
             else:
                 step.done(

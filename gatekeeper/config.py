@@ -35,11 +35,15 @@ Task = Literal["infer", "train"]
 # record torch's caching-precompile package with each bundle
 Precompile = Literal["auto", "off"]
 Precision = Literal["fp32", "bf16", "fp16"]  # fp32: no autocast; bf16/fp16: torch.autocast
+# how a model is compiled: whole (torch.compile of the model), regional (each repeated
+# block compiled, the rest eager), aot (torch.export, then an AOTInductor package)
+Strategy = Literal["whole", "regional", "aot"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 MODES: tuple[Mode, ...] = get_args(Mode)
 TASKS: tuple[Task, ...] = get_args(Task)
 PRECOMPILE: tuple[Precompile, ...] = get_args(Precompile)
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 # torch.optim classes a training step can use by name (LBFGS needs a closure, SparseAdam
@@ -182,6 +186,14 @@ class TrainConfig(BaseModel):
         }
 
 
+class ExportConfig(_Strict):
+    """How the ``aot`` strategy exports the model: ``torch.export.export(strict=...)``
+    (non-strict by default: the model's Python runs as Python, only torch calls are
+    traced)."""
+
+    strict: bool = False
+
+
 class ModelConfig(_Strict):
     name: str = Field(pattern=_NAME)
     # what is compiled: the module ``factory`` returns (its ``forward``, or its method
@@ -196,6 +208,12 @@ class ModelConfig(_Strict):
     modes: list[Mode] = Field(default_factory=lambda: list[Mode](["default"]))
     tasks: list[Task] = Field(default_factory=lambda: list[Task](["infer"]))
     precisions: list[Precision] = Field(default_factory=lambda: list[Precision](["fp32"]))
+    # inference targets only: a training step is always compiled whole
+    strategies: list[Strategy] = Field(default_factory=lambda: list[Strategy](["whole"]))
+    # regional: the blocks to compile, as globs over submodule names ("layers.*");
+    # default: the children of each nn.ModuleList that share a class
+    regions: list[str] | None = None
+    export: ExportConfig | None = None  # aot: how torch.export runs
     train: TrainConfig | None = None
     dynamic: bool = False
     fullgraph: bool = False
@@ -238,6 +256,11 @@ class ModelConfig(_Strict):
                     "tasks: \"train\" needs a module's parameters; a 'function' model "
                     "has none (use a factory)"
                 )
+            if "regional" in self.strategies:
+                raise ValueError(
+                    "'strategies': \"regional\" compiles a module's repeated blocks; a "
+                    "'function' model has none (use whole or aot)"
+                )
         if isinstance(self.inputs, dict):
             for k in self.inputs:
                 if not re.fullmatch(r"[A-Za-z_]\w*", k):
@@ -248,13 +271,39 @@ class ModelConfig(_Strict):
             raise ValueError("'shapes' needs at least one shape set (use [{}] for none)")
         if len(set(self.modes)) != len(self.modes) or not self.modes:
             raise ValueError("'modes' must list distinct modes, at least one")
-        for name in ("tasks", "precisions"):
+        for name in ("tasks", "precisions", "strategies"):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"'{name}' must list distinct values, at least one")
         if self.train is not None and "train" not in self.tasks:
             raise ValueError(
                 '\'train\' is set but \'tasks\' has no "train" (add it: tasks = ["infer", "train"])'
+            )
+        if self.regions is not None:
+            if "regional" not in self.strategies:
+                raise ValueError(
+                    "'regions' is set but 'strategies' has no \"regional\" "
+                    '(add it: strategies = ["whole", "regional"])'
+                )
+            if not self.regions or not all(re.fullmatch(r"[\w.*?\[\]-]+", r) for r in self.regions):
+                raise ValueError(
+                    "'regions' must list submodule names or globs, e.g. [\"layers.*\"]"
+                )
+        if self.export is not None and "aot" not in self.strategies:
+            raise ValueError(
+                "'export' is set but 'strategies' has no \"aot\" "
+                '(add it: strategies = ["whole", "aot"])'
+            )
+        if "aot" in self.strategies and self.backend != "inductor":
+            raise ValueError(
+                f"'strategies': \"aot\" builds an AOTInductor package and needs "
+                f'backend = "inductor", not {self.backend!r}'
+            )
+        if self.tasks == ["train"] and self.strategies != ["whole"]:
+            other = ", ".join(s for s in self.strategies if s != "whole")
+            raise ValueError(
+                f"'strategies': a training step is compiled whole; {other} applies to "
+                'inference targets only (add "infer" to tasks, or drop it)'
             )
         if self.options and self.modes != ["default"]:
             raise ValueError(

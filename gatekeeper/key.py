@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle
-from .config import InputSpec, ModelConfig
+from .config import ExportConfig, InputSpec, ModelConfig
 from .errors import AccessDenied, BundleError, ConfigError, GatekeeperError, StoreUnavailable
 from .hashing import sha256_bytes, sha256_file
 from .store.layout import BundleLocation, Store
@@ -245,6 +245,12 @@ def compile_spec(target: Target) -> dict:
         spec_doc["train"] = m.training.spec()
     if target.precision != "fp32":
         spec_doc["precision"] = target.precision
+    if target.strategy == "regional":
+        spec_doc["strategy"] = "regional"
+        spec_doc["regions"] = m.regions  # None: every ModuleList's shared-class children
+    elif target.strategy == "aot":
+        spec_doc["strategy"] = "aot"
+        spec_doc["export"] = (m.export or ExportConfig()).model_dump()
     return spec_doc
 
 

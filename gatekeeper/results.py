@@ -239,13 +239,34 @@ class Paired(_Doc):
     profile: Profile | None = None  # the base version's, profiled in the same process
 
 
+class Export(_Doc):
+    """An ``+aot`` target's ``torch.export``: exported, or torch's reason and the user's
+    line (what torch.compile would call a graph break)."""
+
+    exportable: bool
+    reason: str | None = None
+    file: str | None = None
+    line: int | None = None
+    strict: bool = False
+    # paired: whether the base commit's model exported (None: not tried or not paired)
+    base_exportable: bool | None = None
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else "?"
+
+    def says(self) -> str:
+        """``not exportable: <torch's reason> at <file:line>``."""
+        return f"not exportable: {self.reason or 'torch.export failed'} at {self.where()}"
+
+
 class TargetResult(_Doc):
     target: str
     model: str
     env_key: str
     code_hash: str
     device: str
-    status: Literal["ok", "error"]
+    # not-exportable: an +aot target whose model torch.export refuses (``export`` says why)
+    status: Literal["ok", "error", "not-exportable"]
     error: str | None = None
     compile: CompileStats | None = None
     graphs: Graphs | None = None
@@ -260,6 +281,10 @@ class TargetResult(_Doc):
     # the bundle's precompile package: verified (Dynamo skipped, outputs as eager's) or
     # why not; "now": verified by this check (else an earlier check's verdict)
     precompile: dict[str, Any] | None = None
+    export: Export | None = None  # +aot targets: torch.export's outcome
+    # +aot targets: the AOTInductor package's load and first call, and its verification
+    # (as for precompile: loaded in a fresh worker, outputs as eager's)
+    aot: dict[str, Any] | None = None
     measured_at: str | None = None
 
 

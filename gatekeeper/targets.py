@@ -1,12 +1,15 @@
-"""Targets: one (model, shape set, mode, dynamic, task, precision) each, with a stable
-readable id.
+"""Targets: one (model, shape set, mode, dynamic, task, precision, strategy) each, with a
+stable readable id.
 
 The id has exactly three '/'-separated parts — ``<model>/<shapes>/<variant>`` — e.g.
-``mlp/b8/default``, ``gpt-block/b2-s64/max-autotune+dynamic`` or
-``gpt2/b4/default+train+bf16``: the training task and an autocast precision join the
-third part with ``+`` so every store path keeps its depth. Inference and float32 are
-implicit, so the ids (and store paths) of targets from before they existed are
-unchanged. The device is not in the id: it is part of the env key.
+``mlp/b8/default``, ``gpt-block/b2-s64/max-autotune+dynamic``,
+``gpt2/b4/default+train+bf16`` or ``gpt12/b1-s128/default+regional``: the training task,
+an autocast precision and a compile strategy join the third part with ``+`` so every
+store path keeps its depth. Inference, float32 and the ``whole`` strategy are implicit,
+so the ids (and store paths) of targets from before they existed are unchanged. A
+training step is always compiled whole: a model's other strategies give inference
+targets only, and ``aot`` float32 ones only. The device is not in the id: it is part of
+the env key.
 
 A ``dynamic`` model compiles once for all its shape sets: its targets share one bundle,
 stored under :attr:`Target.bundle_id` (``<model>/dynamic/<variant>``), while each shape
@@ -43,6 +46,7 @@ class Target:
     dynamic: bool
     task: str = "infer"  # infer | train
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast)
+    strategy: str = "whole"  # whole | regional | aot
 
     @property
     def shape_set(self) -> dict[str, int]:
@@ -55,6 +59,7 @@ class Target:
             + ("+dynamic" if self.dynamic else "")
             + ("+train" if self.task == "train" else "")
             + (f"+{self.precision}" if self.precision != "fp32" else "")
+            + (f"+{self.strategy}" if self.strategy != "whole" else "")
         )
 
     @property
@@ -87,17 +92,20 @@ class Target:
             d["task"] = self.task
         if self.precision != "fp32":
             d["precision"] = self.precision
+        if self.strategy != "whole":
+            d["strategy"] = self.strategy
         return d
 
 
 def expand(config: Config) -> list[Target]:
     targets = [
-        Target(model, tuple(shape_set.items()), mode, model.dynamic, task, precision)
+        Target(model, tuple(shape_set.items()), mode, model.dynamic, task, precision, strategy)
         for model in config.models
         for shape_set in model.shapes
         for mode in model.modes
         for task in model.tasks
         for precision in model.precisions
+        for strategy in strategies(model, task, precision)
     ]
     ids = [t.id for t in targets]
     if dupes := sorted({i for i in ids if ids.count(i) > 1}):
@@ -105,6 +113,15 @@ def expand(config: Config) -> list[Target]:
 
         raise ConfigError(f"{config.path}: two shape sets give the same target id {dupes[0]}")
     return targets
+
+
+def strategies(model: ModelConfig, task: str, precision: str = "fp32") -> list[str]:
+    """The strategies of a model's ``task`` and ``precision``: a training step is
+    compiled whole, and ``aot`` exports the float32 forward (an AOTInductor package runs
+    its own kernels, which a caller's autocast cannot change)."""
+    if task != "infer":
+        return ["whole"]
+    return [s for s in model.strategies if s != "aot" or precision == "fp32"] or ["whole"]
 
 
 def one_per_bundle(targets: list[Target]) -> list[Target]:

@@ -18,6 +18,7 @@ the same place is removed, so the deploy can never load one that was not verifie
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -55,6 +56,10 @@ class WarmResult:
     # unavailable | shadowed (None: the bundle has none)
     precompile: str | None = None
     precompile_reason: str | None = None
+    # an +aot target's AOTInductor package: served (installed for gatekeeper.load_aot) |
+    # unverified | rejected | missing (the bundle has none)
+    aot: str | None = None
+    aot_reason: str | None = None
     manifest: Any = field(default=None, repr=False)  # the verified manifest, not output
     location: Any = field(default=None, repr=False)  # where it was found, not output
 
@@ -142,6 +147,7 @@ def warm_target(
     cache_key: CacheKey | None = None,
     precompile: Precompile = "verified",
     served: set[str] | None = None,
+    aot_dir: Path | None = None,
 ) -> WarmResult:
     """Restore one target's bundle into ``cache_dir``; ``megacache`` also loads the
     Mega-Cache blob into this process (skip it when another process will compile).
@@ -149,7 +155,10 @@ def warm_target(
     checkout's files the recorded dependencies are checked against. ``precompile``:
     install the bundle's precompile package when verified (a deploy), also unverified
     (the check that verifies it), or never (a measurement); ``served`` collects the
-    package folders installed so far into this cache dir."""
+    package folders installed so far into this cache dir. An ``+aot`` target's
+    AOTInductor package goes to ``aot_dir`` when given (a check measures or verifies
+    it), and for a deploy (``precompile="verified"``) where :func:`gatekeeper.load_aot`
+    finds it, only when the bundle is an exact ``hit`` and verified."""
     start = time.monotonic()
     ck = cache_key or target_key(target, config.base_dir)
     result = WarmResult(target.id, "miss", ck.env_key)
@@ -159,7 +168,7 @@ def warm_target(
             result.reason = reason
             return result
         manifest = match.manifest
-        result.cold_compile_seconds = manifest.compile.get("seconds")
+        result.cold_compile_seconds = bundle.cold_seconds(manifest)
         result.bundle_bytes = manifest.archive.size
         with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
             archive = Path(tmp, manifest.archive.name)
@@ -179,6 +188,12 @@ def warm_target(
             result.files = bundle.install_cache(staging, cache_dir, precompile=serve)
             if serve:
                 served |= entries
+            package = staging / bundle.AOT_PACKAGE
+            if aot_dir is not None and package.is_file():
+                aot_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(package, aot_dir / package.name)
+            if target.strategy == "aot" and precompile == "verified":
+                install_aot(result, manifest, match, package, cache_dir)
             blob = staging / bundle.MEGACACHE
             if megacache and blob.is_file():
                 load_megacache(blob.read_bytes())
@@ -188,11 +203,62 @@ def warm_target(
         return result
     finally:
         result.seconds = time.monotonic() - start
+        if target.strategy == "aot" and precompile == "verified" and result.aot is None:
+            # no bundle (or a bad one): no package of another version stays installed
+            from .runtime import package_dir
+
+            shutil.rmtree(package_dir(cache_dir, target.id), ignore_errors=True)
+            result.aot, result.aot_reason = "missing", "no bundle to serve it from"
     result.status, result.reason = match.status, match.why
     result.code_hash = match.key.code_hash
     result.bundle_code_hash = match.location.code_hash
     result.manifest, result.location = manifest, match.location
     return result
+
+
+def install_aot(
+    result: WarmResult, manifest: bundle.Manifest, match: Any, package: Path, cache_dir: Path
+) -> None:
+    """A deploy's AOTInductor package: installed where :func:`gatekeeper.load_aot` finds
+    it when the bundle is this code's (``hit``) and a check verified the package;
+    otherwise any package an earlier warm left there is removed, so a service never
+    loads one that was not verified for this code."""
+    from .runtime import INFO, package_dir
+
+    dest = package_dir(cache_dir, result.target)
+    info = bundle.aot_info(manifest)
+    check = info.get("check") or {}
+    if not package.is_file():
+        result.aot, result.aot_reason = "missing", info.get("reason") or "the bundle has none"
+    elif match.status != "hit":
+        result.aot = "unverified"
+        result.aot_reason = "the bundle is another version's: its package is not served"
+    elif info.get("verified") is not True:
+        result.aot = "rejected" if info.get("verified") is False else "unverified"
+        result.aot_reason = check.get("reason") or "no check has verified it yet"
+    else:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / INFO).unlink(missing_ok=True)  # never a verdict beside another package
+        fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest)
+        os.close(fd)
+        try:
+            shutil.copyfile(package, tmp)
+            os.replace(tmp, dest / package.name)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        doc = {
+            "target": result.target,
+            "code_hash": manifest.code_hash,
+            "env_key": manifest.env_key,
+            "sha256": manifest.files[bundle.AOT_PACKAGE].sha256,
+            "verified": True,
+            "check": check,
+        }
+        (dest / INFO).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        result.aot = "served"
+        return
+    shutil.rmtree(dest, ignore_errors=True)
 
 
 def cold(targets: list[Target], e: BaseException) -> list[WarmResult]:
@@ -276,8 +342,17 @@ def service_env(results: list[WarmResult]) -> dict[str, str]:
 def _unpackaged(results: list[WarmResult]) -> WarmResult | None:
     """The first target warmed (found or missed) that is not served from a package of
     its own; None when every one is. A miss counts: that target compiles cold, and
-    turning packages on would let torch load whatever package it finds for it."""
-    return next((r for r in results if r.precompile != "served"), None)
+    turning packages on would let torch load whatever package it finds for it. A found
+    +aot target never runs torch.compile: the setting cannot cost it anything."""
+    return next(
+        (
+            r
+            for r in results
+            if r.precompile != "served"
+            and not (r.target.endswith("+aot") and r.status in ("hit", "partial"))
+        ),
+        None,
+    )
 
 
 def hold_packages(results: list[WarmResult], *, stuck: str | None = None) -> None:
@@ -319,6 +394,7 @@ def probe(
     """The first compiled call of ``target`` in a new process on ``cache_dir``: its time
     and FX graph cache hits show whether the warm start really is warm. ``env``: the
     service's (:func:`service_env`); with packages loading, did Dynamo run?"""
+    from .runtime import PACKAGE, package_dir
     from .worker.launch import run_or_fail
     from .worker.protocol import Request
 
@@ -328,6 +404,10 @@ def probe(
         config,
         resolve_device(target.model.device),
         precompile=(env or {}).get(PRECOMPILE_ENV) == "1",
+        # an +aot target: the package warm installed, loaded as gatekeeper.load_aot does
+        aot_in=str(package_dir(cache_dir, target.id) / PACKAGE)
+        if target.strategy == "aot"
+        else None,
     )
     return run_or_fail(
         request,

@@ -613,9 +613,42 @@ def test_keyword_inputs_plain_values_call_and_function(tmp_path):
         ('factory = "m:f"\nfunction = "m:g"\ninputs = []', "exactly one of 'factory'"),
         ('function = "m:g"\ninputs = []\ntasks = ["train"]', 'tasks: "train" needs a module'),
         ('function = "m:g"\ncall = "encode"\ninputs = []', "'call' names a method"),
+        ('function = "m:g"\ninputs = []\nstrategies = ["regional"]', "a 'function' model has"),
         ('factory = "m:f"\ncall = "not a name"\ninputs = []', "models[0].call:"),
     ],
 )
 def test_bad_inputs_call_and_function_are_one_line_errors(tmp_path, body, expected):
     msg = config_error(tmp_path, f'[[models]]\nname = "m"\n{body}\n')
     assert expected in msg and "\n" not in msg, msg
+
+
+# -- strategies (issue 23) --------------------------------------------------------------------
+def test_strategies_default_to_whole_and_take_regions_and_export(tmp_path):
+    (m,) = load_config(write(tmp_path, "gatekeeper.toml", MODEL)).models
+    assert (m.strategies, m.regions, m.export) == (["whole"], None, None)
+    text = MODEL + 'strategies = ["whole", "regional", "aot"]\nregions = ["layers.*"]\n'
+    (m,) = load_config(write(tmp_path, "s.toml", text + "export = { strict = true }\n")).models
+    assert m.strategies == ["whole", "regional", "aot"] and m.regions == ["layers.*"]
+    assert m.export is not None and m.export.strict
+
+
+@pytest.mark.parametrize(
+    "extra, field, words",
+    [
+        ('strategies = ["whole", "eager"]', "models[0].strategies[1]", "'regional'"),
+        ('strategies = ["aot", "aot"]', "models[0]", "distinct"),
+        ('regions = ["layers.*"]', "models[0]", "'strategies' has no \"regional\""),
+        ('strategies = ["regional"]\nregions = ["layers/0"]', "models[0]", "'regions'"),
+        ("export = { strict = true }", "models[0]", "'strategies' has no \"aot\""),
+        ('strategies = ["aot"]\nexport = { strict = "yes" }', "models[0].export.strict", "bool"),
+        ('strategies = ["aot"]\nbackend = "eager"', "models[0]", "needs backend"),
+        (
+            'tasks = ["train"]\nstrategies = ["whole", "aot"]',
+            "models[0]",
+            "a training step is compiled whole; aot applies to inference targets only",
+        ),
+    ],
+)
+def test_strategy_errors_name_the_field(tmp_path, extra, field, words):
+    msg = config_error(tmp_path, MODEL + extra + "\n")
+    assert field in msg and words in msg, msg

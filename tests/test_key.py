@@ -444,3 +444,33 @@ def test_compile_spec_adds_call_function_and_keyword_inputs_only_when_used():
     fn = spec(function="a:c", inputs=[{"shape": ["batch", 4]}])
     assert fn["function"] == "a:c"
     assert key.refs_of(ModelConfig(name="m", function="a:c", inputs=[])) == ["a:c"]
+
+
+def test_strategy_is_in_the_spec_and_whole_keeps_the_old_one():
+    import json
+
+    from gatekeeper.config import Config
+    from gatekeeper.key import compile_spec
+    from gatekeeper.targets import expand
+
+    m = {"name": "m", "factory": "mod:make", "inputs": [{"shape": ["batch", 4]}]}
+    m["shapes"] = [{"batch": 2}]
+    (plain,) = expand(Config.model_validate({"models": [m]}))
+    whole, regional, aot = expand(
+        Config.model_validate({"models": [{**m, "strategies": ["whole", "regional", "aot"]}]})
+    )
+    assert compile_spec(whole) == compile_spec(plain)  # today's keys and stores unchanged
+    assert compile_spec(regional)["strategy"] == "regional"
+    assert compile_spec(aot)["export"] == {"strict": False}
+    named = expand(
+        Config.model_validate(
+            {"models": [{**m, "strategies": ["regional", "aot"], "regions": ["layers.*"]}]}
+        )
+    )
+    strict = expand(
+        Config.model_validate(
+            {"models": [{**m, "strategies": ["aot"], "export": {"strict": True}}]}
+        )
+    )
+    specs = [compile_spec(t) for t in (whole, regional, aot, named[0], strict[0])]
+    assert len({json.dumps(s, sort_keys=True) for s in specs}) == 5  # each its own key

@@ -323,3 +323,29 @@ def test_dynamic_shape_sets_share_one_bundle_id():
         "fix/b2/default",
         "fix/b8/default",
     ]
+
+
+# -- strategies (issue 23) --------------------------------------------------------------------
+def test_strategy_joins_the_variant_whole_implicit_and_training_stays_whole():
+    cfg = config(
+        model(
+            "gpt",
+            [{"batch": 1}],
+            tasks=["infer", "train"],
+            precisions=["fp32", "bf16"],
+            strategies=["whole", "regional", "aot"],
+        )
+    )
+    assert ids(cfg) == [
+        "gpt/b1/default",
+        "gpt/b1/default+regional",
+        "gpt/b1/default+aot",
+        "gpt/b1/default+bf16",
+        "gpt/b1/default+bf16+regional",  # aot exports the float32 forward only
+        "gpt/b1/default+train",  # a training step is compiled whole
+        "gpt/b1/default+train+bf16",
+    ]
+    by_id = {t.id: t for t in expand(cfg)}
+    assert by_id["gpt/b1/default+aot"].describe()["strategy"] == "aot"
+    assert "strategy" not in by_id["gpt/b1/default"].describe()  # old manifests unchanged
+    assert select(expand(cfg), ["*+aot"]) == [by_id["gpt/b1/default+aot"]]

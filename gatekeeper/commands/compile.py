@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..compile import compile_all
+from ..compile import compile_all, reuse_note
 from ..errors import EXIT_ERROR, EXIT_OK
 from .common import Context, human_bytes
 
@@ -14,16 +14,34 @@ def register(sub, parents) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="compile and publish even when the store has the bundle",
+        help="compile and publish even when the store has the bundle (from an empty cache)",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="compile from an empty cache dir, not seeded with the newest bundle of the "
+        "target's earlier code",
     )
 
 
 def run(ctx: Context) -> int:
     ctx.signing_key()  # a signature required without a key: exit 2 before any work
     results = compile_all(
-        ctx.targets, ctx.config, ctx.store, force=ctx.args.force, verbose=ctx.args.verbose
+        ctx.targets,
+        ctx.config,
+        ctx.store,
+        force=ctx.args.force,
+        verbose=ctx.args.verbose,
+        cold=ctx.args.cold,
     )
-    rows = [{**r.as_dict(), "size": human_bytes(r.bundle_bytes)} for r in results]
+    rows = [
+        {
+            **r.as_dict(),
+            "size": human_bytes(r.bundle_bytes),
+            "reused": reuse_note(r.seed).removeprefix(", ").replace(" FX graphs reused", ""),
+        }
+        for r in results
+    ]
     ctx.emit(
         {
             "command": "compile",
@@ -35,7 +53,8 @@ def run(ctx: Context) -> int:
         {
             "target": "target",
             "status": "status",
-            "compile_seconds": "cold compile s",
+            "compile_seconds": "compile s",
+            "reused": "FX graphs reused",
             "size": "bundle",
             "error": "error",
         },

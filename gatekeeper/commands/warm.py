@@ -51,7 +51,19 @@ def run(ctx: Context) -> int:
             with progress.step(target.id, "first compiled call") as step:
                 served = doc.get("precompile") == "served"
                 resp = probe(target, ctx.config, cache, verbose=ctx.args.verbose, env=env)
-                if resp.ok and resp.compile_seconds is not None and resp.counters:
+                if target.strategy == "aot" and resp.ok and resp.aot:
+                    # the package gatekeeper.load_aot serves, in a fresh process
+                    doc["first_call_seconds"] = resp.compile_seconds
+                    doc["import_torch_seconds"] = resp.import_seconds
+                    if doc.get("cold_compile_seconds") and resp.compile_seconds:
+                        doc["speedup"] = doc["cold_compile_seconds"] / resp.compile_seconds
+                    doc["dynamo"] = "skipped"
+                    doc["inductor_imported"] = resp.aot.get("inductor_imported")
+                    step.done(
+                        f"{resp.compile_seconds:.2f} s (import torch "
+                        f"{resp.import_seconds or 0:.2f} s apart), AOTInductor package"
+                    )
+                elif resp.ok and resp.compile_seconds is not None and resp.counters:
                     c = resp.counters
                     doc["first_call_seconds"] = resp.compile_seconds
                     if doc.get("cold_compile_seconds"):
@@ -113,6 +125,7 @@ def run(ctx: Context) -> int:
             "size": "bundle",
             "fxgraph_cache_hit": "fx hits",
             "precompile": "precompile",
+            "aot": "aot",
             "dynamo": "dynamo",
             "reason": "reason",
         },

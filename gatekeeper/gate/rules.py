@@ -36,6 +36,11 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
   compared.
 * accepted: a ``regressed`` target the pull request accepts on purpose (``--accept``, the
   ``gatekeeper:accept`` label); parity failures are never accepted.
+* exportability: an ``+aot`` target whose model ``torch.export`` refuses on the pull
+  request but exported on the base (the base commit's model, paired; else a stored
+  baseline, which only an exported, measured package has) is ``regressed``, naming
+  torch's reason and the line: a PR that breaks the deploy path fails. Not exportable on
+  the base either: ``pass``, with the reason as a note; nothing to tell: ``no-baseline``.
 """
 
 from __future__ import annotations
@@ -104,6 +109,8 @@ def gate_target(
     if result.status == "error":
         v.verdict, v.reasons = "error", [result.error or "measurement failed"]
         return v
+    if result.status == "not-exportable":
+        return _not_exportable(v, result, baseline, accept)
     found: set[str] = set()
     base = baseline.result if baseline is not None else None
     v.disturbed = disturbance(result, base)
@@ -136,6 +143,26 @@ def gate_target(
         if result.paired is None:
             _work(v, found, result.work, base.work, "baseline", rules)
     v.verdict = _finish(v, found | {"pass"}, accept)
+    return v
+
+
+def _not_exportable(
+    v: TargetVerdict, result: TargetResult, baseline: Baseline | None, accept: bool
+) -> TargetVerdict:
+    """An ``+aot`` target torch.export refused: regressed when the base exported."""
+    said = result.export.says() if result.export else (result.error or "not exportable")
+    base = result.export.base_exportable if result.export else None
+    if base is None and baseline is not None:
+        base = baseline.result.status == "ok"  # published: exported, packaged, measured
+    if base:
+        v.reasons.append(f"{said} (the base exported)")
+        v.verdict = _finish(v, {"regressed"}, accept)
+    elif base is False:
+        v.notes.append(f"{said}, as on the base")
+        v.verdict = "pass"
+    else:
+        v.notes.append(said)
+        v.verdict = "no-baseline"
     return v
 
 

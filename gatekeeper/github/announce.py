@@ -47,6 +47,14 @@ def announce(
                 line=brk.line,
                 title="gatekeeper: graph break",
             )
+        export = row.result.export
+        if v.verdict == "regressed" and export is not None and not export.exportable:
+            actions.error_annotation(  # at the line torch.export refused
+                f"{v.target}: {export.says()}",
+                file=_repo_path(base_dir, export.file),
+                line=export.line,
+                title="gatekeeper: not exportable",
+            )
         if v.verdict in ("regressed", "parity-failed", "error"):
             actions.error_annotation(
                 f"{v.target}: {v.verdict}: " + "; ".join(v.reasons),

@@ -1,30 +1,46 @@
-"""Which compile mode? When a model lists several modes, compare them per shape set: cold
-and warm compile time, p50, speedup vs eager, peak memory and the break-even call count
-(compile time / time saved per call), and name a mode for serving and one for short jobs,
-with the rule used. Pure: no I/O, no torch.
+"""Which mode and strategy? When a model is compiled in several modes or strategies
+(``whole``, ``regional``, ``aot``), compare every (mode, strategy) per shape set: cold
+compile time, the deploy's first call (after a warm start; for ``aot`` loading the
+package), p50, speedup vs eager, peak memory and the break-even call count (compile
+time / time saved per call), and name one for serving and one for short jobs, with the
+rule used. An ``aot`` package is recommended only where the model exported and a check
+verified the package. Pure: no I/O, no torch.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..results import TargetResult
 
 SHORT_JOB_CALLS = 1000  # a short job: this many calls, starting from a cold compile
 TIE = 0.03  # p50s within 3% are a tie for serving
+STRATEGIES = ("regional", "aot")  # the variant parts that name a strategy ("whole": none)
 
 
 @dataclass(frozen=True)
 class ModeFigures:
     mode: str
     target: str
-    cold_s: float | None  # first compiled call with an empty cache
-    warm_s: float | None  # first compiled call after a warm start (bundle restored)
+    cold_s: float | None  # first compiled call with an empty cache (aot: export + package)
+    warm_s: float | None  # the deploy's first call: after a warm start (aot: package loaded)
     p50: float  # compiled, seconds per call
     eager_p50: float
     peak: int | None  # compiled peak memory, bytes
     ok: bool  # measured, and parity vs eager passed
+    strategy: str = "whole"
+    verified: bool | None = None  # aot: the package a deploy loads was verified
+
+    @property
+    def label(self) -> str:
+        """``default``, ``default+regional``, ``max-autotune+aot``."""
+        return self.mode if self.strategy == "whole" else f"{self.mode}+{self.strategy}"
+
+    @property
+    def eligible(self) -> bool:
+        """Whether it may be recommended: parity passed, and an aot package verified."""
+        return self.ok and (self.strategy != "aot" or self.verified is True)
 
     @property
     def speedup(self) -> float:
@@ -47,18 +63,42 @@ class Advice:
     model: str
     shapes: str
     modes: list[ModeFigures]
-    serving: str | None
+    serving: str | None  # a label (mode, or mode+strategy)
     serving_rule: str
-    short_job: str | None  # a mode, or "eager"
+    short_job: str | None  # a label, or "eager"
     short_job_rule: str
+    # (mode+strategy, why) of the ones that have no figures: an aot target that did not
+    # export, or one whose measurement failed
+    unavailable: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def strategies(self) -> bool:
+        """Whether more than the whole-model strategy is compared."""
+        return any(f.strategy != "whole" for f in self.modes) or any(
+            "+" in label for label, _ in self.unavailable
+        )
 
 
-def figures(r: TargetResult, mode: str) -> ModeFigures | None:
+def split_variant(variant: str) -> tuple[str, str, str]:
+    """``default+bf16+aot`` -> (``default``, ``aot``, ``bf16``): mode, strategy, the rest."""
+    mode, *parts = variant.split("+")
+    strategy = parts.pop() if parts and parts[-1] in STRATEGIES else "whole"
+    return mode, strategy, "+".join(parts)
+
+
+def figures(r: TargetResult, mode: str, strategy: str = "whole") -> ModeFigures | None:
     if r.status != "ok" or r.latency is None or r.compile is None:
         return None
     c = r.compile
     cold = c.seconds if c.state == "cold" else c.cold_seconds
     warm = c.seconds if c.state == "warm" else None
+    verified = None
+    if strategy == "aot":
+        aot = r.aot or {}
+        verified = aot.get("verified")
+        # the deploy's first call: the verified package, loaded in a fresh process
+        first = aot.get("first_call_seconds")
+        warm = first if isinstance(first, (int, float)) else warm
     ok = r.parity is None or r.parity.vs_eager.passed
     return ModeFigures(
         mode,
@@ -69,55 +109,83 @@ def figures(r: TargetResult, mode: str) -> ModeFigures | None:
         r.latency.eager.p50,
         r.memory.compiled_peak_bytes if r.memory else None,
         ok,
+        strategy,
+        verified,
     )
 
 
 def advise(results: list[TargetResult]) -> list[Advice]:
-    """One Advice per (model, shape set, other variant parts) measured in several modes."""
+    """One Advice per (model, shape set, other variant parts) measured in several modes
+    or strategies."""
     groups: dict[tuple[str, str, str], list[ModeFigures]] = {}
+    missing: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
     for r in results:
         model, shapes, variant = r.target.split("/")
-        mode, _, rest = variant.partition("+")
-        f = figures(r, mode)
+        mode, strategy, rest = split_variant(variant)
+        key = (model, shapes, rest)
+        f = figures(r, mode, strategy)
         if f is not None:
-            groups.setdefault((model, shapes, rest), []).append(f)
+            groups.setdefault(key, []).append(f)
+        else:
+            label = mode if strategy == "whole" else f"{mode}+{strategy}"
+            why = r.export.says() if r.export is not None else (r.error or r.status)
+            missing.setdefault(key, []).append((label, why))
     out = []
-    for (model, shapes, rest), modes in groups.items():
-        if len({f.mode for f in modes}) < 2:
+    for key, modes in groups.items():
+        unavailable = missing.get(key, [])
+        if len({f.label for f in modes}) + len(unavailable) < 2:
             continue
-        out.append(_advice(model, shapes + (f"+{rest}" if rest else ""), modes))
+        model, shapes, rest = key
+        out.append(_advice(model, shapes + (f"+{rest}" if rest else ""), modes, unavailable))
     return out
 
 
-def _advice(model: str, shapes: str, modes: list[ModeFigures]) -> Advice:
-    good = [f for f in modes if f.ok]
-    serving, serving_rule = None, "no mode passed parity"
+def _advice(
+    model: str, shapes: str, modes: list[ModeFigures], unavailable: list[tuple[str, str]]
+) -> Advice:
+    good = [f for f in modes if f.eligible]
+    serving, serving_rule = None, "nothing passed parity (an aot package must also verify)"
     if good:
         fastest = min(f.p50 for f in good)
         tied = [f for f in good if f.p50 <= fastest * (1 + TIE)]
         best = min(
             tied,
             key=lambda f: (
-                f.peak if f.peak is not None else math.inf,
                 f.warm_s if f.warm_s is not None else math.inf,
+                f.peak if f.peak is not None else math.inf,
             ),
         )
-        serving = best.mode
+        serving = best.label
         serving_rule = (
-            f"lowest p50 (a deploy compiles once and warm-starts); modes within "
-            f"{TIE:.0%} of it tie, then the smaller peak memory wins"
+            f"lowest p50 (a deploy compiles once and warm-starts); within {TIE:.0%} of "
+            "it, the smaller deploy first call wins, then the smaller peak memory"
         )
+        if best.strategy == "aot":
+            serving_rule += (
+                "; its AOTInductor package exported and verified, so a deploy loads it "
+                "with gatekeeper.load_aot, without Dynamo or inductor"
+            )
     short, short_rule = None, "no cold compile time was measured"
     timed = [f for f in good if f.cold_s is not None]
     if timed:
         n = SHORT_JOB_CALLS
-        totals = {f.mode: f.cold_s + n * f.p50 for f in timed}  # type: ignore[operator]
+        totals = {f.label: f.cold_s + n * f.p50 for f in timed if f.cold_s is not None}
         eager = n * timed[0].eager_p50
-        best_mode = min(totals, key=totals.__getitem__)
-        short = best_mode if totals[best_mode] < eager else "eager"
+        best_label = min(totals, key=totals.__getitem__)
+        short = best_label if totals[best_label] < eager else "eager"
         short_rule = (
             f"smallest cold compile + {n:,} calls × p50, against {n:,} eager calls ({eager:.2f} s)"
         )
     return Advice(
-        model, shapes, sorted(modes, key=lambda f: f.mode), serving, serving_rule, short, short_rule
+        model,
+        shapes,
+        sorted(modes, key=lambda f: (f.mode, STRATEGIES_ORDER.get(f.strategy, 9))),
+        serving,
+        serving_rule,
+        short,
+        short_rule,
+        unavailable,
     )
+
+
+STRATEGIES_ORDER = {"whole": 0, "regional": 1, "aot": 2}

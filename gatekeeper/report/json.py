@@ -67,6 +67,8 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "verdict": v.verdict,
         "status": r.status,
         "error": r.error,
+        "export": dump(r.export),
+        "aot": r.aot,
         "reasons": list(v.reasons),
         "notes": list(v.notes),
         "borderline": v.borderline,
@@ -148,9 +150,11 @@ def report_json(report: GateReport) -> dict:
                 "serving_rule": a.serving_rule,
                 "short_job": a.short_job,
                 "short_job_rule": a.short_job_rule,
+                "unavailable": [{"label": label, "why": why} for label, why in a.unavailable],
                 "modes": [
                     {
                         **f.__dict__,
+                        "label": f.label,
                         "speedup": f.speedup,
                         "break_even_cold": _calls(f.break_even(f.cold_s)),
                         "break_even_warm": _calls(f.break_even(f.warm_s)),

@@ -643,6 +643,25 @@ def _details(row: GateRow, everything: bool = False) -> str:
                 r.error if len(r.error) <= MAX_ERROR_CHARS else "…\n" + r.error[-MAX_ERROR_CHARS:]
             )
             parts += [_code_block(text), ""]
+    if r.export is not None and not r.export.exportable:
+        how = "strict" if r.export.strict else "non-strict"
+        parts += [
+            f"**Not exportable** ({how} torch.export) at {md_code(r.export.where())}: "
+            f"{md_text(r.export.reason, MAX_REASON_CHARS)}",
+            "",
+        ]
+    if r.aot:
+        verified = r.aot.get("verified")
+        state = (
+            "verified" if verified is True else "rejected" if verified is False else "not verified"
+        )
+        first = r.aot.get("first_call_seconds")
+        parts += [
+            f"**AOTInductor package:** {state}"
+            + (f", first call {fmt_time(first)} in a new process" if first else "")
+            + (f" ({md_text(r.aot['reason'], MAX_REASON_CHARS)})" if r.aot.get("reason") else ""),
+            "",
+        ]
     reasons = [x for x in v.reasons if x != r.error]  # an error is shown above
     if reasons:
         parts.append("**Reasons**\n")
@@ -768,26 +787,38 @@ def _calls(n: float | None) -> str:
     return "never" if math.isinf(n) else f"{math.ceil(n):,}"
 
 
+def _advice_note(f: Any) -> str:
+    if not f.ok:
+        return "❌ parity"
+    if f.strategy == "aot" and f.verified is not True:
+        return "package not verified" if f.verified is None else "❌ package rejected"
+    return ""
+
+
 def _advice_block(a: Advice) -> str:
     rows = [
         [
-            md_code(f.mode, table=True),
+            md_code(f.label, table=True),
             fmt_time(f.cold_s),
             fmt_time(f.warm_s),
             fmt_time(f.p50),
             f"{f.speedup:.2f}x",
             fmt_mib(f.peak),
             f"{_calls(f.break_even(f.cold_s))} / {_calls(f.break_even(f.warm_s))}",
-            "" if f.ok else "❌ parity",
+            _advice_note(f),
         ]
         for f in a.modes
+    ]
+    rows += [
+        [md_code(label, table=True), *[DASH] * 6, md_text(why, MAX_REASON_CHARS)]
+        for label, why in a.unavailable
     ]
     table = _table(
         rows,
         [
-            "mode",
+            "mode+strategy" if a.strategies else "mode",
             "compile cold",
-            "compile warm",
+            "deploy first call",
             "p50",
             "speedup vs eager",
             "peak MiB",
@@ -804,16 +835,18 @@ def _advice_block(a: Advice) -> str:
 
 
 def _mode_advice(report: GateReport) -> str | None:
-    blocks = [_advice_block(a) for a in advise([row.result for row in report.rows])]
-    if not blocks:
+    advice = advise([row.result for row in report.rows])
+    if not advice:
         return None
+    strategies = any(a.strategies for a in advice)
     return "\n\n".join(
         [
-            "### Which mode?",
+            "### Which mode and strategy?" if strategies else "### Which mode?",
             "<sub>Break-even: compile time ÷ time saved per "
-            "call against eager. Cold: an empty cache; warm: after a warm start "
-            "from the bundle.</sub>",
-            *blocks,
+            "call against eager. Cold: an empty cache; deploy first call: the first call "
+            "in a new process after a warm start from the bundle (aot: the package "
+            "loaded).</sub>",
+            *[_advice_block(a) for a in advice],
         ]
     )
 

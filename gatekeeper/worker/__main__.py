@@ -19,6 +19,14 @@ from .protocol import Request, Response
 
 
 def handle(req: Request) -> Response:
+    if req.action == "probe" and req.strategy == "aot" and not req.eager:
+        from .aot import probe  # imports torch itself, timed, and never inductor
+
+        return probe(req)
+    if req.action == "aot":
+        from .aot import verify
+
+        return verify(req)
     if req.action == "measure":
         from .measure import measure
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -12,18 +13,19 @@ from torch._dynamo.utils import counters
 from ..config import ModelConfig
 from .calls import Inputs, entry
 from .counters import record_inductor_metrics
+from .deps import watching_cache
 from .model import build_recorded
 from .protocol import Request, Response
+from .strategy import NotExportable, compiled
 from .task import check_precision, shape_sweep, under_autocast
 from .timing import first_call
 
 
-def compile_model(
-    model: Any, cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
-):
-    """``torch.compile`` a model (or its method, a plain function, a training step
-    function) as configured; ``fullgraph`` overrides the config's (a training step always
-    breaks at backward)."""
+def compile_kwargs(
+    cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
+) -> dict[str, Any]:
+    """``torch.compile``'s arguments as configured (a regional target's blocks take the
+    same)."""
     kwargs: dict[str, Any] = {
         "backend": cfg.backend,
         "fullgraph": cfg.fullgraph if fullgraph is None else fullgraph,
@@ -33,7 +35,16 @@ def compile_model(
         kwargs["options"] = cfg.options
     elif mode != "default":
         kwargs["mode"] = mode
-    return torch.compile(model, **kwargs)
+    return kwargs
+
+
+def compile_model(
+    model: Any, cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
+):
+    """``torch.compile`` a model (or its method, a plain function, a training step
+    function) as configured; ``fullgraph`` overrides the config's (a training step always
+    breaks at backward)."""
+    return torch.compile(model, **compile_kwargs(cfg, mode, dynamic, fullgraph))
 
 
 def snapshot_counters() -> dict[str, int]:
@@ -63,10 +74,32 @@ def _import_inductor() -> float:
     return time.perf_counter() - start
 
 
-def compile_target(req: Request) -> Response:
-    """``compile``: the first compiled calls, then the Mega-Cache blob. ``probe``: the
-    same calls against the cache dir the parent restored, saving nothing: their time and
-    counters show whether a warm start really was warm. ``deps``: the build alone."""
+def compiled_for(
+    req: Request,
+    model: Any,
+    inputs: Inputs,
+    *,
+    keep_eager: bool = False,
+    aot_out: str | None = None,
+) -> tuple[Any, dict]:
+    """The request's target compiled by its strategy (see :mod:`.strategy`)."""
+    return compiled(
+        model,
+        inputs,
+        req.model,
+        mode=req.mode,
+        dynamic=req.dynamic,
+        strategy=req.strategy,
+        base_dir=req.base_path,
+        shapes=req.shapes,
+        device=req.device,
+        keep_eager=keep_eager,
+        aot_in=req.aot_in,
+        aot_out=aot_out,
+    )
+
+
+def _compile(req: Request) -> Response:
     if req.action == "deps":
         _, _, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
         return Response(ok=True, deps=deps, torch=torch.__version__)
@@ -106,11 +139,18 @@ def compile_target(req: Request) -> Response:
         check_precision(req.device, req.precision)
         imports = _import_inductor()
         start = time.perf_counter()  # torch.compile() itself: a package loads in there
-        compiled = under_autocast(
-            compile_model(entry(model, req.model.call), req.model, req.mode, req.dynamic),
-            req.device,
-            req.precision,
-        )
+        try:  # an aot target exports and builds its package in here
+            fn, done = compiled_for(req, model, inputs, aot_out=req.aot_out)
+        except NotExportable as e:
+            return Response(
+                ok=False,
+                kind="export",
+                error=e.says(),
+                export=e.info,
+                deps=deps,
+                torch=torch.__version__,
+            )
+        compiled = under_autocast(fn, req.device, req.precision)
         wrap = time.perf_counter() - start
         calls = []
         with torch.no_grad():
@@ -125,6 +165,8 @@ def compile_target(req: Request) -> Response:
             counters=snapshot_counters(),
             torch=torch.__version__,
             deps=deps,
+            export=done.get("export"),
+            aot=done.get("aot"),
         )
 
         def run(ins: Inputs) -> None:
@@ -139,23 +181,38 @@ def compile_target(req: Request) -> Response:
         megacache = torch.compiler.save_cache_artifacts()
         if megacache is not None:
             Path(req.megacache_out).write_bytes(megacache[0])
-    precompile = None
-    if req.action == "compile" and req.precompile_out:
-        precompile = _record_precompile(req)
     return resp.model_copy(
-        update={
-            "megacache": megacache is not None,
-            "megacache_load_seconds": megacache_load,
-            "precompile": precompile,
-        }
+        update={"megacache": megacache is not None, "megacache_load_seconds": megacache_load}
+    )
+
+
+def compile_target(req: Request) -> Response:
+    """``compile``: the first compiled calls, then the Mega-Cache blob, and which files of
+    the cache dir the compile read or loaded (``cache_used``: a compile seeded with the
+    previous bundle ships those and what it wrote, nothing else). ``probe``: the same
+    calls against the cache dir the parent restored, saving nothing: their time and
+    counters show whether a warm start really was warm. ``deps``: the build alone."""
+    if req.action != "compile":
+        return _compile(req)
+    cache_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    with watching_cache(cache_dir) as use:
+        resp = _compile(req)
+    used, known = use.used, not use.failed
+    precompile = None
+    if req.precompile_out:
+        # recording copies the cache dir first: only what torch then reads in the copy
+        # counts (it is the same file in the cache dir)
+        with watching_cache(Path(req.precompile_out), reads_only=True) as again:
+            precompile = _record_precompile(req)
+        used, known = used | again.used, known and not again.failed
+    return resp.model_copy(
+        update={"precompile": precompile, "cache_used": sorted(used) if known else None}
     )
 
 
 def _record_precompile(req: Request) -> dict:
     """Dynamo's package of the inference model, recorded into ``precompile_out`` (a
     copy of this compile's cache dir: see :mod:`gatekeeper.worker.precompile`)."""
-    import os
-
     from .precompile import record
 
     def build():

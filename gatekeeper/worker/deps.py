@@ -44,6 +44,13 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
 # -- where a file comes from -------------------------------------------------------------
+def _writes(mode: object, flags: object) -> bool:
+    """Whether an ``open`` audit event's mode or flags open the file for writing."""
+    if isinstance(mode, str):
+        return any(c in mode for c in "wax+")
+    return isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
+
+
 def _norm(path: str) -> str:
     return os.path.normpath(os.path.abspath(path))
 
@@ -176,10 +183,7 @@ class Recorder:
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
             if isinstance(path, int) or path is None:
                 return
-            if isinstance(mode, str):
-                if any(c in mode for c in "wax+"):
-                    return
-            elif isinstance(flags, int) and flags & _WRITE_FLAGS:
+            if _writes(mode, flags):
                 return
             try:
                 self.opened[_norm(os.fsdecode(path))] = None
@@ -275,26 +279,101 @@ def data_name(path: str, base_dir: Path) -> str:
     )
 
 
+# -- what a compile used of its cache dir ---------------------------------------------------
+# audit events whose arguments name a file the process reads, writes, loads or hands to a
+# child: open (FX graph and AOTAutograd entries, generated .py), import (a kernel's .so
+# loaded as an extension module), ctypes.dlopen, subprocess.Popen (inductor's vector-ISA
+# probe loads its cached .so in a child), os.rename (os.replace too: an entry written)
+_CACHE_EVENTS = frozenset(("open", "import", "ctypes.dlopen", "subprocess.Popen", "os.rename"))
+
+
+class CacheUse:
+    """Every file under ``roots`` (inductor cache dirs) that the process touched while
+    watching, by path relative to its root: what a compile read, loaded or wrote there.
+
+    A compile seeded with a previous bundle's cache dir ships only these and what it
+    wrote (:mod:`gatekeeper.compile`); what it never touched stays behind."""
+
+    def __init__(self, roots: Sequence[Path], *, reads_only: bool = False) -> None:
+        import re
+
+        self.reads_only = reads_only  # only files opened for reading, loaded or run
+        self.roots = [_norm(str(r)) for r in roots]
+        alternatives = "|".join(re.escape(r.rstrip(os.sep)) for r in self.roots)
+        # a path under one of the roots, inside any string (a child's command line too)
+        self._pattern = re.compile(rf"(?:{alternatives})/[^\s'\"(),;:]+")
+        self.used: set[str] = set()
+        self.failed = False  # an event could not be read: what was used is not known
+
+    def _strings(self, value: Any) -> Iterator[str]:
+        if isinstance(value, (str, bytes, os.PathLike)):
+            try:
+                yield os.fsdecode(value)
+            except (TypeError, ValueError):
+                return
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                yield from self._strings(v)
+
+    def event(self, name: str, args: tuple) -> None:
+        if self.reads_only:
+            if name == "os.rename":
+                return
+            if name == "open" and _writes(*(tuple(args) + (None, None))[1:3]):
+                return
+        for text in self._strings(args[:2] if name != "subprocess.Popen" else args[1:2]):
+            for found in self._pattern.findall(text):
+                path = os.path.normpath(found)
+                for root in self.roots:
+                    if _under(path, root) and path != root:
+                        self.used.add(os.path.relpath(path, root).replace(os.sep, "/"))
+                        break
+
+
 _active: list[Recorder] = []
+_watching: list[CacheUse] = []
 _installed = False
 
 
 def _hook(event: str, args: tuple) -> None:
     if _active and event in ("open", "import"):
         _active[-1].event(event, args)
+    if _watching and event in _CACHE_EVENTS:
+        for use in _watching:
+            try:
+                use.event(event, args)
+            except Exception:  # noqa: BLE001 - a hook that raises fails the operation itself
+                use.failed = True
+
+
+def _install_hook() -> None:
+    global _installed
+    if not _installed:
+        sys.addaudithook(_hook)
+        _installed = True
 
 
 @contextmanager
 def recording(base_dir: Path) -> Iterator[Recorder]:
     """Record what is imported and read inside the block (audit hooks cannot be removed:
     one is installed for the life of the process and is idle outside this block)."""
-    global _installed
-    if not _installed:
-        sys.addaudithook(_hook)
-        _installed = True
+    _install_hook()
     rec = Recorder(base_dir)
     _active.append(rec)
     try:
         yield rec
     finally:
         _active.remove(rec)
+
+
+@contextmanager
+def watching_cache(*roots: Path, reads_only: bool = False) -> Iterator[CacheUse]:
+    """Record which files under the cache dirs ``roots`` the block touches (``reads_only``:
+    opened for reading, loaded or run; not written)."""
+    _install_hook()
+    use = CacheUse(roots, reads_only=reads_only)
+    _watching.append(use)
+    try:
+        yield use
+    finally:
+        _watching.remove(use)

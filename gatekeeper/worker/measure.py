@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
 
-from .calls import entry
-from .compile import compile_model, snapshot_counters
+from .calls import Inputs, entry
+from .compile import compiled_for, snapshot_counters
 from .counters import (
     flops,
     inductor_metrics,
@@ -25,6 +26,7 @@ from .memory import allocated
 from .model import build_base, build_recorded
 from .parity import Outputs, check_parity, fp64_reference, read_reference, save_reference
 from .protocol import Request, Response
+from .strategy import NotExportable, export, regional_graphs
 from .task import (
     autocast,
     check_precision,
@@ -55,7 +57,6 @@ def measure(req: Request) -> Response:
     tol = parity_tolerance(req.parity.model_dump(), req.precision)
     check_precision(device, req.precision)
     model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
-    fn = entry(model, cfg.call)  # the module, its method `call`, or a plain function
     # the precision's autocast around every forward (none for fp32); fp64 runs without
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
     eager_fn = entry(eager_model(model, base_dir_paired is not None), cfg.call)
@@ -64,18 +65,33 @@ def measure(req: Request) -> Response:
     paired: dict | None = None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
-    graphs = graph_breaks(fn, inputs, base_dir, context=amp)
+    graphs = _graphs(model, cfg, req, inputs, base_dir, amp)
     if base_dir_paired is not None:
         base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
         base_fn_eager = entry(base_model, cfg.call)
-        base_graphs = graph_breaks(base_fn_eager, inputs, base_dir_paired, context=amp)
+        base_graphs = _graphs(base_model, cfg, req, inputs, base_dir_paired, amp)
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
 
     before_compile = allocated(device)
-    compiled = under_autocast(compile_model(fn, cfg, req.mode, req.dynamic), device, req.precision)
+    start = time.perf_counter()
+    try:  # regional: a compiled copy; aot: the bundle's package (or export + build one)
+        made, done = compiled_for(req, model, inputs, keep_eager=True)
+    except NotExportable as e:
+        info = dict(e.info)
+        if base_dir_paired is not None:  # did the base commit's model export?
+            try:
+                export(base_model, inputs, cfg, req.dynamic, base_dir_paired)
+                info["base_exportable"] = True
+            except NotExportable:
+                info["base_exportable"] = False
+        return Response(
+            ok=False, kind="export", error=e.says(), export=info, deps=deps, torch=torch.__version__
+        )
+    prepared = time.perf_counter() - start  # aot: export, build and load the package
+    compiled = under_autocast(made, device, req.precision)
     with torch.no_grad():
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
         # next call: keep a copy of what the first call returned (every leaf, a cache's
@@ -83,6 +99,8 @@ def measure(req: Request) -> Response:
         out_compiled, compile_seconds = first_call(compiled, inputs, device)
         cand = Outputs.of(out_compiled).cloned()
         del out_compiled
+        if req.strategy == "aot":
+            compile_seconds += prepared
         for _ in range(2):
             inputs.call(compiled)
         cache = snapshot_counters()
@@ -93,16 +111,21 @@ def measure(req: Request) -> Response:
         )
         held = allocated(device) - before_compile - copy_bytes
         work = {
-            **inductor_metrics(),
+            # an aot package's kernels were counted where it was built, if at all
+            **(inductor_metrics() if req.strategy != "aot" else {}),
             "flops": flops(lambda: inputs.call(eager)),
             "instructions": instructions(lambda: inputs.call(compiled)),
         }
-        base_fn = None
+        base_fn = base_made = None
         if base_dir_paired is not None:
             reset_inductor_metrics()
-            base_compiled = under_autocast(
-                compile_model(base_fn_eager, cfg, req.mode, req.dynamic), device, req.precision
-            )
+            base_req = req.model_copy(update={"aot_in": req.base_aot_in})
+            try:
+                base_made, _ = compiled_for(base_req, base_model, inputs, keep_eager=True)
+            except NotExportable:  # this change makes it export: no base to time it with
+                base_dir_paired = None
+        if base_dir_paired is not None and base_made is not None:
+            base_compiled = under_autocast(base_made, device, req.precision)
             base_first, base_seconds = first_call(base_compiled, inputs, device)
             base_out = Outputs.of(base_first).cloned()
             del base_first
@@ -113,7 +136,7 @@ def measure(req: Request) -> Response:
                 "graphs": base_graphs,
                 "deps": base_deps,
                 "work": {
-                    **inductor_metrics(),
+                    **(inductor_metrics() if req.strategy != "aot" else {}),
                     "flops": flops(
                         lambda: inputs.call(under_autocast(base_fn_eager, device, req.precision))
                     ),
@@ -151,4 +174,17 @@ def measure(req: Request) -> Response:
         pid=os.getpid(),
         torch=torch.__version__,
         deps=deps,
+        export=done.get("export"),
+        aot=done.get("aot") or None,
     )
+
+
+def _graphs(model, cfg, req: Request, inputs: Inputs, base_dir: Path, amp) -> dict:
+    """What the strategy compiles, explained: the whole model, a regional target's
+    blocks (one of each class), or an exported program (one graph, no break: a model
+    that breaks does not export)."""
+    if req.strategy == "regional":
+        return regional_graphs(model, cfg, inputs, base_dir, amp)
+    if req.strategy == "aot":
+        return {"count": 1, "breaks": 0, "break_reasons": []}
+    return graph_breaks(entry(model, cfg.call), inputs, base_dir, context=amp)

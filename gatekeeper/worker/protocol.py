@@ -38,12 +38,18 @@ class Request(_Msg):
     * ``precompile``: load the precompile package the parent restored (Dynamo skipped),
       make the first call, and check its outputs against eager and the stored reference
       outputs: what ``check`` must see before a deploy may load the package.
+    * ``aot``: the same for an ``+aot`` target's AOTInductor package (``aot_in``), loaded
+      the way :func:`gatekeeper.load_aot` loads it.
+
+    ``strategy`` says how the model is compiled: ``whole``, ``regional`` (its repeated
+    blocks, the rest eager) or ``aot`` (torch.export, then an AOTInductor package: written
+    to ``aot_out`` by ``compile``, loaded from ``aot_in`` by the others when given).
 
     Every action that builds the model answers with ``deps``, what it was built from
     (see :mod:`gatekeeper.worker.deps`); the parent computes the code hash from it.
     """
 
-    action: Literal["compile", "probe", "measure", "deps", "precompile"]
+    action: Literal["compile", "probe", "measure", "deps", "precompile", "aot"]
     model: ModelConfig
     base_dir: str  # the config's folder: factories are imported from there
     device: str  # resolved: "cpu", "cuda", "cuda:1"
@@ -52,6 +58,10 @@ class Request(_Msg):
     dynamic: bool
     task: Literal["infer", "train"] = "infer"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    strategy: Literal["whole", "regional", "aot"] = "whole"
+    aot_out: str | None = None  # compile, aot: write the AOTInductor package here
+    aot_in: str | None = None  # aot: the package to load (else export and compile it)
+    base_aot_in: str | None = None  # measure, paired, aot: the base version's package
     sweep: bool = True  # measure: run every shape set of the model and count recompiles
     megacache_out: str | None = None  # compile: write the Mega-Cache blob here
     megacache_in: str | None = None  # load this blob first (PyTorch's recipe, benchmarks)
@@ -80,6 +90,7 @@ class Request(_Msg):
             dynamic=target.dynamic,
             task=target.task,
             precision=target.precision,
+            strategy=target.strategy,
             **extra,
         )
 
@@ -99,11 +110,13 @@ def dynamo_skipped(counters: dict[str, int]) -> bool:
 
 class Response(_Msg):
     """A worker's answer. ``ok`` false: ``kind`` is ``config`` (the user's factory or
-    inputs are wrong) or ``compile`` (torch failed), ``error`` one line. ``ok`` true: the
-    fields of the action that ran; nested documents match :mod:`gatekeeper.results`."""
+    inputs are wrong), ``compile`` (torch failed) or ``export`` (an ``+aot`` target's
+    model does not export: ``export`` says torch's reason and the user's line), ``error``
+    one line. ``ok`` true: the fields of the action that ran; nested documents match
+    :mod:`gatekeeper.results`."""
 
     ok: bool
-    kind: Literal["config", "compile"] | None = None
+    kind: Literal["config", "compile", "export"] | None = None
     error: str | None = None
     torch: str | None = None
     compile_seconds: float | None = None  # first compiled call, wall time
@@ -114,6 +127,9 @@ class Response(_Msg):
     megacache: bool | None = None  # compile: a Mega-Cache blob was written
     megacache_load_seconds: float | None = None
     precompile: dict[str, Any] | None = None  # compile: recorded or why not; precompile: verdict
+    # compile: the files of the cache dir it read, loaded or wrote (relative paths; None
+    # when that could not be known)
+    cache_used: list[str] | None = None
     graphs: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
     outputs: dict[str, Any] | None = (
@@ -125,6 +141,10 @@ class Response(_Msg):
     work: dict[str, Any] | None = None  # measure: deterministic work counters
     profile: dict[str, Any] | None = None  # measure: top operators by self time
     deps: dict[str, Any] | None = None  # what the model and inputs were built from
+    # aot: torch.export's outcome (exportable, or torch's reason and the user's file:line)
+    export: dict[str, Any] | None = None
+    # aot: the package's load and first call (probe, measure) or its verdict (aot)
+    aot: dict[str, Any] | None = None
     pid: int | None = None
 
     @classmethod

@@ -261,3 +261,51 @@ def test_baseline_from_before_the_sweep_is_not_compared():
     base = make_baseline(make_result(TARGET, seed=1, recompiles=0))  # no sweep recorded
     pr = with_sweep(make_result(TARGET, seed=1), 4, [GUARD])
     assert gate.gate_target(pr, base, RULES).verdict == "pass"
+
+
+# -- exportability (issue 23) ------------------------------------------------------------------
+def not_exportable(base_exportable=None):
+    from gatekeeper.results import Export, TargetResult
+
+    export = Export(
+        exportable=False,
+        reason="Could not guard on data-dependent expression Eq(u0, 1)",
+        file="models/net.py",
+        line=12,
+        base_exportable=base_exportable,
+    )
+    return TargetResult(
+        target="m/b1/default+aot",
+        model="m",
+        env_key="env",
+        code_hash="c0de",
+        device="cpu",
+        status="not-exportable",
+        error=export.says(),
+        export=export,
+    )
+
+
+def test_a_pr_that_breaks_export_is_regressed_naming_torchs_reason_and_the_line():
+    exported = make_baseline(make_result("m/b1/default+aot"))  # only exported ones publish
+    v = gate.gate_target(not_exportable(), exported, RULES)
+    assert v.verdict == "regressed", v
+    (reason,) = v.reasons
+    assert "data-dependent expression" in reason and "at models/net.py:12" in reason
+    # paired: the base commit's model exported, whatever the store holds
+    assert gate.gate_target(not_exportable(base_exportable=True), None, RULES).verdict == (
+        "regressed"
+    )
+    # accepted on purpose, like any regression
+    assert gate.gate_target(not_exportable(), exported, RULES, accept=True).verdict == "accepted"
+
+
+def test_a_model_that_never_exported_is_not_a_regression():
+    v = gate.gate_target(not_exportable(base_exportable=False), None, RULES)
+    assert v.verdict == "pass" and "as on the base" in v.notes[0], v
+    v = gate.gate_target(not_exportable(), None, RULES)
+    assert v.verdict == "no-baseline" and "not exportable" in v.notes[0], v
+    report = gate.build_report(
+        [not_exportable(base_exportable=False)], {}, lambda t: RULES, base_ref="main"
+    )
+    assert report.exit_code == 0

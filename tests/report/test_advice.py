@@ -61,3 +61,37 @@ def test_the_report_shows_the_comparison():
     (advice,) = doc["mode_advice"]
     assert advice["serving"] == "max-autotune"
     assert {m["mode"] for m in advice["modes"]} == {"default", "max-autotune"}
+
+
+# -- strategies (issue 23) ------------------------------------------------------------------
+def strategy_result(strategy: str, *, compiled_s: float, warm_s: float, verified=None):
+    r = make_result(
+        "gpt/b4/default" + ("" if strategy == "whole" else f"+{strategy}"),
+        seed=len(strategy),
+        compiled_s=compiled_s,
+        eager_s=2e-3,
+        compile_s=warm_s,
+        warm=True,
+        cache="hit",
+        cold_s=20.0,
+    )
+    if strategy == "aot":
+        r.aot = {"verified": verified, "first_call_seconds": 0.02}
+    return r
+
+
+def test_every_mode_and_strategy_in_one_table_aot_only_when_verified():
+    whole = strategy_result("whole", compiled_s=1.0e-3, warm_s=3.0)
+    regional = strategy_result("regional", compiled_s=1.01e-3, warm_s=2.0)
+    aot = strategy_result("aot", compiled_s=1.0e-3, warm_s=0.5, verified=True)
+    (a,) = advise([whole, regional, aot])
+    assert [f.label for f in a.modes] == ["default", "default+regional", "default+aot"]
+    # p50s tie: the smallest deploy first call wins, the verified package loaded (0.02 s)
+    assert a.serving == "default+aot" and "load_aot" in a.serving_rule
+    assert {f.label: f.warm_s for f in a.modes}["default+aot"] == 0.02
+    (a,) = advise([whole, regional, strategy_result("aot", compiled_s=1e-3, warm_s=0.5)])
+    assert a.serving == "default+regional"  # an unverified package is never recommended
+    rep = gate.build_report([whole, regional, aot], {}, lambda t: RULES, base_ref="main")
+    md = report.render_markdown(rep, details=False)
+    assert "### Which mode and strategy?" in md and "| mode+strategy" in md
+    assert "- serving: `default+aot`" in md and "deploy first call" in md

@@ -1,0 +1,160 @@
+"""The parent's one door to torch: load an AOTInductor package for a deploy.
+
+``gatekeeper warm`` installs each verified ``+aot`` package (a ``.pt2`` that
+``torch._inductor.aoti_compile_and_package`` built from ``torch.export``'s program) into
+the inductor cache dir a service will use, under ``gatekeeper/aot/<target>/``.
+:func:`load_aot` returns a callable for it. It loads the package with torch's C++ loader
+(``torch._C._aoti.AOTIModelPackageLoader``), which needs neither Dynamo, AOTAutograd,
+inductor nor the model's Python code: a service's first call then costs what eager's
+does. Where that loader is missing it falls back to ``torch._inductor.aoti_load_package``
+(which imports inductor, about 2 s).
+
+Every torch import is inside a function: importing this module (and the CLI, the gate,
+the store, the report) never imports torch.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import GatekeeperError
+
+if TYPE_CHECKING:
+    from .config import Config
+
+AOT_HOME = Path("gatekeeper", "aot")  # inside the inductor cache dir
+PACKAGE = "model.pt2"
+INFO = "package.json"  # what warm installed: target, code hash, sha256, the check's verdict
+
+
+class AotUnavailable(GatekeeperError):
+    """No verified AOTInductor package is installed for the target: the service compiles
+    (``torch.compile``) as it would without one."""
+
+
+def inductor_cache_dir() -> Path:
+    """The inductor cache dir of this process, as inductor computes it (without
+    importing inductor): ``$TORCHINDUCTOR_CACHE_DIR``, else ``<tmp>/torchinductor_<user>``."""
+    explicit = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container): inductor's fallback
+        user = "unknown"
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return Path(tempfile.gettempdir(), f"torchinductor_{user}")
+
+
+def package_dir(cache: Path, target_id: str) -> Path:
+    """Where ``warm`` installs a target's package inside a cache dir."""
+    return cache / AOT_HOME / target_id.replace("/", "__")
+
+
+class AotModel:
+    """A loaded AOTInductor package, called like the model: ``model(*args, **kwargs)``.
+    Inputs are flattened as ``torch.export`` saw them; outputs come back in the
+    structure the model returned (tuple, dict, ...)."""
+
+    def __init__(self, loader: Any, path: Path, info: dict | None = None) -> None:
+        import torch.utils._pytree as pytree
+
+        self._loader = loader
+        self.path = path
+        self.info = info or {}
+        in_spec, out_spec = loader.get_call_spec()
+        self._in_spec = pytree.treespec_loads(in_spec)
+        self._out_spec = pytree.treespec_loads(out_spec)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        import torch.utils._pytree as pytree
+
+        kwargs_spec = self._in_spec.child(1) if self._in_spec.num_children == 2 else None
+        if kwargs and kwargs_spec is not None:  # in the order export saw them
+            kwargs = {k: kwargs[k] for k in kwargs_spec.context if k in kwargs}
+        flat = pytree.tree_leaves((args, kwargs))
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        return pytree.tree_unflatten(self._loader.run(tensors), self._out_spec)
+
+    def __repr__(self) -> str:
+        return f"AotModel({str(self.path)!r})"
+
+
+def load_package(path: str | os.PathLike[str], info: dict | None = None) -> AotModel:
+    """Load a ``.pt2`` AOTInductor package with torch's C++ loader (falling back to
+    ``torch._inductor.aoti_load_package`` where torch has none)."""
+    import torch
+
+    aoti = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+    if aoti is None:  # pragma: no cover - every torch gatekeeper supports has it
+        from torch._inductor import aoti_load_package
+
+        loader = aoti_load_package(str(path)).loader
+    else:
+        # (path, model name, run single-threaded, runners, device index: -1 = as built)
+        loader = aoti(str(path), "model", False, 1, -1)
+    return AotModel(loader, Path(path), info)
+
+
+def load_aot(
+    config: Config | str | os.PathLike[str] | None,
+    target: str,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> AotModel:
+    """The callable of ``target``'s AOTInductor package, as ``gatekeeper warm`` installed
+    it (verified by a ``check``, for this code)::
+
+        import gatekeeper
+        model = gatekeeper.load_aot("gatekeeper.toml", "mlp/b1/default+aot")
+        out = model(x)
+
+    ``target`` is an ``+aot`` target's id (or that id without ``+aot``); ``cache_dir``
+    (default: the one inductor would use) is where ``warm`` installed it. Raises
+    :class:`AotUnavailable` when no verified package is installed there (the service
+    then compiles as before); the config (a path or a loaded Config) is read only
+    then, to tell a target that does not exist (UsageError) from a missing package.
+    Imports torch, not inductor."""
+    wanted = target if target.endswith("+aot") else f"{target}+aot"
+    where = package_dir(Path(cache_dir) if cache_dir else inductor_cache_dir(), wanted)
+    try:  # the config is read only to say what is wrong: a deploy's load stays light
+        info = json.loads((where / INFO).read_text())
+    except FileNotFoundError:
+        _aot_target(config, wanted)  # a target that does not exist is a usage error
+        raise AotUnavailable(
+            f"{wanted}: no AOTInductor package installed in {where.parents[2]} "
+            "(run gatekeeper warm; it installs only packages a check verified)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise AotUnavailable(f"{wanted}: unreadable {where / INFO}: {e}") from None
+    if not isinstance(info, dict) or info.get("target") != wanted:
+        raise AotUnavailable(f"{wanted}: {where / INFO} is not this target's")
+    if info.get("verified") is not True:
+        raise AotUnavailable(f"{wanted}: the package installed in {where} is not verified")
+    if not (where / PACKAGE).is_file():
+        raise AotUnavailable(f"{wanted}: {where / PACKAGE} is missing")
+    return load_package(where / PACKAGE, info)
+
+
+def _aot_target(config: Config | str | os.PathLike[str] | None, wanted: str) -> None:
+    """A UsageError unless ``wanted`` is an aot target of the config."""
+    from .config import Config, load_config
+    from .errors import UsageError
+    from .targets import expand
+
+    cfg = config if isinstance(config, Config) else load_config(config)
+    ids = [t.id for t in expand(cfg)]
+    if wanted in ids:
+        return
+    aot = ", ".join(i for i in ids if i.endswith("+aot"))
+    hint = aot or 'none: add "aot" to a model\'s strategies'
+    raise UsageError(
+        f"{wanted}: not an aot target of {cfg.path or 'the config'} (aot targets: {hint})"
+    )

@@ -1,0 +1,187 @@
+"""Ship a model every way PyTorch can (issue 23): regional and aot targets of one tiny
+model with a repeated block, with real compiles (each compiled once per session).
+
+* regional: after a change to the head only, the blocks' FX graphs still hit (the
+  compile is seeded with the previous bundle);
+* aot: ``check`` verifies the AOTInductor package, ``warm`` serves it, and
+  ``gatekeeper.load_aot`` loads it in a fresh process with eager's outputs and without
+  importing ``torch._inductor``;
+* a data-dependent branch is ``not exportable`` naming its line, and a pull request that
+  introduces one is ``regressed``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import gk, gk_json, write_project
+
+MODEL = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+
+        def forward(self, x):
+            return x + torch.relu(self.fc(x))
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(16, 32)
+            self.layers = nn.ModuleList(Block() for _ in range(3))
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, x):
+            h = self.inp(x)
+            for layer in self.layers:
+                h = layer(h)
+            return self.head(h)
+
+
+    def make():
+        return Net()
+""")
+
+CONFIG = textwrap.dedent("""
+    [tool.gatekeeper]
+    store = "store"
+    precompile = "off"  # packages: tests/e2e/test_precompile.py
+
+    [tool.gatekeeper.measure]
+    warmup = 2
+    min_time = 0.3
+
+    [tool.gatekeeper.gate]
+    latency_regression = 0.95
+    speedup_regression = 0.95
+    compile_time_regression = 100.0
+    memory_regression = 100.0
+
+    [[tool.gatekeeper.models]]
+    name = "net"
+    factory = "tinymodel:make"
+    inputs = [{ shape = ["batch", 16] }]
+    shapes = [{ batch = 4 }]
+    strategies = ["regional", "aot"]  # whole: every other e2e test
+""")
+
+REGIONAL, AOT = "net/b4/default+regional", "net/b4/default+aot"
+
+
+@pytest.fixture(scope="session")
+def shipped(tmp_path_factory) -> Path:
+    """The project compiled every way, checked (the aot package verified), and its
+    results published as main's baseline."""
+    root = write_project(tmp_path_factory.mktemp("strategies") / "project", MODEL, CONFIG)
+    out = gk_json("compile", cwd=root)
+    assert [t["status"] for t in out["targets"]] == ["published"] * 2, out
+    assert gk("check", "--out", "base", cwd=root).returncode == 0
+    gk("baseline", "--results", "base/results.json", "--ref", "main", cwd=root, check=True)
+    return root
+
+
+def copy_of(shipped: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    shutil.copytree(shipped, root)
+    return root
+
+
+def results(root: Path, out: str = "base") -> dict:
+    doc = json.loads((root / out / "results.json").read_text())
+    return {t["target"]: t for t in doc["targets"]}
+
+
+def test_the_aot_package_is_verified_served_and_loaded_without_inductor(
+    shipped: Path, tmp_path: Path
+):
+    aot = results(shipped)[AOT]
+    assert aot["status"] == "ok" and aot["parity"]["vs_eager"]["passed"], aot
+    assert aot["aot"]["verified"] is True and aot["aot"]["from"] == "bundle", aot["aot"]
+    deploy = tmp_path / "deploy"
+    (warmed,) = gk_json(
+        "warm", "--cache-dir", str(deploy), "--probe", "--target", AOT, cwd=shipped
+    )["targets"]
+    assert (warmed["status"], warmed["aot"]) == ("hit", "served"), warmed
+    assert warmed["inductor_imported"] is False and warmed["dynamo"] == "skipped", warmed
+
+    service = textwrap.dedent(f"""
+        import sys
+        import torch
+        import gatekeeper
+
+        model = gatekeeper.load_aot("gatekeeper.toml", {AOT!r}, cache_dir={str(deploy)!r})
+        x = torch.randn(4, 16)
+        out = model(x)
+        assert "torch._inductor" not in sys.modules, "load_aot imported inductor"
+        import tinymodel
+
+        torch.manual_seed(0)  # the config's seed: the weights the package was built with
+        with torch.no_grad():
+            eager = tinymodel.make().eval()(x)
+        assert out.shape == eager.shape and torch.allclose(out, eager, atol=1e-5), (out, eager)
+        print("ok")
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", service], cwd=shipped, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+    # a target without a verified package is a clear error, before torch is touched
+    missing = textwrap.dedent(f"""
+        import gatekeeper
+        from gatekeeper.runtime import AotUnavailable
+        try:
+            gatekeeper.load_aot("gatekeeper.toml", {AOT!r}, cache_dir={str(tmp_path / "x")!r})
+        except AotUnavailable as e:
+            print(e)
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", missing], cwd=shipped, capture_output=True, text=True, timeout=60
+    )
+    assert "no AOTInductor package installed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_head_only_change_still_hits_the_regional_blocks(shipped: Path, tmp_path: Path):
+    regional = results(shipped)[REGIONAL]
+    assert regional["status"] == "ok" and regional["parity"]["vs_eager"]["passed"], regional
+    assert regional["graphs"]["count"] == 1  # three blocks, one graph
+    root = copy_of(shipped, tmp_path)
+    model = root / "tinymodel.py"
+    model.write_text(model.read_text().replace("nn.Linear(32, 4)", "nn.Linear(32, 4, bias=False)"))
+    (entry,) = gk_json("compile", "--target", REGIONAL, cwd=root)["targets"]
+    assert entry["status"] == "published", entry
+    # the blocks' one graph is reused (compiled whole, the head would be in the graph)
+    seeded = entry["seed"]
+    assert (seeded["fx_graphs_reused"], seeded["fx_graphs"]) == (1, 1), entry
+    assert seeded["code_hash"] == regional["code_hash"]
+
+
+def test_a_data_dependent_branch_is_not_exportable_and_regressed(shipped: Path, tmp_path: Path):
+    root = copy_of(shipped, tmp_path)
+    model = root / "tinymodel.py"
+    text = model.read_text().replace(
+        "        return self.head(h)",
+        "        if h.sum() > 0:\n            h = h * 2\n        return self.head(h)",
+    )
+    model.write_text(text)
+    line = text.splitlines().index("        if h.sum() > 0:") + 1
+    proc = gk("run", "--json", "--mode", "stored", "--base-ref", "main", "--target", AOT, cwd=root)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (target,) = json.loads(proc.stdout)["targets"]
+    assert target["verdict"] == "regressed", target
+    (reason,) = target["reasons"]
+    assert "not exportable: " in reason and f"at tinymodel.py:{line}" in reason, reason
+    assert "data-dependent" in reason.lower(), reason

@@ -1,0 +1,73 @@
+"""gatekeeper.runtime, the parent's one door to torch: importing the parent side never
+imports torch, and load_aot says clearly why it has no package to load (the loading
+itself: tests/e2e/test_strategies.py, on a real package in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gatekeeper.config import Config
+from gatekeeper.errors import UsageError
+from gatekeeper.runtime import INFO, AotUnavailable, load_aot, package_dir
+
+
+def test_the_parent_side_never_imports_torch():
+    code = (
+        "import sys, gatekeeper, gatekeeper.cli, gatekeeper.runtime, gatekeeper.warm, "
+        "gatekeeper.check, gatekeeper.compile, gatekeeper.gate, gatekeeper.report, "
+        "gatekeeper.store; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.fixture
+def config() -> Config:
+    model = {
+        "name": "mlp",
+        "factory": "m:make",
+        "inputs": [{"shape": ["batch", 4]}],
+        "shapes": [{"batch": 1}],
+        "strategies": ["whole", "aot"],
+    }
+    return Config.model_validate({"models": [model]})
+
+
+def test_load_aot_without_an_installed_package_is_a_clear_error(config, tmp_path):
+    with pytest.raises(AotUnavailable, match="no AOTInductor package installed.*gatekeeper warm"):
+        load_aot(config, "mlp/b1/default", cache_dir=tmp_path)  # "+aot" may be left out
+    with pytest.raises(UsageError, match=r"not an aot target .*aot targets: mlp/b1/default\+aot"):
+        load_aot(config, "mlp/b9/default+aot", cache_dir=tmp_path)
+
+
+def test_load_aot_refuses_a_package_that_is_not_verified(config, tmp_path):
+    where = package_dir(tmp_path, "mlp/b1/default+aot")
+    where.mkdir(parents=True)
+    (where / "model.pt2").write_bytes(b"not loaded")
+    (where / INFO).write_text(json.dumps({"target": "mlp/b1/default+aot", "verified": False}))
+    with pytest.raises(AotUnavailable, match="not verified"):
+        load_aot(config, "mlp/b1/default+aot", cache_dir=tmp_path)
+    (where / INFO).write_text(json.dumps({"target": "other/b1/default+aot", "verified": True}))
+    with pytest.raises(AotUnavailable, match="not this target's"):
+        load_aot(config, "mlp/b1/default+aot", cache_dir=tmp_path)
+
+
+def test_the_default_cache_dir_is_inductors(tmp_path):
+    code = textwrap.dedent("""
+        import sys
+        from gatekeeper.runtime import inductor_cache_dir
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        assert str(inductor_cache_dir()) == cache_dir(), (inductor_cache_dir(), cache_dir())
+    """)
+    env_free = subprocess.run(
+        [sys.executable, "-c", code],
+        env={k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"},
+        capture_output=True,
+        text=True,
+    )
+    assert env_free.returncode == 0, env_free.stderr
