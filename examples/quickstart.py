@@ -25,6 +25,7 @@ Nothing outside the scratch folder is written. Exit 0 when the gate caught the c
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 PROJECT = Path(__file__).resolve().parent / "quickstart"
 
@@ -68,7 +70,14 @@ CHANGES: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
     ),
 }
 
+TOUR = "python benchmarks/tour.py --config examples/gatekeeper.toml --processes 1"
 START = time.monotonic()
+
+
+def fail(message: str) -> NoReturn:
+    """A set-up or command failure: one line on stderr, exit 2."""
+    print(message, file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def say(text: str = "") -> None:
@@ -88,7 +97,7 @@ def git(repo: Path, *args: str) -> str:
         text=True,
     )
     if proc.returncode != 0:
-        sys.exit(f"quickstart: git {' '.join(args)} failed: {proc.stderr.strip()}")
+        fail(f"quickstart: git {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout
 
 
@@ -128,8 +137,7 @@ def gatekeeper(repo: Path, *args: str, ok: tuple[int, ...] = (0,)) -> tuple[int,
     forwarder.join()
     if code not in ok:
         tail = "".join(lines[-5:]).strip()
-        say(f"quickstart: `gatekeeper {' '.join(args)}` exited {code}: {tail}")
-        sys.exit(2)
+        fail(f"quickstart: `gatekeeper {' '.join(args)}` exited {code}: {tail}")
     return code, json.loads(out) if out.strip() else {}
 
 
@@ -139,7 +147,7 @@ def seconds(x: float | None) -> str:
 
 def set_up(folder: Path) -> Path:
     if folder.exists() and any(folder.iterdir()):
-        sys.exit(f"quickstart: {folder} is not empty: name a new folder with --dir")
+        fail(f"quickstart: {folder} is not empty: name a new folder with --dir")
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(
         PROJECT, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
@@ -159,7 +167,7 @@ def change_model(repo: Path, change: str) -> None:
     text = model.read_text()
     for old, new in edits:
         if old not in text:
-            sys.exit(f"quickstart: examples/quickstart/model.py no longer has {old.strip()!r}")
+            fail(f"quickstart: examples/quickstart/model.py no longer has {old.strip()!r}")
         text = text.replace(old, new)
     model.write_text(text)
     git(repo, "commit", "-qam", f"Classifier: {summary}")
@@ -171,7 +179,13 @@ def main() -> int:
     ap.add_argument("--change", choices=sorted(CHANGES), default="slower")
     args = ap.parse_args()
     if shutil.which("git") is None:
-        sys.exit("quickstart: git is needed (the pull request is a branch of a scratch repo)")
+        fail("quickstart: git is needed (the pull request is a branch of a scratch repo)")
+    for module, install in (
+        ("torch", "pip install torch==2.13.0"),
+        ("gatekeeper", "pip install -e ."),
+    ):
+        if importlib.util.find_spec(module) is None:
+            fail(f"quickstart: {module} is not installed in {sys.executable} ({install})")
     folder = args.dir or Path(tempfile.mkdtemp(prefix="gatekeeper-quickstart-"))
     repo = set_up(folder.resolve())
     say("gatekeeper quick start: one model compiled cold, a deploy warm-started from the")
@@ -224,7 +238,8 @@ def main() -> int:
             say("    " + line)
     code, doc = gatekeeper(repo, "run", "--out", "pr", ok=(0, 1))
     row = doc["targets"][0]
-    say(f"  -> {target}: {row['verdict']} (exit {code}), paired with main's commit. Why:")
+    why = ". Why:" if row["reasons"] else ""
+    say(f"  -> {target}: {row['verdict']} (exit {code}), paired with main's commit{why}")
     for reason in row["reasons"]:
         say(f"     - {reason}")
 
@@ -238,12 +253,15 @@ def main() -> int:
         ("deploy-cache", "the inductor cache dir the deploy was warmed into"),
     ):
         say(f"  {repo / path}\n      {what}")
-    say("  docs/quickstart.md (in the gatekeeper repository) explains each step;")
-    say("  docs/configuration.md: gate your own model; docs/action.md: gate every PR.")
-    say(
-        "  The full tour (twenty targets, ~15 min): python benchmarks/tour.py "
-        "--config examples/gatekeeper.toml"
-    )
+    say("In the gatekeeper repository:")
+    for path, what in (
+        ("docs/quickstart.md", "what each step did"),
+        ("docs/configuration.md", "gate your own model"),
+        ("docs/action.md", "gate every pull request in GitHub Actions"),
+        ("mkdocs serve", "all of docs/ as a site (after pip install -e '.[docs]')"),
+        (TOUR, "the full tour: twenty targets, TOUR_TIME"),
+    ):
+        say(f"  {path}\n      {what}")
     caught = row["verdict"] in ("regressed", "parity-failed")
     if not caught:
         say(f"quickstart: the gate did not catch the change ({row['verdict']})")
@@ -251,4 +269,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        fail("quickstart: interrupted")
