@@ -4,37 +4,18 @@ and headless Chromium to look at the dashboard built from it."""
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
-import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from browser import chromium
 from factories import make_result  # noqa: E402
 
 from gatekeeper.gate.baseline import publish_result
 from gatekeeper.gate.drift import HISTORY_FOR_NOISE, measure_noise
 from gatekeeper.results import Baseline
 from gatekeeper.store import Store, baselines, open_store
-
-CHROMIUM = "/usr/bin/chromium"
-# what headless Chromium needs on a CI container: no sandbox (root), no GPU, and nothing
-# that reaches the network or a profile shared with another run
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-    "--force-device-scale-factor=1",
-]
-WINDOW = (1280, 1500)
 
 
 def sha(i: int, salt: str = "") -> str:
@@ -114,29 +95,6 @@ def store(store_dir: Path) -> Store:
 
 
 # -------------------------------------------------------------------------- the browser
-
-
-def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run headless Chromium with a fresh profile (removed afterwards)."""
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
-    profile = tempfile.mkdtemp(prefix="gk-chromium-")
-    try:
-        return subprocess.run(
-            [
-                CHROMIUM,
-                *CHROMIUM_FLAGS,
-                f"--user-data-dir={profile}",
-                f"--window-size={WINDOW[0]},{WINDOW[1]}",
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def dump_dom(page: Path) -> str:

@@ -7,7 +7,7 @@ series' line colour must be on screen inside each chart's plotting area). A posi
 control breaks the chart library and checks that both witnesses say so.
 
 ``GATEKEEPER_WRITE_EXAMPLE=1`` also writes the realistic page's screenshot to
-``examples/dashboard.png`` (the README's picture).
+``docs/assets/dashboard.png`` (the dashboard page's picture).
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ def test_a_broken_chart_library_is_caught(site, dash, tmp_path: Path) -> None:
 
 
 def test_the_example_page_renders(tmp_path: Path, store, store_dir: Path, dash, capsys) -> None:
-    """The README's picture: six runs (a regression at the fourth, fixed at the fifth;
-    the first compile cold) with the gate's verdicts, and a second target."""
+    """The docs' picture (docs/assets/dashboard.png): six runs (a regression at the
+    fourth, fixed at the fifth; the first compile cold) with the gate's verdicts, and a
+    second target."""
     dash.publish_history(
         store, TARGET, 6, verdicts=["no-baseline", "pass", "pass", "regressed", "improved", "pass"]
     )
@@ -123,4 +124,4 @@ def test_the_example_page_renders(tmp_path: Path, store, store_dir: Path, dash, 
     index = dash.Dom(dash.dump_dom(out / "index.html"))
     assert sum("targets/" in link for link in index.links) == 2
     if os.environ.get("GATEKEEPER_WRITE_EXAMPLE") == "1":
-        shutil.copyfile(png, ROOT / "examples" / "dashboard.png")
+        shutil.copyfile(png, ROOT / "docs" / "assets" / "dashboard.png")

@@ -1,0 +1,97 @@
+"""The README's quick start, run for real as a newcomer runs it: `python
+examples/quickstart.py` compiles the example model cold, publishes main's baseline,
+warm-starts a fresh process from the local store and gates a pull request that makes
+every call do more work. What it prints must show each of those, what it leaves in its
+scratch folder must back it, and the checkout must be left as it was.
+
+The pull request's verdict does not depend on the machine's load: its added work is seen
+by the FLOPs and bytes-accessed counters, which do not drift (the latency part may read
+`inconclusive` beside other tests, and `run` may then measure it again).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = "classifier/b32/default"
+
+
+def git_status() -> str:
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def found(pattern: str, text: str) -> str:
+    m = re.search(pattern, text)
+    assert m, f"{pattern!r} not in:\n{text}"
+    return m.group(1)
+
+
+def test_the_quick_start_compiles_cold_starts_warm_and_catches_the_change(
+    tmp_path: Path,
+) -> None:
+    before = git_status()
+    scratch = tmp_path / "quickstart"
+    proc = subprocess.run(
+        [sys.executable, "examples/quickstart.py", "--dir", str(scratch)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+
+    # it says what it runs, step by step, and the CLI's progress comes through on stderr
+    for command in (
+        "$ gatekeeper compile",
+        "$ gatekeeper run --publish --out main",
+        "$ gatekeeper warm --probe --cache-dir deploy-cache",
+        "$ gatekeeper run --out pr",
+    ):
+        assert command in out
+    assert [int(n) for n in re.findall(r"^\[\d+:\d\d\] (\d)/4 ", out, re.M)] == [1, 2, 3, 4]
+    assert f"[1/1] {TARGET}: compiling" in err
+    assert f"[1/1] {TARGET}: measuring paired" in err
+
+    # 1. a cold compile, published to the local store in the scratch folder
+    cold = float(found(rf"{TARGET}: cold compile ([\d.]+) s", out))
+    bundles = list((scratch / ".gatekeeper/store/bundles").rglob("manifest.json"))
+    assert len(bundles) >= 1
+
+    # 2. main's baseline, published
+    assert "published as main's baseline" in out
+    assert list((scratch / ".gatekeeper/store/baselines").rglob("main/latest.json"))
+
+    # 3. a fresh process warm-started from the store: a hit, its first call under the cold
+    first = float(found(rf"{TARGET}: hit; first compiled call ([\d.]+) s in a new process", out))
+    assert first < cold, (first, cold)
+    assert (scratch / "deploy-cache").is_dir()
+
+    # 4. the pull request: caught, with its reason, paired with main
+    assert f"{TARGET}: regressed (exit 1), paired with main's commit" in out
+    assert re.search(r"- FLOPs per call .* -> .* \(\+\d", out), out
+    report = json.loads((scratch / "pr" / "report.json").read_text())
+    (row,) = report["targets"]
+    assert report["verdict"] == row["verdict"] == "regressed"
+    assert row["mode"] == "paired"
+    assert any(r.startswith("FLOPs per call") for r in row["reasons"])
+    assert row["parity"]["vs_baseline"]["passed"]  # the outputs did not change
+    assert "regressed" in (scratch / "pr" / "report.md").read_text()
+
+    # and it ends with where to look next
+    assert "Where to look next" in out and str(scratch / "pr" / "report.md") in out
+
+    # the checkout is as it was: everything happened in the scratch folder
+    assert git_status() == before
