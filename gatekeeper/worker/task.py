@@ -250,11 +250,12 @@ def name_task(check: dict, steps: int) -> dict:
     if check.get("passed"):
         return check
     detail = check.get("detail") or check.get("method", "")
+    first = detail.split(";")[0]  # the first leaf that differs names what differs
     what = (
         "loss trajectory"
-        if "['loss']" in detail
+        if "['loss']" in first
         else "parameters"
-        if "['params']" in detail
+        if "['params']" in first
         else "outputs"
     )
     return {**check, "detail": f"train: {what} after {steps} steps differ: {detail}"}

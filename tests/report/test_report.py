@@ -347,6 +347,8 @@ TOP_KEYS = {
 }
 TARGET_KEYS = {
     "target",
+    "export",
+    "aot",
     "model",
     "device",
     "verdict",
