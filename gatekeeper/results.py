@@ -248,6 +248,7 @@ class Export(_Doc):
     file: str | None = None
     line: int | None = None
     strict: bool = False
+    seconds: float | None = None  # how long torch.export took, where it ran here
     # paired: whether the base commit's model exported (None: not tried or not paired)
     base_exportable: bool | None = None
 

@@ -185,3 +185,14 @@ def test_a_data_dependent_branch_is_not_exportable_and_regressed(shipped: Path, 
     (reason,) = target["reasons"]
     assert "not exportable: " in reason and f"at tinymodel.py:{line}" in reason, reason
     assert "data-dependent" in reason.lower(), reason
+
+
+def test_check_of_an_aot_target_without_a_bundle_exports_and_builds_its_own(tmp_path: Path):
+    """No compile ran: the check's worker exports and builds the package itself, and
+    its export record (with the seconds export took) is a result, not a crash."""
+    root = write_project(tmp_path / "project", MODEL, CONFIG)
+    proc = gk("check", "--out", "fresh", "--target", AOT, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    aot = results(root, "fresh")[AOT]
+    assert aot["status"] == "ok" and aot["export"]["exportable"], aot
+    assert aot["export"]["seconds"] > 0 and aot["aot"]["from"] == "compiled", aot
