@@ -20,7 +20,15 @@ from .key import CacheKey, target_key
 from .paired import Mode, checkout
 from .progress import Progress
 from .provenance import creator
-from .results import Export, ReferenceOutputs, Results, TargetResult, reference_name, trace_name
+from .results import (
+    CacheStatus,
+    Export,
+    ReferenceOutputs,
+    Results,
+    TargetResult,
+    reference_name,
+    trace_name,
+)
 from .store import Store, baselines
 from .targets import Target, expand
 from .warm import WarmResult, service_env, settle, warm_target
@@ -80,7 +88,8 @@ def check_target(
     key = target_key(target, config.base_dir)
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
         cache_dir = Path(tmp, "cache")
-        cache_status, warmed = "cold", None
+        cache_status: CacheStatus = "cold"
+        warmed = None
         # an +aot target measures the bundle's AOTInductor package (what deploys load)
         aot_dir = Path(tmp, "aot") if target.strategy == "aot" else None
         base_aot_dir = Path(tmp, "aot-base") if target.strategy == "aot" else None
