@@ -166,9 +166,7 @@ def test_regressed_row_and_details(rep):
     row = _row(md, "gpt2-tiny/b8/max-autotune")
     assert "❌ regressed" in row
     delta = next(
-        r.verdict.latency.delta
-        for r in rep.rows
-        if r.result.target == "gpt2-tiny/b8/max-autotune"
+        r.verdict.latency.delta for r in rep.rows if r.result.target == "gpt2-tiny/b8/max-autotune"
     )
     assert re.search(re.escape(f"**{delta:+.1%}** (p") + r"(<0\.001|=0\.0\d+)\)", row)
     assert re.search(r"(\d+ µs|1\.\d\d ms) → 1\.\d\d ms", row)
