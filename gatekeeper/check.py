@@ -20,7 +20,16 @@ from .key import CacheKey, target_key
 from .paired import Mode, checkout
 from .progress import Progress
 from .provenance import creator
-from .results import Export, ReferenceOutputs, Results, TargetResult, reference_name, trace_name
+from .results import (
+    CacheStatus,
+    Export,
+    Paired,
+    ReferenceOutputs,
+    Results,
+    TargetResult,
+    reference_name,
+    trace_name,
+)
 from .store import Store, baselines
 from .targets import Target, expand
 from .warm import WarmResult, service_env, settle, warm_target
@@ -80,7 +89,8 @@ def check_target(
     key = target_key(target, config.base_dir)
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
         cache_dir = Path(tmp, "cache")
-        cache_status, warmed = "cold", None
+        cache_status: CacheStatus = "cold"
+        warmed = None
         # an +aot target measures the bundle's AOTInductor package (what deploys load)
         aot_dir = Path(tmp, "aot") if target.strategy == "aot" else None
         base_aot_dir = Path(tmp, "aot-base") if target.strategy == "aot" else None
@@ -181,7 +191,8 @@ def check_target(
     if not resp.ok:
         return TargetResult(**ident, status="error", error=resp.error)
     precompile = aot = None
-    if warmed is not None and all((v or {}).get("passed") for v in (resp.parity or {}).values()):
+    checks = (resp.parity.vs_eager, resp.parity.vs_baseline) if resp.parity else ()
+    if warmed is not None and all(c.passed for c in checks if c is not None):
         if target.strategy == "aot":
             aot = verify_aot(target, config, store, key, warmed, ref_out, verbose=verbose)
         else:
@@ -195,17 +206,22 @@ def check_target(
     data = ref_out.read_bytes()
     pair = None
     if paired and base_key and resp.paired:
-        base_deps = resp.paired.pop("deps", None)
-        base_code = base_key.with_deps(base_deps).code_hash if base_deps is not None else "unknown"
-        pair = {
-            "base_ref": paired.ref,
-            "base_commit": paired.commit,
-            "code_hash": base_code,
-            **resp.paired,
-        }
-        if pair.get("profile"):
+        measured = resp.paired
+        if measured.profile is not None:
             base_trace = trace.with_name(trace.name.replace(".json.gz", ".base.json.gz"))
-            pair["profile"]["trace"] = os.path.relpath(base_trace, out_dir)
+            measured.profile.trace = os.path.relpath(base_trace, out_dir)
+        pair = Paired(
+            base_ref=paired.ref,
+            base_commit=paired.commit,
+            code_hash=base_key.with_deps(measured.deps).code_hash
+            if measured.deps is not None
+            else "unknown",
+            compile_seconds=measured.compile_seconds,
+            graphs=measured.graphs,
+            samples=measured.samples,
+            work=measured.work,
+            profile=measured.profile,
+        )
     return TargetResult(
         **ident,
         status="ok",
@@ -232,13 +248,13 @@ def check_target(
         graphs=resp.graphs,
         latency=resp.latency,
         memory=resp.memory,
-        parity={**resp.parity, "outputs": resp.outputs} if resp.parity else None,
+        parity=resp.parity.model_copy(update={"outputs": resp.outputs}) if resp.parity else None,
         paired=pair,
         work=resp.work,
         precompile=precompile,
         export=Export.model_validate(resp.export) if resp.export else None,
         aot=aot or None,
-        profile={**resp.profile, "trace": os.path.relpath(trace, out_dir)}
+        profile=resp.profile.model_copy(update={"trace": os.path.relpath(trace, out_dir)})
         if resp.profile
         else None,
         reference=ReferenceOutputs(

@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from . import bundle
 from .config import ExportConfig, InputSpec, ModelConfig
@@ -399,7 +399,7 @@ def first_difference(recorded: dict, current: dict) -> str | None:
 # -- finding this checkout's bundle ----------------------------------------------------------
 @dataclass(frozen=True)
 class Match:
-    status: str  # hit | partial
+    status: Literal["hit", "partial"]
     location: BundleLocation
     manifest: bundle.Manifest  # verified, and found under the key it names
     key: CacheKey  # with the code hash when a hit

@@ -67,6 +67,31 @@ def contained(folder: Path, name: str, what: str) -> Path:
     return path
 
 
+# The gate's verdict on a target (and on a run: its worst target's), most severe first;
+# gatekeeper.gate.verdicts orders them. "accepted": a regression the pull request accepts
+# on purpose; "no-baseline": nothing to compare with, and nothing failed.
+Verdict = Literal[
+    "error",
+    "parity-failed",
+    "regressed",
+    "inconclusive",
+    "accepted",
+    "improved",
+    "pass",
+    "no-baseline",
+]
+# a target's measurement: "not-exportable" is an +aot target whose model torch.export
+# refuses (TargetResult.export says why)
+Status = Literal["ok", "error", "not-exportable"]
+# how the cache dir a compile ran against was found: the bundle of this code ("hit"), of
+# other code of the same target ("partial"), none ("miss"), not looked up ("cold"), or a
+# hit whose every FX graph missed ("stale")
+CacheStatus = Literal["hit", "partial", "miss", "cold", "stale"]
+# what inductor's counters say a compile was (CompileStats.state)
+CompileState = Literal["warm", "cold", "mixed"]
+TimingMode = Literal["paired", "stored"]  # what decided a target's timing
+
+
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -138,9 +163,7 @@ class Graphs(_Doc):
 class CompileStats(_Doc):
     seconds: float  # first compiled call, wall time
     warm: bool  # the cache dir was restored from a bundle before compiling
-    cache: Literal[
-        "hit", "partial", "miss", "cold", "stale"
-    ]  # stale: a key hit, every FX graph missed
+    cache: CacheStatus
     fxgraph_cache_hit: int = 0
     fxgraph_cache_miss: int = 0
     autograd_cache_hit: int = 0
@@ -148,7 +171,7 @@ class CompileStats(_Doc):
     cold_seconds: float | None = None  # the cold compile of the bundle restored, if any
 
     @property
-    def state(self) -> Literal["warm", "cold", "mixed"]:
+    def state(self) -> CompileState:
         """What inductor's own counters say the compile was: every FX graph a hit
         (warm), every one a miss (cold), or some of each. The bundle lookup ("hit") is
         not enough: a bundle of other code restores a cache that misses every graph."""
@@ -266,8 +289,7 @@ class TargetResult(_Doc):
     env_key: str
     code_hash: str
     device: str
-    # not-exportable: an +aot target whose model torch.export refuses (``export`` says why)
-    status: Literal["ok", "error", "not-exportable"]
+    status: Status
     error: str | None = None
     compile: CompileStats | None = None
     graphs: Graphs | None = None
@@ -278,7 +300,7 @@ class TargetResult(_Doc):
     paired: Paired | None = None
     work: Work | None = None
     profile: Profile | None = None
-    mode: Literal["paired", "stored"] | None = None  # what decided this target's timing
+    mode: TimingMode | None = None  # what decided this target's timing
     # the bundle's precompile package: verified (Dynamo skipped, outputs as eager's) or
     # why not; "now": verified by this check (else an earlier check's verdict)
     precompile: dict[str, Any] | None = None
@@ -296,7 +318,7 @@ class Results(_Doc):
     creator: dict
     base_ref: str
     shard: str | None = None  # "i/n" when this run measured one shard of the targets
-    mode: Literal["paired", "stored"] | None = None
+    mode: TimingMode | None = None
     mode_reason: str | None = None  # why: "paired with main at 1a2b3c" / why not
     targets: list[TargetResult]
 
@@ -351,7 +373,7 @@ class Baseline(_Doc):
     result: TargetResult
     reference_key: str | None = None  # store key of the reference outputs
     noise: Noise | None = None
-    verdict: str | None = None  # the gate's verdict on this run, when publishing knew it
+    verdict: Verdict | None = None  # the gate's verdict on this run, when publishing knew it
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

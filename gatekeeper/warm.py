@@ -33,6 +33,7 @@ from .bundle import signing_key
 from .config import Config, load_config
 from .errors import BundleError, StoreError
 from .key import CacheKey, find_bundle, resolve_device, target_key
+from .results import CacheStatus
 from .store import Store, open_store
 from .targets import Target, expand, select
 from .worker.protocol import ISA_ENV, PRECOMPILE_ENV
@@ -43,7 +44,7 @@ log = logging.getLogger("gatekeeper.warm")
 @dataclass
 class WarmResult:
     target: str
-    status: str  # hit | partial | miss (| stale, once a probe has seen every graph miss)
+    status: CacheStatus  # hit | partial | miss (| stale: a probe saw every graph miss)
     env_key: str | None = None
     code_hash: str | None = None
     bundle_code_hash: str | None = None
@@ -84,7 +85,7 @@ def load_megacache(blob: bytes) -> None:
     torch.compiler.load_cache_artifacts(blob)
 
 
-def settle(status: str, counters: dict | None) -> str:
+def settle(status: CacheStatus, counters: dict | None) -> CacheStatus:
     """A key ``hit`` whose FX graphs all missed in inductor is ``stale``."""
     c = counters or {}
     if (

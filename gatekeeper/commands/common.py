@@ -15,6 +15,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from .. import units
 from ..config import Config, load_config
 from ..errors import ConfigError, UsageError
 from ..gate import GateReport
@@ -290,11 +291,6 @@ def _cell(v: Any) -> str:
 
 
 def human_bytes(n: int | None) -> str | None:
-    if n is None:
-        return None
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return None
+    """A size for a table or a JSON field (binary units, :func:`gatekeeper.units.size`);
+    None stays None, so the table shows "-" and the JSON null."""
+    return None if n is None else units.size(n)

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .. import units
 from ..errors import GatekeeperError
 from ..gate.drift import is_normalised, normalised_latency
 from ..progress import Progress
@@ -160,22 +161,6 @@ def doc_repository(doc: Baseline) -> str | None:
 # ------------------------------------------------------------------------------- charts
 
 
-def _time_unit(values: list[float]) -> tuple[str, float]:
-    top = max(values, default=1.0)
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if top >= scale:
-            return unit, scale
-    return "ns", 1e-9
-
-
-def _bytes_unit(values: list[float]) -> tuple[str, float]:
-    top = max(values, default=1.0)
-    for unit, scale in (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
-        if top >= scale:
-            return unit, scale
-    return "B", 1.0
-
-
 def charts(points: list[dict[str, float | None]], memory_kind: str | None = None) -> list[dict]:
     """The charts of one target page: a chart is drawn when any run has its figure.
     Values are scaled to the chart's unit; None is a gap."""
@@ -222,7 +207,7 @@ def charts(points: list[dict[str, float | None]], memory_kind: str | None = None
             )
         )
     if present("p50"):
-        unit, scale = _time_unit([v for v in col("p50") if v is not None])
+        unit, scale = units.time_unit([v for v in col("p50") if v is not None])
         out.append(
             chart(
                 "p50",
@@ -238,7 +223,7 @@ def charts(points: list[dict[str, float | None]], memory_kind: str | None = None
                 "speedup",
                 "Speedup vs eager",
                 "median eager ÷ median compiled",
-                "×",
+                "x",
                 [("speedup", col("speedup"))],
             )
         )
@@ -254,7 +239,7 @@ def charts(points: list[dict[str, float | None]], memory_kind: str | None = None
             )
         )
     if present("peak"):
-        unit, scale = _bytes_unit([v for v in col("peak") if v is not None])
+        unit, scale = units.bytes_unit([v for v in col("peak") if v is not None])
         how = {"cuda": "CUDA max_memory_allocated", "rss": "growth of peak RSS"}.get(
             memory_kind or "", "peak memory"
         )

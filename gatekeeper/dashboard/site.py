@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .. import units
 from ..report.trend import sparkline
 from .data import Series, metrics, page_data
 
@@ -43,38 +44,12 @@ def _json_script(doc: Any) -> str:
 # ------------------------------------------------------------------------------ numbers
 
 
-def fmt_seconds(v: float | None) -> str:
-    if v is None:
-        return "–"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if v >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{v * 1e9:.3g} ns"
-
-
-def fmt_bytes(v: float | None) -> str:
-    if v is None:
-        return "–"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if v >= scale:
-            return f"{v / scale:.1f} {unit}"
-    return f"{v:.0f} B"
-
-
-def fmt_number(v: float | None) -> str:
-    return "–" if v is None else f"{v:.4g}"
-
-
-def fmt_ratio(v: float | None) -> str:
-    return "–" if v is None else f"{v:.3g}×"
-
-
 def fmt_compile(m: dict) -> str:
     if m.get("compile_warm") is not None:
         return f"{m['compile_warm']:.2f} s warm"
     if m.get("compile_cold") is not None:
         return f"{m['compile_cold']:.2f} s cold"
-    return "–"
+    return units.DASH
 
 
 def fmt_when(iso: str) -> str:
@@ -135,10 +110,10 @@ def index_html(
             f"<td>{_commit(s.latest.commit, d['urls'][-1])}</td>"
             f'<td class="when">{e(fmt_when(s.latest.created_at))}</td>'
             f"<td>{_verdict(getattr(s.latest, 'verdict', None))}</td>"
-            f'<td class="num">{fmt_seconds(m["p50"])}</td>'
-            f'<td class="num">{fmt_ratio(m["speedup"])}</td>'
+            f'<td class="num">{units.seconds(m["p50"])}</td>'
+            f'<td class="num">{units.speedup(m["speedup"])}</td>'
             f'<td class="num">{fmt_compile(m)}</td>'
-            f'<td class="num">{fmt_bytes(m["peak"])}</td></tr>'
+            f'<td class="num">{units.size(m["peak"])}</td></tr>'
         )
     targets = len({s.target for s in history})
     return (
@@ -173,11 +148,11 @@ def target_html(s: Series, repository: str | None, server_url: str, generated: s
             f'<td class="when">{e(fmt_when(doc.created_at))}</td>'
             f"<td>{_verdict(d['verdicts'][i])}</td>"
             f"<td><code>{e(doc.result.code_hash[:12])}</code></td>"
-            f'<td class="num">{fmt_number(m["normalised"])}</td>'
-            f'<td class="num">{fmt_seconds(m["p50"])}</td>'
-            f'<td class="num">{fmt_ratio(m["speedup"])}</td>'
+            f'<td class="num">{units.number(m["normalised"])}</td>'
+            f'<td class="num">{units.seconds(m["p50"])}</td>'
+            f'<td class="num">{units.speedup(m["speedup"])}</td>'
             f'<td class="num">{fmt_compile(m)}</td>'
-            f'<td class="num">{fmt_bytes(m["peak"])}</td>'
+            f'<td class="num">{units.size(m["peak"])}</td>'
             f'<td class="num">{"–" if g is None else g.breaks}</td></tr>'
         )
     latest = s.latest

@@ -45,45 +45,43 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from .. import units
 from ..config import GateConfig
-from ..results import Baseline, GraphBreak, Graphs, TargetResult, Work
+from ..results import Baseline, GraphBreak, Graphs, TargetResult, TimingMode, Work
 from . import stats
 from .drift import DEFAULT_DRIFT, DEFAULT_VS_EAGER_DRIFT, disturbance, is_normalised, run_medians
+from .verdicts import ORDER as ORDER  # the order of severity, re-exported
+from .verdicts import Verdict, worst
 
 COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
 MEMORY_FLOOR = {"cuda": 1 << 20, "cpu": 256 << 10, "rss": 8 << 20}  # bytes
-ORDER = [
-    "error",
-    "parity-failed",
-    "regressed",
-    "inconclusive",
-    "accepted",
-    "improved",
-    "pass",
-    "no-baseline",
-]
 WORK_COUNTERS = {"flops": "FLOPs per call", "bytes_accessed": "bytes accessed per call"}
 
 
 @dataclass
 class TargetVerdict:
     target: str
-    verdict: str  # one of ORDER
+    verdict: Verdict
     reasons: list[str] = field(default_factory=list)  # why it is not a plain pass
     notes: list[str] = field(default_factory=list)  # worth saying, not failing
-    latency: dict | None = None  # stats.Comparison.to_dict() of the latency test
-    speedup: dict | None = None  # stats.Comparison of compiled/eager round ratios
+    latency: stats.Comparison | None = None  # the latency test
+    speedup: stats.Comparison | None = None  # compiled/eager round ratios
     new_breaks: list[GraphBreak] = field(default_factory=list)
     borderline: bool = False  # a timing result to re-measure before believing it
     disturbed: str | None = None  # how disturbed the run was, when it was
-    mode: str | None = None  # paired | stored: what decided the timing
+    mode: TimingMode | None = None  # what decided the timing
     detectable: float | None = None  # smallest slowdown this run could tell from drift
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as plain JSON types (comparisons as dicts)."""
         d = dict(self.__dict__)
+        d["latency"] = self.latency.to_dict() if self.latency else None
+        d["speedup"] = self.speedup.to_dict() if self.speedup else None
         d["new_breaks"] = [b.model_dump() for b in self.new_breaks]
         return d
 
@@ -111,7 +109,7 @@ def gate_target(
         return v
     if result.status == "not-exportable":
         return _not_exportable(v, result, baseline, accept)
-    found: set[str] = set()
+    found: set[Verdict] = set()
     base = baseline.result if baseline is not None else None
     v.disturbed = disturbance(result, base)
 
@@ -166,8 +164,8 @@ def _not_exportable(
     return v
 
 
-def _finish(v: TargetVerdict, found: set[str], accept: bool) -> str:
-    verdict = min(found, key=ORDER.index)
+def _finish(v: TargetVerdict, found: set[Verdict], accept: bool) -> Verdict:
+    verdict = worst(found)
     if v.disturbed:
         v.notes.append(f"this run was disturbed: {v.disturbed}")
     if verdict == "regressed" and accept:
@@ -179,7 +177,11 @@ def _finish(v: TargetVerdict, found: set[str], accept: bool) -> str:
 
 
 def _gate_runs(
-    v: TargetVerdict, found: set[str], result: TargetResult, baseline: Baseline, rules: GateConfig
+    v: TargetVerdict,
+    found: set[Verdict],
+    result: TargetResult,
+    baseline: Baseline,
+    rules: GateConfig,
 ) -> None:
     """Stored mode: the PR's run medians against the baseline's runs of the same code."""
     base, noise = baseline.result, baseline.noise
@@ -208,8 +210,7 @@ def _gate_runs(
         df=df if lat_sd else None,
         threshold=rules.latency_regression,
     )
-    _timing(v, found, "latency", lat)
-    v.latency["normalised"] = normalised  # type: ignore[index]
+    _timing(v, found, "latency", dataclasses.replace(lat, normalised=normalised))
     _timing(
         v,
         found,
@@ -230,7 +231,7 @@ def _gate_runs(
         )
 
 
-def _timing(v: TargetVerdict, found: set[str], name: str, comp: stats.Comparison) -> None:
+def _timing(v: TargetVerdict, found: set[Verdict], name: str, comp: stats.Comparison) -> None:
     """Record one timing comparison: its verdict, reason or note, and its numbers.
 
     A slowdown past the threshold but not decided (not significant, or the interval
@@ -238,9 +239,9 @@ def _timing(v: TargetVerdict, found: set[str], name: str, comp: stats.Comparison
     undecided speed-up is a note. A disturbed run decides nothing: any change past the
     threshold, or an interval that reaches past it, is ``inconclusive``."""
     if name == "latency":
-        v.latency = comp.to_dict()
+        v.latency = comp
     elif name == "speedup vs eager":
-        v.speedup = comp.to_dict()
+        v.speedup = comp
     limit = 1.0 + comp.threshold
     if comp.verdict == "regressed" and not v.disturbed:
         found.add("regressed")
@@ -286,7 +287,11 @@ def _how_to_decide(v: TargetVerdict) -> str:
 
 
 def _compile_time(
-    v: TargetVerdict, found: set[str], result: TargetResult, base: TargetResult, rules: GateConfig
+    v: TargetVerdict,
+    found: set[Verdict],
+    result: TargetResult,
+    base: TargetResult,
+    rules: GateConfig,
 ) -> None:
     pc, bc = result.compile, base.compile
     if pc is None or bc is None:
@@ -318,7 +323,11 @@ def _compile_time(
 
 
 def _memory(
-    v: TargetVerdict, found: set[str], result: TargetResult, base: TargetResult, rules: GateConfig
+    v: TargetVerdict,
+    found: set[Verdict],
+    result: TargetResult,
+    base: TargetResult,
+    rules: GateConfig,
 ) -> None:
     if not (result.memory and base.memory and result.memory.kind == base.memory.kind):
         return
@@ -331,14 +340,14 @@ def _memory(
     ):
         found.add("regressed")
         v.reasons.append(
-            f"peak memory {b_mem / 2**20:.1f} MiB -> {p_mem / 2**20:.1f} MiB "
+            f"peak memory {units.mib(b_mem)} MiB -> {units.mib(p_mem)} MiB "
             f"(threshold {rules.memory_regression:.0%})"
         )
 
 
 def _work(
     v: TargetVerdict,
-    found: set[str],
+    found: set[Verdict],
     pr: Work | None,
     base: Work | None,
     against: str,
@@ -355,22 +364,15 @@ def _work(
         if change > rules.work_regression:
             found.add("regressed")
             v.reasons.append(
-                f"{label} {_si(b)} -> {_si(p)} ({change:+.1%} vs the {against}, "
+                f"{label} {units.count(b)} -> {units.count(p)} ({change:+.1%} vs the {against}, "
                 f"threshold {rules.work_regression:.0%})"
             )
         elif change < -rules.work_regression:
-            v.notes.append(f"{label} {_si(b)} -> {_si(p)} ({change:+.1%})")
-
-
-def _si(n: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f}"
+            v.notes.append(f"{label} {units.count(b)} -> {units.count(p)} ({change:+.1%})")
 
 
 def _graph_breaks(
-    v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs, rules: GateConfig
+    v: TargetVerdict, found: set[Verdict], base: Graphs, pr: Graphs, rules: GateConfig
 ) -> None:
     old = {_break_key(b) for b in base.break_reasons}
     v.new_breaks = [b for b in pr.break_reasons if _break_key(b) not in old]
@@ -383,7 +385,7 @@ def _graph_breaks(
 
 
 def _recompiles(
-    v: TargetVerdict, found: set[str], base: Graphs, pr: Graphs, rules: GateConfig
+    v: TargetVerdict, found: set[Verdict], base: Graphs, pr: Graphs, rules: GateConfig
 ) -> None:
     """The shape sweep: more recompiles than the baseline's fail, naming the guard torch
     says failed. A baseline measured before the sweep existed is not compared."""
@@ -404,7 +406,7 @@ def _recompiles(
 
 
 def _gate_paired(
-    v: TargetVerdict, result: TargetResult, rules: GateConfig, found: set[str]
+    v: TargetVerdict, result: TargetResult, rules: GateConfig, found: set[Verdict]
 ) -> None:
     """Paired mode: base and head measured round by round in one process."""
     pair = result.paired
@@ -416,30 +418,29 @@ def _gate_paired(
         threshold=rules.latency_regression,
     )
     _timing(v, found, "latency", comp)
-    v.latency["paired"] = True  # type: ignore[index]
     v.notes.append(f"paired with {pair.base_ref} ({pair.base_commit[:12]}) in one process")
     if result.graphs:
         _graph_breaks(v, found, pair.graphs, result.graphs, rules)
     _work(v, found, result.work, pair.work, "base commit", rules)
 
 
-def overall(verdicts: list[TargetVerdict], *, require_baseline: bool = False) -> str:
+def overall(verdicts: list[TargetVerdict], *, require_baseline: bool = False) -> Verdict:
     """One verdict for the run: the worst target's. Targets without a baseline do not
     fail a run unless ``require_baseline``."""
     if not verdicts:
         return "pass"
-    worst = min((t.verdict for t in verdicts), key=ORDER.index)
+    verdict = worst(t.verdict for t in verdicts)
     if (
         require_baseline
-        and worst in ("accepted", "improved", "pass")
+        and verdict in ("accepted", "improved", "pass")
         and any(t.verdict == "no-baseline" for t in verdicts)
     ):
         return "no-baseline"
-    return worst
+    return verdict
 
 
 def exit_code(
-    verdict: str, *, require_baseline: bool = False, fail_inconclusive: bool = False
+    verdict: Verdict, *, require_baseline: bool = False, fail_inconclusive: bool = False
 ) -> int:
     if verdict == "error":
         return 2
@@ -464,7 +465,7 @@ class GateRow:
 class GateReport:
     """Everything the report shows: built by the gate, rendered by gatekeeper.report."""
 
-    verdict: str
+    verdict: Verdict
     exit_code: int
     base_ref: str
     rows: list[GateRow]

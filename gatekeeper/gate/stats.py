@@ -29,7 +29,7 @@ __all__ = [
     "MAD_TO_SIGMA",
     "Summary",
     "Comparison",
-    "Verdict",
+    "Decision",
     "summarize",
     "noise",
     "decide",
@@ -43,7 +43,9 @@ __all__ = [
 #: normal data (1 / Phi^-1(3/4)).
 MAD_TO_SIGMA = 1.4826
 
-Verdict = Literal["regressed", "improved", "unchanged", "borderline"]
+#: what one comparison says (the target's verdict is the gate's: gate.verdicts)
+Decision = Literal["regressed", "improved", "unchanged", "borderline"]
+Unit = Literal["pairs", "runs"]  # what a comparison's n counts
 ArrayLike = Sequence[float] | np.ndarray
 
 # The exact signed-rank distribution is used up to this many differences (none zero
@@ -158,6 +160,8 @@ class Comparison:
     ``test`` in the direction of the observed change (PR slower when ratio >= 1).
     ``n_base``/``n_pr`` count ``unit``s: "pairs" (paired :func:`compare`) or "runs"
     (:func:`compare_runs`). ``significant`` and ``verdict`` follow :func:`decide`.
+    ``normalised`` says, where the gate sets it (stored mode's latency), whether the
+    values compared were divided by the co-measured reference workload; None elsewhere.
     """
 
     ratio: float
@@ -166,13 +170,14 @@ class Comparison:
     ci_hi: float
     p_value: float
     significant: bool
-    verdict: Verdict
+    verdict: Decision
     threshold: float
     n_base: int
     n_pr: int
     paired: bool
     test: str
-    unit: str
+    unit: Unit
+    normalised: bool | None = None
 
     def describe(self) -> str:
         """One line for a report, e.g. ``+8.1% (CI +6.9%..+9.4%), p=3e-12: regressed``."""
@@ -182,8 +187,11 @@ class Comparison:
         )
 
     def to_dict(self) -> dict:
-        """Plain dict of the fields, for JSON."""
-        return asdict(self)
+        """Plain dict of the fields, for JSON (``normalised`` only when set)."""
+        d = asdict(self)
+        if self.normalised is None:
+            del d["normalised"]
+        return d
 
 
 def decide(
@@ -195,7 +203,7 @@ def decide(
     *,
     threshold: float,
     alpha: float = 0.05,
-) -> tuple[Verdict, bool]:
+) -> tuple[Decision, bool]:
     """The gate's decision rule; returns ``(verdict, significant)``.
 
     ``ratio`` is pr/base with interval ``[lo, hi]``; ``p_slower``/``p_faster`` are the
@@ -220,7 +228,7 @@ def decide(
     slower = p_slower < alpha and ci_lo > 1.0
     faster = p_faster < alpha and ci_hi < 1.0
     if slower and ratio > upper and ci_lo > upper:
-        verdict: Verdict = "regressed"
+        verdict: Decision = "regressed"
     elif faster and ratio < lower and ci_hi < lower:
         verdict = "improved"
     elif ratio > upper or ratio < lower or (slower and ci_hi > upper) or (faster and ci_lo < lower):
@@ -242,7 +250,7 @@ def _comparison(
     n: tuple[int, int],
     paired: bool,
     test: str,
-    unit: str,
+    unit: Unit,
 ) -> Comparison:
     """A Comparison with the verdict of :func:`decide`."""
     verdict, significant = decide(

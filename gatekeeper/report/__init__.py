@@ -10,7 +10,8 @@ from pathlib import Path
 from ..errors import GatekeeperError
 from ..gate import GateReport
 from .json import report_json
-from .markdown import render_markdown, summary_line
+from .markdown import render_markdown
+from .rows import summary_line
 
 __all__ = ["render_markdown", "report_json", "summary_line", "write_report"]
 

@@ -9,18 +9,18 @@ from typing import Any
 from ..gate import GateReport, GateRow
 from ..results import TargetResult
 from .advice import advise
-from .markdown import (
-    _base,
-    _breaks,
-    _compile_s,
-    _p50,
-    _recompiles,
-    _speedup,
+from .profile import diff as profile_diff
+from .rows import (
     base_profile,
+    base_result,
+    breaks,
+    compile_s,
     counts,
+    p50,
+    recompiles,
+    speedup,
     summary_line,
 )
-from .profile import diff as profile_diff
 
 REPORT_SCHEMA = "gatekeeper.report/1"
 
@@ -58,7 +58,7 @@ def _latency_summaries(r: TargetResult | None) -> dict | None:
 
 
 def _target_json(row: GateRow, remeasured: set[str]) -> dict:
-    r, v, base = row.result, row.verdict, _base(row)
+    r, v, base = row.result, row.verdict, base_result(row)
     dump = lambda m: m.model_dump() if m is not None else None  # noqa: E731
     return {
         "target": r.target,
@@ -73,21 +73,21 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "notes": list(v.notes),
         "borderline": v.borderline,
         "remeasured": r.target in remeasured,
-        "latency": dict(v.latency) if v.latency else None,
-        "speedup_comparison": dict(v.speedup) if v.speedup else None,
-        "p50_s": _side(_p50(base), _p50(r)),
+        "latency": v.latency.to_dict() if v.latency else None,
+        "speedup_comparison": v.speedup.to_dict() if v.speedup else None,
+        "p50_s": _side(p50(base), p50(r)),
         "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
-        "speedup": _side(_speedup(base), _speedup(r)),
+        "speedup": _side(speedup(base), speedup(r)),
         "compile": _side(dump(base.compile) if base else None, dump(r.compile)),
-        "compile_s": _side(_compile_s(base), _compile_s(r)),
+        "compile_s": _side(compile_s(base), compile_s(r)),
         "graphs": _side(
             base.graphs.count if base and base.graphs else None,
             r.graphs.count if r.graphs else None,
         ),
-        "graph_breaks": _side(_breaks(base), _breaks(r)),
+        "graph_breaks": _side(breaks(base), breaks(r)),
         "break_reasons": [b.model_dump() for b in r.graphs.break_reasons] if r.graphs else [],
         "new_breaks": [b.model_dump() for b in v.new_breaks],
-        "recompiles": _side(_recompiles(base), _recompiles(r)),
+        "recompiles": _side(recompiles(base), recompiles(r)),
         "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
         "parity": dump(r.parity),
         "cache": r.compile.cache if r.compile else None,

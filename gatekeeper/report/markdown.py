@@ -8,7 +8,8 @@ decides. No torch, no I/O.
   and removed since the baseline and the borderline ones that were re-measured. Kept
   under :data:`MAX_MARKDOWN_CHARS` (GitHub refuses comments over 65,536 characters) by
   dropping details sections from the end, which holds the least severe targets.
-* :func:`summary_line` — ``gatekeeper: regressed — 1 regressed, 5 pass (base: main)``.
+* :func:`summary_line` (from :mod:`.rows`) — ``gatekeeper: regressed — 1 regressed, 5
+  pass (base: main)``.
 
 Text that comes from the measured code (graph-break reasons, errors, parity details)
 contains backticks, pipes, ``<``, ``@`` and newlines; it goes through :func:`md_text`
@@ -26,17 +27,22 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..gate import ORDER, GateReport, GateRow
+from .. import units
+from ..gate import GateReport, GateRow, Verdict
 from ..gate.drift import normalised_latency
-from ..results import GraphBreak, LatencySummary, ParityCheck, Profile, TargetResult
+from ..gate.stats import Comparison
+from ..gate.verdicts import EXPLAINED, FAILING, severity
+from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
+from ..units import DASH
 from .advice import Advice, advise
 from .profile import diff as profile_diff
+from .rows import base_profile, base_result, breaks, counts, p50, peak, recompiles, speedup
+from .rows import summary_line as summary_line
 from .trend import sparkline
 
 MAX_MARKDOWN_CHARS = 60_000
-DASH = "–"
 ARROW = "→"
-EMOJI = {
+EMOJI: dict[Verdict, str] = {
     "pass": "✅",
     "improved": "🚀",
     "regressed": "❌",
@@ -46,9 +52,6 @@ EMOJI = {
     "no-baseline": "⚪",
     "error": "⚠️",
 }
-FAILING = ("error", "parity-failed", "regressed")
-# listed under the table with their reasons: what failed, and what still needs a decision
-EXPLAINED = FAILING + ("inconclusive", "accepted")
 
 # caps that keep one pathological target from filling the whole report
 MAX_BREAKS_LISTED = 50  # graph breaks listed per target in its details
@@ -110,52 +113,6 @@ def _code_block(text: str) -> str:
 # ----------------------------------------------------------------------------- formatting
 
 
-def _finite(x: float | None) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def _sig3(v: float) -> str:
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
-
-
-def fmt_time(seconds: float | None) -> str:
-    """Seconds in human units: ``812 µs``, ``1.23 ms``, ``2.05 s``; "–" when unknown."""
-    if seconds is None:
-        return DASH
-    if not math.isfinite(seconds):
-        return str(seconds)
-    for unit, scale in (("µs", 1e6), ("ms", 1e3)):
-        if abs(seconds) * scale < 999.5:
-            return f"{_sig3(seconds * scale)} {unit}"
-    return f"{_sig3(seconds)} s"
-
-
-def fmt_mib(nbytes: int | None) -> str:
-    return DASH if nbytes is None else f"{nbytes / 2**20:.1f}"
-
-
-def fmt_sci(x: float | None) -> str:
-    if x is None:
-        return DASH
-    if not math.isfinite(x):
-        return str(x)
-    return "0" if x == 0 else f"{x:.1e}"
-
-
-def fmt_pct(x: float | None) -> str:
-    return DASH if x is None else f"{x:+.1%}"
-
-
-def fmt_p(p: float | None) -> str:
-    if p is None:
-        return DASH
-    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
-
-
 def _pair(base: str | None, pr: str | None) -> str:
     """``base → PR``; a missing side is "–", both missing is "–"."""
     b = DASH if base is None else base
@@ -163,35 +120,17 @@ def _pair(base: str | None, pr: str | None) -> str:
     return DASH if b == DASH and p == DASH else f"{b} {ARROW} {p}"
 
 
-def _emoji(verdict: str) -> str:
-    return EMOJI.get(verdict, "❔")
+def _emoji(verdict: Verdict) -> str:
+    return EMOJI[verdict]
 
 
-def _verdict_label(verdict: str) -> str:
+def _verdict_label(verdict: Verdict) -> str:
     return f"{_emoji(verdict)} {verdict}"
-
-
-def _severity(row: GateRow) -> int:
-    v = row.verdict.verdict
-    return ORDER.index(v) if v in ORDER else len(ORDER)
 
 
 def _sorted_rows(report: GateReport) -> list[GateRow]:
     """Worst first (the order of :data:`gatekeeper.gate.ORDER`), else as measured."""
-    return sorted(report.rows, key=_severity)
-
-
-def counts(report: GateReport) -> dict[str, int]:
-    """Targets per verdict, every verdict present (zeros included), in severity order."""
-    out = {v: 0 for v in ORDER}
-    for row in report.rows:
-        out[row.verdict.verdict] = out.get(row.verdict.verdict, 0) + 1
-    return out
-
-
-def _counts_text(report: GateReport) -> str:
-    parts = [f"{n} {v}" for v, n in counts(report).items() if n]
-    return ", ".join(parts) if parts else "no targets"
+    return sorted(report.rows, key=lambda row: severity(row.verdict.verdict))
 
 
 def error_line(error: str | None) -> str:
@@ -204,37 +143,6 @@ def error_line(error: str | None) -> str:
 
 
 # ------------------------------------------------------------------------- row accessors
-
-
-def _base(row: GateRow) -> TargetResult | None:
-    return row.baseline.result if row.baseline is not None else None
-
-
-def _p50(r: TargetResult | None) -> float | None:
-    return r.latency.compiled.p50 if r is not None and r.latency is not None else None
-
-
-def _speedup(r: TargetResult | None) -> float | None:
-    return r.latency.speedup if r is not None and r.latency is not None else None
-
-
-def _compile_s(r: TargetResult | None) -> float | None:
-    return r.compile.seconds if r is not None and r.compile is not None else None
-
-
-def _breaks(r: TargetResult | None) -> int | None:
-    return r.graphs.breaks if r is not None and r.graphs is not None else None
-
-
-def _recompiles(r: TargetResult | None) -> int | None:
-    """Recompiles after the first compile: while measuring, plus the shape sweep's."""
-    if r is None or r.graphs is None:
-        return None
-    return r.graphs.recompiles + (r.graphs.sweep.recompiles if r.graphs.sweep else 0)
-
-
-def _peak(r: TargetResult | None) -> int | None:
-    return r.memory.compiled_peak_bytes if r is not None and r.memory is not None else None
 
 
 def _parity_failed(r: TargetResult) -> list[str]:
@@ -261,15 +169,15 @@ HEADERS = [
 
 
 def _latency_cell(row: GateRow) -> str:
-    base, pr = _base(row), row.result
-    cell = _pair(fmt_time(_p50(base)), fmt_time(_p50(pr)))
+    base, pr = base_result(row), row.result
+    cell = _pair(units.seconds(p50(base)), units.seconds(p50(pr)))
     comp = row.verdict.latency
     if comp:
-        delta = fmt_pct(comp.get("delta"))
-        if comp.get("verdict") == "regressed":
+        delta = units.change(comp.delta)
+        if comp.verdict == "regressed":
             delta = f"**{delta}**"
-        sig = fmt_p(comp.get("p_value")) if comp.get("significant") else "n.s."
-        cell += f", {delta} ({sig}{', paired' if comp.get('paired') else ''})"
+        sig = units.p_value(comp.p_value) if comp.significant else "n.s."
+        cell += f", {delta} ({sig}{', paired' if comp.paired else ''})"
     trend = _trend(row)
     if trend:
         cell += f" {md_code(trend, table=True)}"
@@ -292,18 +200,15 @@ def _trend(row: GateRow) -> str:
 
 
 def _speedup_cell(row: GateRow) -> str:
-    def fmt(x: float | None) -> str:
-        return DASH if x is None else f"{x:.2f}x"
-
-    cell = _pair(fmt(_speedup(_base(row))), fmt(_speedup(row.result)))
+    cell = _pair(units.speedup(speedup(base_result(row))), units.speedup(speedup(row.result)))
     comp = row.verdict.speedup
-    if comp and comp.get("verdict") in ("regressed", "improved"):
-        cell += f" ({_emoji(comp['verdict'])})"
+    if comp and comp.verdict in ("regressed", "improved"):
+        cell += f" ({EMOJI['regressed' if comp.verdict == 'regressed' else 'improved']})"
     return cell
 
 
 def _compile_cell(row: GateRow) -> str:
-    base, pr = _base(row), row.result
+    base, pr = base_result(row), row.result
     bc, pc = (base.compile if base else None), pr.compile
     if pc is None and bc is None:
         return DASH
@@ -315,7 +220,7 @@ def _compile_cell(row: GateRow) -> str:
 
 
 def _breaks_cell(row: GateRow) -> str:
-    b, p = _breaks(_base(row)), _breaks(row.result)
+    b, p = breaks(base_result(row)), breaks(row.result)
     cell = _pair(None if b is None else str(b), None if p is None else str(p))
     if row.verdict.new_breaks:
         cell += f" (+{len(row.verdict.new_breaks)} new)"
@@ -323,12 +228,12 @@ def _breaks_cell(row: GateRow) -> str:
 
 
 def _recompiles_cell(row: GateRow) -> str:
-    b, p = _recompiles(_base(row)), _recompiles(row.result)
+    b, p = recompiles(base_result(row)), recompiles(row.result)
     return _pair(None if b is None else str(b), None if p is None else str(p))
 
 
 def _memory_cell(row: GateRow) -> str:
-    return _pair(fmt_mib(_peak(_base(row))), fmt_mib(_peak(row.result)))
+    return _pair(units.mib(peak(base_result(row))), units.mib(peak(row.result)))
 
 
 def _parity_cell(row: GateRow) -> str:
@@ -340,8 +245,8 @@ def _parity_cell(row: GateRow) -> str:
         return "❌ FAILED (" + ", ".join(failed) + ")"
     vb = r.parity.vs_baseline
     return (
-        f"eager {fmt_sci(r.parity.vs_eager.max_abs_err)} · "
-        f"base {fmt_sci(vb.max_abs_err) if vb else DASH}"
+        f"eager {units.sci(r.parity.vs_eager.max_abs_err)} · "
+        f"base {units.sci(vb.max_abs_err) if vb else DASH}"
     )
 
 
@@ -374,11 +279,18 @@ def _table(rows: Iterable[list[str]], headers: list[str]) -> str:
 def _summary_rows(label: str, s: LatencySummary | None) -> list[str] | None:
     if s is None:
         return None
-    return [label, fmt_time(s.p50), fmt_time(s.p95), fmt_time(s.p99), fmt_time(s.mean), str(s.n)]
+    return [
+        label,
+        units.seconds(s.p50),
+        units.seconds(s.p95),
+        units.seconds(s.p99),
+        units.seconds(s.mean),
+        str(s.n),
+    ]
 
 
 def _latency_table(row: GateRow) -> str | None:
-    base, pr = _base(row), row.result
+    base, pr = base_result(row), row.result
     rows = []
     for kind in ("eager", "compiled", "reference"):
         for side, r in (("base", base), ("PR", pr)):
@@ -392,16 +304,16 @@ def _latency_table(row: GateRow) -> str | None:
     return _table(rows, ["", "p50", "p95", "p99", "mean", "n"])
 
 
-def _comparison_row(label: str, comp: dict) -> list[str]:
+def _comparison_row(label: str, comp: Comparison) -> list[str]:
     return [
         label,
-        f"{comp['ratio']:.3f}",
-        fmt_pct(comp["delta"]),
-        f"{fmt_pct(comp['ci_lo'] - 1)} .. {fmt_pct(comp['ci_hi'] - 1)}",
-        fmt_p(comp["p_value"]) + ("" if comp["significant"] else " (n.s.)"),
-        f"±{comp['threshold']:.0%}",
-        comp["verdict"],
-        f"{comp['test']}, {comp.get('unit', 'n')}={comp['n_base']}/{comp['n_pr']}",
+        f"{comp.ratio:.3f}",
+        units.change(comp.delta),
+        f"{units.change(comp.ci_lo - 1)} .. {units.change(comp.ci_hi - 1)}",
+        units.p_value(comp.p_value) + ("" if comp.significant else " (n.s.)"),
+        f"±{comp.threshold:.0%}",
+        comp.verdict,
+        f"{comp.test}, {comp.unit}={comp.n_base}/{comp.n_pr}",
     ]
 
 
@@ -411,7 +323,7 @@ def _comparison_table(row: GateRow) -> str | None:
     if v.latency:
         label = (
             "compiled latency ÷ reference workload"
-            if v.latency.get("normalised")
+            if v.latency.normalised
             else "compiled latency (not normalised)"
         )
         rows.append(_comparison_row(label, v.latency))
@@ -426,7 +338,7 @@ def _comparison_table(row: GateRow) -> str | None:
 
 def _compile_table(row: GateRow) -> str | None:
     rows = []
-    for side, r in (("base", _base(row)), ("PR", row.result)):
+    for side, r in (("base", base_result(row)), ("PR", row.result)):
         if r is None or r.compile is None:
             continue
         c = r.compile
@@ -460,21 +372,21 @@ def _compile_table(row: GateRow) -> str | None:
 
 def _memory_table(row: GateRow) -> str | None:
     rows = []
-    for side, r in (("base", _base(row)), ("PR", row.result)):
+    for side, r in (("base", base_result(row)), ("PR", row.result)):
         if r is None or r.memory is None:
             continue
         m = r.memory
         kind = {"cuda": "CUDA max allocated", "cpu": "peak bytes allocated"}.get(
             m.kind, "peak RSS growth"
         )
-        rows.append([side, kind, fmt_mib(m.eager_peak_bytes), fmt_mib(m.compiled_peak_bytes)])
+        rows.append([side, kind, units.mib(m.eager_peak_bytes), units.mib(m.compiled_peak_bytes)])
     if not rows:
         return None
     return _table(rows, ["", "kind", "eager (MiB)", "compiled (MiB)"])
 
 
 def _work_table(row: GateRow) -> str | None:
-    base = _base(row)
+    base = base_result(row)
     base_work = row.result.paired.work if row.result.paired else (base.work if base else None)
     sides = [("base commit" if row.result.paired else "base", base_work), ("PR", row.result.work)]
     rows = []
@@ -484,10 +396,10 @@ def _work_table(row: GateRow) -> str | None:
         rows.append(
             [
                 side,
-                _count(w.flops),
-                _count(w.bytes_accessed),
-                _count(w.kernels),
-                _count(w.instructions),
+                units.count(w.flops),
+                units.count(w.bytes_accessed),
+                units.count(w.kernels),
+                units.count(w.instructions),
             ]
         )
     if not rows:
@@ -498,31 +410,12 @@ def _work_table(row: GateRow) -> str | None:
     )
 
 
-def _count(n: int | str | None) -> str:
-    if n is None:
-        return DASH
-    if isinstance(n, str):
-        return n
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return str(n)
-
-
-def base_profile(row: GateRow) -> Profile | None:
-    r, base = row.result, _base(row)
-    return r.paired.profile if r.paired else (base.profile if base else None)
-
-
 def shows_profile(row: GateRow, everything: bool = False) -> bool:
     """A profile diff for a target whose timing got worse (or every one, ``--profile``)."""
     if row.result.profile is None or base_profile(row) is None:
         return False
     timing = [c for c in (row.verdict.latency, row.verdict.speedup) if c]
-    slower = any(
-        c.get("verdict") in ("regressed", "borderline") or c.get("delta", 0) > c.get("threshold", 1)
-        for c in timing
-    )
+    slower = any(c.verdict in ("regressed", "borderline") or c.delta > c.threshold for c in timing)
     return everything or (
         row.verdict.verdict in ("regressed", "inconclusive", "accepted") and slower
     )
@@ -535,10 +428,10 @@ def _profile_section(row: GateRow, everything: bool) -> list[str]:
     rows = [
         [
             md_text(c.name, 80),
-            fmt_time(c.base_us * 1e-6),
-            fmt_time(c.pr_us * 1e-6),
-            fmt_time(c.delta_us * 1e-6) if c.delta_us >= 0 else "-" + fmt_time(-c.delta_us * 1e-6),
-            fmt_pct(c.ratio) if c.ratio is not None else "new",
+            units.seconds(c.base_us * 1e-6),
+            units.seconds(c.pr_us * 1e-6),
+            units.seconds(c.delta_us * 1e-6),
+            units.change(c.ratio) if c.ratio is not None else "new",
         ]
         for c in profile_diff(base, pr)
     ]
@@ -576,8 +469,8 @@ def _parity_table(r: TargetResult) -> str | None:
                 label,
                 "✅ pass" if c.passed else "❌ FAILED",
                 md_text(c.method),
-                fmt_sci(c.max_abs_err),
-                fmt_sci(c.rmse),
+                units.sci(c.max_abs_err),
+                units.sci(c.rmse),
                 cos,
                 md_text(c.detail, MAX_REASON_CHARS) if c.detail else "",
             ]
@@ -631,7 +524,7 @@ def _breaks_section(row: GateRow) -> list[str]:
 
 def _details(row: GateRow, everything: bool = False) -> str:
     r, v = row.result, row.verdict
-    base = _base(row)
+    base = base_result(row)
     parts = [
         f"<details><summary>{html.escape(r.target)} — {_verdict_label(v.verdict)}</summary>",
         "",
@@ -658,7 +551,7 @@ def _details(row: GateRow, everything: bool = False) -> str:
         first = r.aot.get("first_call_seconds")
         parts += [
             f"**AOTInductor package:** {state}"
-            + (f", first call {fmt_time(first)} in a new process" if first else "")
+            + (f", first call {units.seconds(first)} in a new process" if first else "")
             + (f" ({md_text(r.aot['reason'], MAX_REASON_CHARS)})" if r.aot.get("reason") else ""),
             "",
         ]
@@ -799,11 +692,11 @@ def _advice_block(a: Advice) -> str:
     rows = [
         [
             md_code(f.label, table=True),
-            fmt_time(f.cold_s),
-            fmt_time(f.warm_s),
-            fmt_time(f.p50),
-            f"{f.speedup:.2f}x",
-            fmt_mib(f.peak),
+            units.seconds(f.cold_s),
+            units.seconds(f.warm_s),
+            units.seconds(f.p50),
+            units.speedup(f.speedup),
+            units.mib(f.peak),
             f"{_calls(f.break_even(f.cold_s))} / {_calls(f.break_even(f.warm_s))}",
             _advice_note(f),
         ]
@@ -878,13 +771,13 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper", details: b
     if rows:
         head.append(_table((_table_row(r) for r in rows), HEADERS))
         notes = []
-        if any(r.verdict.latency and r.verdict.latency.get("normalised") for r in rows):
+        if any(r.verdict.latency and r.verdict.latency.normalised for r in rows):
             notes.append(
                 "Δ compares compiled latency divided by a co-measured reference "
                 "workload (which cancels machine drift), so it can differ from the "
                 "ratio of the raw p50s. n.s. = not significant."
             )
-        if any(r.verdict.latency and r.verdict.latency.get("paired") for r in rows):
+        if any(r.verdict.latency and r.verdict.latency.paired for r in rows):
             notes.append(
                 "paired: Δ is the base commit against this change, timed round by "
                 "round in one process."
@@ -957,14 +850,3 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper", details: b
     if len(text) > MAX_MARKDOWN_CHARS:
         text = _hard_cap(text, MAX_MARKDOWN_CHARS)
     return text
-
-
-# ---------------------------------------------------------------------------- log line
-
-
-def summary_line(report: GateReport) -> str:
-    """One line for logs: ``gatekeeper: regressed — 1 regressed, 5 pass (base: main)``."""
-    line = f"gatekeeper: {report.verdict} — {_counts_text(report)}"
-    if report.removed:
-        line += f"; {len(report.removed)} removed"
-    return f"{line} (base: {report.base_ref})"

@@ -2,7 +2,9 @@
 sides, and free of torch (the parent never imports it).
 
 The parent writes a :class:`Request` as JSON, runs ``python -m gatekeeper.worker REQ
-RESP`` (:mod:`gatekeeper.worker.launch`), and reads back a :class:`Response`.
+RESP`` (:mod:`gatekeeper.worker.launch`), and reads back a :class:`Response`. What the
+worker measures travels as the :mod:`gatekeeper.results` models it becomes, so pydantic
+checks the worker's JSON once, on the way in, and the parent uses it as it is.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance
+from ..results import Graphs, Latency, Memory, OutputsSummary, Parity, Profile, Work
 from ..targets import Target
 
 # the environment of a service that loads precompile packages (see gatekeeper.warm.service_env):
@@ -108,6 +111,19 @@ def dynamo_skipped(counters: dict[str, int]) -> bool:
     return counters.get("dynamo_cache_hit", 0) > 0 and counters.get("graphs", 0) == 0
 
 
+class BaseMeasured(_Msg):
+    """``measure``, paired: the base version, measured in the same process (the
+    :class:`gatekeeper.results.Paired` the parent makes of it adds what only the parent
+    knows: the base's ref, commit and code hash, computed from ``deps``)."""
+
+    compile_seconds: float
+    graphs: Graphs
+    samples: list[float]  # base compiled latency, round by round with the head's
+    deps: dict[str, Any] | None = None  # what the base model was built from
+    work: Work | None = None
+    profile: Profile | None = None
+
+
 class Response(_Msg):
     """A worker's answer. ``ok`` false: ``kind`` is ``config`` (the user's factory or
     inputs are wrong), ``compile`` (torch failed) or ``export`` (an ``+aot`` target's
@@ -130,16 +146,14 @@ class Response(_Msg):
     # compile: the files of the cache dir it read, loaded or wrote (relative paths; None
     # when that could not be known)
     cache_used: list[str] | None = None
-    graphs: dict[str, Any] | None = None
-    parity: dict[str, Any] | None = None
-    outputs: dict[str, Any] | None = (
-        None  # measure: what the model returned (results.OutputsSummary)
-    )
-    memory: dict[str, Any] | None = None
-    latency: dict[str, Any] | None = None
-    paired: dict[str, Any] | None = None  # measure, paired: the base's, with its "deps"
-    work: dict[str, Any] | None = None  # measure: deterministic work counters
-    profile: dict[str, Any] | None = None  # measure: top operators by self time
+    graphs: Graphs | None = None  # measure
+    parity: Parity | None = None  # measure: the checks (``outputs`` comes apart)
+    outputs: OutputsSummary | None = None  # measure: what the model returned
+    memory: Memory | None = None
+    latency: Latency | None = None
+    paired: BaseMeasured | None = None  # measure, paired: the base version's
+    work: Work | None = None  # measure: deterministic work counters
+    profile: Profile | None = None  # measure: top operators by self time
     deps: dict[str, Any] | None = None  # what the model and inputs were built from
     # aot: torch.export's outcome (exportable, or torch's reason and the user's file:line)
     export: dict[str, Any] | None = None

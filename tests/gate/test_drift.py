@@ -94,8 +94,8 @@ def test_gate_does_not_blame_process_drift_on_the_pr():
     v = gate.gate_target(pr, drifting, RULES)
     # past the 5% threshold, but within what this runner's drift can produce: not a
     # regression, not a silent pass either
-    assert v.verdict == "inconclusive" and v.latency["test"] == "t-test on run medians"
-    assert v.latency["n_base"] == 10 and v.latency["n_pr"] == 1
+    assert v.verdict == "inconclusive" and v.latency.test == "t-test on run medians"
+    assert v.latency.n_base == 10 and v.latency.n_pr == 1
     assert v.borderline and any("cannot tell it from drift" in r for r in v.reasons)
     assert any("pair with the base commit" in r for r in v.reasons)
     # the same PR against a runner whose runs agree to 0.3%: a real 7% slowdown
@@ -113,7 +113,7 @@ def test_without_history_the_gate_assumes_drift_and_says_so():
     pr = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.1e-3, eager_s=2.2e-3)
     lone = with_history(make_result(TARGET, seed=1, noise=0.005, n=200), [])
     v = gate.gate_target(pr, lone, RULES)
-    assert v.verdict == "inconclusive" and v.latency["test"] == "z-test on run medians"
+    assert v.verdict == "inconclusive" and v.latency.test == "z-test on run medians"
     assert any("assumed" in note for note in v.notes)
     # the same run measured within the threshold passes
     same = make_result(TARGET, seed=2, noise=0.005, n=200)
@@ -132,7 +132,7 @@ def test_a_compiler_regression_shows_in_compiled_vs_eager():
     pr = make_result(TARGET, seed=2, noise=0.005, n=200, compiled_s=1.1e-3, eager_s=2e-3)
     v = gate.gate_target(pr, drifting, RULES)
     assert v.verdict == "regressed"
-    assert v.speedup["verdict"] == "regressed" and v.latency["verdict"] != "regressed"
+    assert v.speedup.verdict == "regressed" and v.latency.verdict != "regressed"
 
 
 def test_a_remeasured_result_counts_as_two_runs():

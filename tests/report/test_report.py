@@ -13,7 +13,7 @@ import re
 import pytest
 from factories import ENV, RULES, make_baseline, make_result  # noqa: E402
 
-from gatekeeper import report
+from gatekeeper import report, units
 from gatekeeper.gate import rules as gate
 from gatekeeper.report import markdown
 from gatekeeper.results import (
@@ -166,9 +166,7 @@ def test_regressed_row_and_details(rep):
     row = _row(md, "gpt2-tiny/b8/max-autotune")
     assert "❌ regressed" in row
     delta = next(
-        r.verdict.latency["delta"]
-        for r in rep.rows
-        if r.result.target == "gpt2-tiny/b8/max-autotune"
+        r.verdict.latency.delta for r in rep.rows if r.result.target == "gpt2-tiny/b8/max-autotune"
     )
     assert re.search(re.escape(f"**{delta:+.1%}** (p") + r"(<0\.001|=0\.0\d+)\)", row)
     assert re.search(r"(\d+ µs|1\.\d\d ms) → 1\.\d\d ms", row)
@@ -284,11 +282,11 @@ def test_markdown_escaping_helpers():
     assert markdown.md_text("x" * 20, limit=5) == "xxxx…"
     assert markdown.md_code("a`b") == "``a`b``"
     assert markdown.md_code("a|b", table=True) == "`a\\|b`"
-    assert markdown.fmt_time(812e-6) == "812 µs"
-    assert markdown.fmt_time(1.234e-3) == "1.23 ms"
-    assert markdown.fmt_time(0.9996) == "1.00 s"
-    assert markdown.fmt_time(12.5) == "12.5 s"
-    assert markdown.fmt_time(None) == "–"
+    assert units.seconds(812e-6) == "812 µs"
+    assert units.seconds(1.234e-3) == "1.23 ms"
+    assert units.seconds(0.9996) == "1.00 s"
+    assert units.seconds(12.5) == "12.5 s"
+    assert units.seconds(None) == "–"
     assert (
         markdown.error_line("Traceback (most recent call last):\n  x\nValueError: y")
         == "ValueError: y"
@@ -385,6 +383,8 @@ TARGET_KEYS = {
     "detectable",
     "profile",
     "profile_diff",
+    "export",
+    "aot",
 }
 COMPARISON_KEYS = {
     "ratio",

@@ -1,0 +1,64 @@
+"""What the markdown and the JSON report both read off a :class:`GateReport`: one row's
+figures on either side (the baseline's or the base commit's, and this run's), the count
+of targets per verdict, and the one-line summary. No formatting beyond that line."""
+
+from __future__ import annotations
+
+from ..gate import ORDER, GateReport, GateRow, Verdict
+from ..results import Profile, TargetResult
+
+
+def base_result(row: GateRow) -> TargetResult | None:
+    """The baseline's result (None without a baseline)."""
+    return row.baseline.result if row.baseline is not None else None
+
+
+def p50(r: TargetResult | None) -> float | None:
+    return r.latency.compiled.p50 if r is not None and r.latency is not None else None
+
+
+def speedup(r: TargetResult | None) -> float | None:
+    return r.latency.speedup if r is not None and r.latency is not None else None
+
+
+def compile_s(r: TargetResult | None) -> float | None:
+    return r.compile.seconds if r is not None and r.compile is not None else None
+
+
+def breaks(r: TargetResult | None) -> int | None:
+    return r.graphs.breaks if r is not None and r.graphs is not None else None
+
+
+def recompiles(r: TargetResult | None) -> int | None:
+    """Recompiles after the first compile: while measuring, plus the shape sweep's."""
+    if r is None or r.graphs is None:
+        return None
+    return r.graphs.recompiles + (r.graphs.sweep.recompiles if r.graphs.sweep else 0)
+
+
+def peak(r: TargetResult | None) -> int | None:
+    return r.memory.compiled_peak_bytes if r is not None and r.memory is not None else None
+
+
+def base_profile(row: GateRow) -> Profile | None:
+    """The profile this run's is compared with: the base commit's (paired), else the
+    baseline's."""
+    r, b = row.result, base_result(row)
+    return r.paired.profile if r.paired else (b.profile if b else None)
+
+
+def counts(report: GateReport) -> dict[Verdict, int]:
+    """Targets per verdict, every verdict present (zeros included), in severity order."""
+    out = dict.fromkeys(ORDER, 0)
+    for row in report.rows:
+        out[row.verdict.verdict] += 1
+    return out
+
+
+def summary_line(report: GateReport) -> str:
+    """One line for logs: ``gatekeeper: regressed — 1 regressed, 5 pass (base: main)``."""
+    parts = [f"{n} {v}" for v, n in counts(report).items() if n]
+    line = f"gatekeeper: {report.verdict} — {', '.join(parts) if parts else 'no targets'}"
+    if report.removed:
+        line += f"; {len(report.removed)} removed"
+    return f"{line} (base: {report.base_ref})"
