@@ -383,8 +383,6 @@ TARGET_KEYS = {
     "detectable",
     "profile",
     "profile_diff",
-    "export",
-    "aot",
 }
 COMPARISON_KEYS = {
     "ratio",
