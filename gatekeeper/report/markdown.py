@@ -716,7 +716,7 @@ def _advice_block(a: Advice) -> str:
             "speedup vs eager",
             "peak MiB",
             "break-even calls (cold / warm)",
-            "",
+            "note",
         ],
     )
     lines = [f"**{md_text(a.model)} / {md_text(a.shapes)}**", "", table, ""]

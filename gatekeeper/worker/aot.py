@@ -97,7 +97,7 @@ def verify(req: Request) -> Response:
     return Response(
         ok=True,
         compile_seconds=loaded + seconds,
-        parity=parity,
+        package_parity=parity,
         torch=torch.__version__,
         deps=deps,
         aot={

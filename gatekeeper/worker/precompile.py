@@ -199,7 +199,7 @@ def verify(req: Request) -> Response:
         ok=True,
         compile_seconds=seconds,
         counters=counts,
-        parity=parity,
+        package_parity=parity,
         torch=torch.__version__,
         deps=deps,
         precompile={

@@ -15,7 +15,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance
-from ..results import Graphs, Latency, Memory, OutputsSummary, Parity, Profile, Work
+from ..results import (
+    Graphs,
+    Latency,
+    Memory,
+    OutputsSummary,
+    Parity,
+    ParityCheck,
+    Profile,
+    Work,
+)
 from ..targets import Target
 
 # the environment of a service that loads precompile packages (see gatekeeper.warm.service_env):
@@ -124,6 +133,16 @@ class BaseMeasured(_Msg):
     profile: Profile | None = None
 
 
+class PackageParity(BaseModel):
+    """A package's verification (precompile, aot): its first outputs against eager and
+    against this check's own compiled outputs (``vs_reference``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vs_eager: ParityCheck
+    vs_reference: ParityCheck | None = None
+
+
 class Response(_Msg):
     """A worker's answer. ``ok`` false: ``kind`` is ``config`` (the user's factory or
     inputs are wrong), ``compile`` (torch failed) or ``export`` (an ``+aot`` target's
@@ -148,6 +167,7 @@ class Response(_Msg):
     cache_used: list[str] | None = None
     graphs: Graphs | None = None  # measure
     parity: Parity | None = None  # measure: the checks (``outputs`` comes apart)
+    package_parity: PackageParity | None = None  # precompile, aot: the package's checks
     outputs: OutputsSummary | None = None  # measure: what the model returned
     memory: Memory | None = None
     latency: Latency | None = None
