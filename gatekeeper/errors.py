@@ -58,10 +58,6 @@ class AccessDenied(StoreError):
     """The store refused the request for lack of permission (HTTP 403)."""
 
 
-class ReadOnlyError(StoreError):
-    """A write was attempted on a store that refuses writes."""
-
-
 class BundleError(GatekeeperError):
     """A bundle is malformed, unsafe, or does not verify: it is never loaded."""
 

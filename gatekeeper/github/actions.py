@@ -46,16 +46,6 @@ def error_annotation(
     return True
 
 
-def warning_annotation(
-    message: str, file: str | None = None, line: int | None = None, title: str | None = None
-) -> bool:
-    """A warning annotation on the run (and on ``file``:``line`` when given)."""
-    if not in_actions():
-        return False
-    gha.warning(message, title=title, file=file, line=line)
-    return True
-
-
 @contextlib.contextmanager
 def group(title: str) -> Iterator[None]:
     """A collapsible group in the Actions log; closed even when the body raises."""
@@ -64,13 +54,3 @@ def group(title: str) -> Iterator[None]:
         return
     with gha.group(title):
         yield
-
-
-def mask(value: str) -> bool:
-    """Hide ``value`` in the rest of the Actions log (each line of a multi-line value)."""
-    if not in_actions() or not value.strip():
-        return False
-    for line in value.splitlines():
-        if line.strip():
-            gha.add_mask(line)
-    return True

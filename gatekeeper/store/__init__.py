@@ -17,14 +17,13 @@ from pathlib import Path
 
 from ..errors import StoreError
 from .base import Backend, ObjectInfo
-from .layout import BundleLocation, FoundBundle, Store, StoredBundle
+from .layout import BundleLocation, Store, StoredBundle
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
 __all__ = [
     "Backend",
     "BundleLocation",
-    "FoundBundle",
     "ObjectInfo",
     "Store",
     "StoredBundle",

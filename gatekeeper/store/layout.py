@@ -68,13 +68,6 @@ def bundle_target(target_id: str) -> str:
 
 
 @dataclass(frozen=True)
-class FoundBundle:
-    location: BundleLocation
-    match: str  # "hit" (same code hash) or "partial" (newest bundle of the same target+env)
-    manifest: bytes  # unverified: hand it to bundle.verify_manifest before trusting it
-
-
-@dataclass(frozen=True)
 class StoredBundle:
     location: BundleLocation
     size: int  # archive + manifest bytes
@@ -274,29 +267,6 @@ class Store:
         except (ValueError, KeyError, TypeError):
             return None
         return name if isinstance(name, str) else None
-
-    def find_bundle(self, target_id: str, env_key: str, code_hash: str) -> FoundBundle | None:
-        """The bundle at exactly this code hash, else the newest one of the target and env.
-
-        A plain location lookup: whether a bundle really is this checkout's code is
-        :func:`gatekeeper.key.find_bundle`'s question (recorded dependencies)."""
-        exact = BundleLocation(target_id, env_key, code_hash)
-        got = self.backend.get(exact.key(MANIFEST), max_bytes=MAX_MANIFEST_BYTES)
-        if got is not None:
-            return FoundBundle(exact, "hit", got[0])
-        newest: ObjectInfo | None = None
-        for info in self.backend.list(f"bundles/{target_id}/{env_key}/"):
-            parts = info.key.split("/")
-            if parts[-1] == MANIFEST and len(parts) == _DEPTH:
-                if newest is None or info.modified > newest.modified:
-                    newest = info
-        if newest is None:
-            return None
-        got = self.backend.get(newest.key, max_bytes=MAX_MANIFEST_BYTES)
-        if got is None:  # pruned in between
-            return None
-        loc = BundleLocation(target_id, env_key, newest.key.split("/")[-2])
-        return FoundBundle(loc, "partial", got[0])
 
     def download(self, key: str, dest: Path, *, max_bytes: int | None = None) -> None:
         """The object into ``dest``; ``max_bytes``: what its record says it has (an

@@ -58,19 +58,14 @@ def test_workflow_commands_in_actions(
     assert actions.error_annotation(
         "3 regressions,\nsee summary", file="gate.toml", line=3, title="gate"
     )
-    assert actions.warning_annotation("cache miss")
     with actions.group("compile"):
         print("inside")
-    assert actions.mask("s3cr3t\nline2")
 
     assert capsys.readouterr().out.splitlines() == [
         "::error title=gate,file=gate.toml,line=3::3 regressions,%0Asee summary",
-        "::warning ::cache miss",
         "::group ::compile",
         "inside",
         "::endgroup::",
-        "::add-mask ::s3cr3t",
-        "::add-mask ::line2",
     ]
 
 
@@ -81,8 +76,6 @@ def test_outside_actions_everything_is_a_no_op(
     assert not actions.set_output("verdict", "pass")
     assert not actions.append_summary("# report")
     assert not actions.error_annotation("boom")
-    assert not actions.warning_annotation("hmm")
-    assert not actions.mask("secret")
     with actions.group("compile"):
         pass
 

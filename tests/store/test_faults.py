@@ -100,7 +100,7 @@ def test_orphans_are_reported_by_verify_and_removed_by_prune(stores: StoreFactor
         orphans
     )
     assert failed(maintenance.verify(store, None, now=later())) == {}
-    assert store.find_bundle(loc.target_id, loc.env_key, loc.code_hash).match == "hit"
+    assert store.read_manifest(loc) is not None
     if stores.kind == "local":
         assert list(store.backend.temporaries()) == []
 

@@ -101,67 +101,6 @@ def set_mtime(store: Store, loc: BundleLocation, t: float) -> None:
     os.utime(p, (t, t))
 
 
-def test_find_hit_for_same_code_hash(store, tmp_path):
-    loc = BundleLocation(TARGET, ENV, "same")
-    path, name, manifest = make_archive(tmp_path, b"x")
-    store.publish_bundle(loc, path, name, manifest)
-    newer = BundleLocation(TARGET, ENV, "newer")
-    publish(store, tmp_path, newer, b"y")
-    set_mtime(store, loc, 1_000_000_000)
-    set_mtime(store, newer, 2_000_000_000)
-    found = store.find_bundle(TARGET, ENV, "same")
-    assert found is not None
-    assert found.match == "hit"
-    assert found.location == loc
-    assert found.manifest == manifest
-
-
-def test_find_partial_picks_newest_other_code_hash(store, tmp_path):
-    locs = {h: BundleLocation(TARGET, ENV, h) for h in ("old", "newest", "middle")}
-    for h, loc in locs.items():
-        publish(store, tmp_path, loc, h.encode())
-    set_mtime(store, locs["old"], 1_000_000_000)
-    set_mtime(store, locs["middle"], 1_500_000_000)
-    set_mtime(store, locs["newest"], 2_000_000_000)
-    # an unpublished leftover (archive, no manifest) that is newer still is not a bundle
-    leftover = Path(store.backend.root) / f"bundles/{TARGET}/{ENV}/leftover/bundle-x.tar.zst"
-    leftover.parent.mkdir(parents=True)
-    leftover.write_bytes(b"half")
-    os.utime(leftover, (3_000_000_000, 3_000_000_000))
-    # bundles of other environments and targets are never candidates, however new
-    other_env = BundleLocation(TARGET, ENV + "0", "otherenv")
-    other_target = BundleLocation(TARGET + "+dynamic", ENV, "othertarget")
-    for loc in (other_env, other_target):
-        publish(store, tmp_path, loc, loc.code_hash.encode())
-        set_mtime(store, loc, 4_000_000_000)
-
-    found = store.find_bundle(TARGET, ENV, "changed-code")
-    assert found is not None
-    assert found.match == "partial"
-    assert found.location == locs["newest"]
-    assert json.loads(found.manifest)["archive"]["size"] == len(b"newest")
-
-    # move the clock: the choice follows the manifests' times
-    set_mtime(store, locs["old"], 2_500_000_000)
-    found = store.find_bundle(TARGET, ENV, "changed-code")
-    assert found is not None and found.location == locs["old"]
-
-
-def test_find_none_when_absent(store, tmp_path):
-    assert store.find_bundle(TARGET, ENV, "c0de") is None  # empty store, no root yet
-    publish(store, tmp_path, BundleLocation(TARGET, ENV + "0", "c0de"), b"x")
-    publish(store, tmp_path, BundleLocation("cnn/b8/default", ENV, "c0de"), b"y")
-    assert store.find_bundle(TARGET, ENV, "c0de") is None
-
-
-def test_find_ignores_incomplete_folders_only(store, tmp_path):
-    leftover = Path(store.backend.root) / f"bundles/{TARGET}/{ENV}/c0de/bundle-x.tar.zst"
-    leftover.parent.mkdir(parents=True)
-    leftover.write_bytes(b"half")
-    assert store.find_bundle(TARGET, ENV, "c0de") is None
-    assert store.find_bundle(TARGET, ENV, "other") is None
-
-
 # -- read-only ------------------------------------------------------------------------------
 def test_read_only_skips_writes_and_warns_once(tmp_path, gk_logs):
     root = tmp_path / "store"
@@ -175,7 +114,7 @@ def test_read_only_skips_writes_and_warns_once(tmp_path, gk_logs):
     assert "read-only" in warnings[0].getMessage()
     assert not root.exists() or files_under(root) == []
     # reads still work on a read-only store
-    assert ro.find_bundle(TARGET, ENV, "a") is None
+    assert ro.read_manifest(BundleLocation(TARGET, ENV, "a")) is None
 
 
 def test_read_only_store_still_reads(tmp_path):
@@ -183,8 +122,7 @@ def test_read_only_store_still_reads(tmp_path):
     loc = BundleLocation(TARGET, ENV, "c0de")
     publish(rw, tmp_path, loc, b"x")
     ro = open_store(str(tmp_path / "store"), read_only=True)
-    found = ro.find_bundle(TARGET, ENV, "c0de")
-    assert found is not None and found.match == "hit"
+    assert ro.read_manifest(loc) is not None
     assert ro.skipped_writes == []
 
 
