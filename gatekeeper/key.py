@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 from . import bundle
 from .config import ExportConfig, InputSpec, ModelConfig
-from .errors import AccessDenied, BundleError, ConfigError, GatekeeperError, StoreUnavailable
+from .errors import AccessDenied, BundleError, GatekeeperError, StoreUnavailable
 from .hashing import sha256_bytes, sha256_file
 from .store.layout import BundleLocation, Store
 from .targets import Target
@@ -122,47 +122,25 @@ def _cpu_isa_flags() -> str:
 
 
 def resolve_device(device: str) -> str:
-    import torch
+    """``auto`` → cuda where a CUDA device is available, else cpu (asks torch, through
+    :mod:`gatekeeper.runtime`)."""
+    from .runtime import resolve_device as resolve
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} is configured but no CUDA device is available")
-    return device
+    return resolve(device)
 
 
 def env_facts(device: str) -> dict:
     """Every fact that decides whether compiled artifacts can be reused here."""
-    import torch
+    from .runtime import torch_facts
 
     facts: dict = {
-        "torch": torch.__version__,
-        "torch_git": torch.version.git_version,
+        **torch_facts(device),
         "triton": _dist_version("triton", "pytorch-triton", "pytorch-triton-rocm"),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "arch": platform.machine(),
     }
-    if device.startswith("cuda"):
-        index = torch.device(device).index or 0
-        props = torch.cuda.get_device_properties(index)
-        facts.update(
-            {
-                "device": "cuda",
-                "gpu": props.name,
-                "capability": f"{props.major}.{props.minor}",
-                "cuda": torch.version.cuda,
-                "hip": torch.version.hip,
-            }
-        )
-    else:
-        facts.update(
-            {
-                "device": "cpu",
-                "cpu_capability": torch.backends.cpu.get_cpu_capability().lower(),
-                "threads": torch.get_num_threads(),
-                "isa_flags": _cpu_isa_flags(),
-            }
-        )
+    if facts["device"] == "cpu":
+        facts["isa_flags"] = _cpu_isa_flags()
     if env := compile_env():  # only when set: unset, the env key is what it always was
         facts["compile_env"] = env
     return facts

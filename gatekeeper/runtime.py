@@ -1,4 +1,11 @@
-"""The parent's one door to torch: load an AOTInductor package for a deploy.
+"""The parent's one door to torch: the facts of this machine's torch that key a bundle
+(:func:`torch_facts`, :func:`resolve_device`), the inductor cache dir and Mega-Cache
+blobs a warm start fills (:func:`default_cache_dir`, :func:`load_megacache`), and the
+AOTInductor package a deploy loads (:func:`load_aot`). The rest of the parent (CLI,
+store, gate, report, GitHub, dashboard) asks these functions and never imports torch;
+only the worker subprocess compiles (``tests/test_runtime.py`` holds the line).
+
+Loading an AOTInductor package for a deploy:
 
 ``gatekeeper warm`` installs each verified ``+aot`` package (a ``.pt2`` that
 ``torch._inductor.aoti_compile_and_package`` built from ``torch.export``'s program) into
@@ -31,6 +38,59 @@ if TYPE_CHECKING:
 AOT_HOME = Path("gatekeeper", "aot")  # inside the inductor cache dir
 PACKAGE = "model.pt2"
 INFO = "package.json"  # what warm installed: target, code hash, sha256, the check's verdict
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` → ``cuda`` where torch sees a CUDA device, else ``cpu``; a configured
+    ``cuda`` without one is a config error."""
+    import torch
+
+    from .errors import ConfigError
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} is configured but no CUDA device is available")
+    return device
+
+
+def torch_facts(device: str) -> dict[str, Any]:
+    """What torch says about this machine that decides whether compiled artifacts can
+    be reused here: its build, and the GPU or the CPU's capability and threads."""
+    import torch
+
+    facts: dict[str, Any] = {"torch": torch.__version__, "torch_git": torch.version.git_version}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device).index or 0)
+        facts.update(
+            device="cuda",
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+            hip=torch.version.hip,
+        )
+    else:
+        facts.update(
+            device="cpu",
+            cpu_capability=torch.backends.cpu.get_cpu_capability().lower(),
+            threads=torch.get_num_threads(),
+        )
+    return facts
+
+
+def default_cache_dir() -> Path:
+    """The inductor cache dir this process (and a deploy with the same env) will use, as
+    inductor computes it."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir())
+
+
+def load_megacache(blob: bytes) -> None:
+    """Load a Mega-Cache blob (``torch.compiler.load_cache_artifacts``)."""
+    import torch
+
+    torch.compiler.load_cache_artifacts(blob)
 
 
 class AotUnavailable(GatekeeperError):

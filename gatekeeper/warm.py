@@ -32,8 +32,9 @@ from . import bundle
 from .bundle import signing_key
 from .config import Config, load_config
 from .errors import BundleError, StoreError
-from .key import CacheKey, find_bundle, resolve_device, target_key
+from .key import CacheKey, find_bundle, target_key
 from .results import CacheStatus
+from .runtime import default_cache_dir, load_megacache, resolve_device
 from .store import Store, open_store
 from .targets import Target, expand, select
 from .worker.protocol import ISA_ENV, PRECOMPILE_ENV
@@ -70,19 +71,6 @@ class WarmResult:
             for k, v in self.__dict__.items()
             if v is not None and k not in ("manifest", "location")
         }
-
-
-def default_cache_dir() -> Path:
-    """The inductor cache dir this process (and a deploy with the same env) will use."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return Path(cache_dir())
-
-
-def load_megacache(blob: bytes) -> None:
-    import torch
-
-    torch.compiler.load_cache_artifacts(blob)
 
 
 def settle(status: CacheStatus, counters: dict | None) -> CacheStatus:

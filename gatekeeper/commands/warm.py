@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
-from ..warm import cold, default_cache_dir, probe, service_env, settle, warm_targets
+from ..runtime import default_cache_dir
+from ..warm import cold, probe, service_env, settle, warm_targets
 from ..worker.protocol import dynamo_skipped
 from .common import Context, human_bytes, output_dir
 
