@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,31 +20,11 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import UsageError
+from .git import git, try_git
 
 log = logging.getLogger("gatekeeper.paired")
 
 ModeName = Literal["auto", "paired", "stored"]
-
-
-def _git(cwd: Path, *args: str) -> str:
-    proc = subprocess.run(
-        ["git", "-C", str(cwd), *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-    )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["git failed"])[-1]
-        raise UsageError(f"git {' '.join(args[:2])}: {last}")
-    return proc.stdout.strip()
-
-
-def _try_git(cwd: Path, *args: str) -> str | None:
-    try:
-        return _git(cwd, *args)
-    except (UsageError, OSError, subprocess.TimeoutExpired):
-        return None
 
 
 @dataclass(frozen=True)
@@ -73,14 +52,14 @@ def _event_base_sha() -> str:
 
 def resolve_base(ref: str, config_dir: Path) -> tuple[str | None, str]:
     """(the base commit, how it was found) or (None, why not)."""
-    root = _try_git(config_dir, "rev-parse", "--show-toplevel")
+    root = try_git(config_dir, "rev-parse", "--show-toplevel")
     if root is None:
         return None, f"{config_dir} is not in a git checkout"
     event_sha = _event_base_sha()
     candidates = [(event_sha, f"{ref} (the pull request's base commit)")] if event_sha else []
     candidates += [(c, c) for c in (ref, f"origin/{ref}", f"refs/remotes/origin/{ref}")]
     for cand, how in candidates:
-        commit = _try_git(Path(root), "rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}")
+        commit = try_git(Path(root), "rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}")
         if commit:
             return commit, how
     return None, (
@@ -100,9 +79,9 @@ def choose_mode(requested: ModeName, base_ref: str, config_dir: Path) -> Mode:
             raise UsageError(f"--mode paired: {how}")
         return Mode("stored", f"stored mode: cannot pair, {how}")
     if requested == "auto":
-        root = Path(_git(config_dir, "rev-parse", "--show-toplevel"))
-        head = _try_git(root, "rev-parse", "HEAD")
-        dirty = _try_git(root, "status", "--porcelain", "--untracked-files=no")
+        root = Path(git(config_dir, "rev-parse", "--show-toplevel"))
+        head = try_git(root, "rev-parse", "HEAD")
+        dirty = try_git(root, "status", "--porcelain", "--untracked-files=no")
         if head == commit and not dirty:
             return Mode(
                 "stored",
@@ -117,18 +96,13 @@ def checkout(commit: str, config_dir: Path) -> Iterator[Path]:
     """Yield the config's folder inside a detached worktree of ``commit``; the worktree is
     removed afterwards, whatever happens."""
     try:
-        root = Path(_git(config_dir, "rev-parse", "--show-toplevel"))
+        root = Path(git(config_dir, "rev-parse", "--show-toplevel"))
     except (UsageError, OSError):
         raise UsageError(f"paired mode needs a git checkout: {config_dir} is not in one") from None
     with tempfile.TemporaryDirectory(prefix="gk-paired-") as tmp:
         tree = Path(tmp) / "base"
-        _git(root, "worktree", "add", "--detach", str(tree), commit)
+        git(root, "worktree", "add", "--detach", str(tree), commit)
         try:
             yield tree / config_dir.resolve().relative_to(root.resolve())
         finally:
-            subprocess.run(
-                ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
-                capture_output=True,
-                stdin=subprocess.DEVNULL,
-                timeout=120,
-            )
+            try_git(root, "worktree", "remove", "--force", str(tree))

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", *args], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+from .git import try_git
 
 
 def current_ref() -> str:
@@ -23,7 +14,7 @@ def current_ref() -> str:
     return (
         env.get("GITHUB_HEAD_REF")
         or env.get("GITHUB_REF_NAME")
-        or _git("rev-parse", "--abbrev-ref", "HEAD")
+        or try_git(None, "rev-parse", "--abbrev-ref", "HEAD", timeout=10)
         or "local"
     )
 
@@ -40,7 +31,7 @@ def creator() -> dict:
         server = env.get("GITHUB_SERVER_URL", "https://github.com")
         run_url = f"{server}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
     return {
-        "commit": env.get("GITHUB_SHA") or _git("rev-parse", "HEAD"),
+        "commit": env.get("GITHUB_SHA") or try_git(None, "rev-parse", "HEAD", timeout=10),
         "ref": current_ref(),
         "repository": env.get("GITHUB_REPOSITORY"),
         "workflow_run": run_url,
