@@ -1,3 +1,3 @@
 """Shared fixtures. Service fixtures live in their own modules, loaded as plugins."""
 
-pytest_plugins = ["s3_server", "github_server"]
+pytest_plugins = ["support.s3_server", "support.github_server"]

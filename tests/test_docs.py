@@ -22,7 +22,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from browser import chromium, console_messages
+from support.browser import chromium, console_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 # the sections a reader finds in the navigation (mkdocs.yml's nav)

@@ -16,9 +16,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from factories import make_result
-from helpers import TINY_CONFIG, gk, write_project
-from stores import make_bundle
+from support.factories import make_result
+from support.helpers import TINY_CONFIG, gk, write_project
+from support.stores import make_bundle
 
 from gatekeeper import bundle
 from gatekeeper.results import ReferenceOutputs, Results, write_results

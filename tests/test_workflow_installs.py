@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from factories import make_result
-from github_server import FakeGitHub
+from support.factories import make_result
+from support.github_server import FakeGitHub
 
 from gatekeeper.gate.baseline import publish_result
 from gatekeeper.store import open_store

@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from browser import chromium
-from factories import make_result  # noqa: E402
+from support.browser import chromium
+from support.factories import make_result  # noqa: E402
 
 from gatekeeper.gate.baseline import publish_result
 from gatekeeper.gate.drift import HISTORY_FOR_NOISE, measure_noise

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from helpers import gk, write_project
+from support.helpers import gk, write_project
 
 MODEL = textwrap.dedent("""
     import torch

@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import gk, write_project
-from projects import (
+from support.helpers import gk, write_project
+from support.projects import (
     BASE_MODEL,
     CONFIG,
     QUIET,

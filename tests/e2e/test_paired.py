@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import gk, write_project
-from projects import BASE_MODEL, CONFIG, QUIET, pr_version
+from support.helpers import gk, write_project
+from support.projects import BASE_MODEL, CONFIG, QUIET, pr_version
 
 SLOWER = """
     def forward(self, x):

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import TINY_MODEL, gk_json, parity_only_config, write_project
+from support.helpers import TINY_MODEL, gk_json, parity_only_config, write_project
 
 from gatekeeper import bundle
 from gatekeeper.config import load_config

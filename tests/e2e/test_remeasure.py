@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CONFIG, TINY_MODEL, write_project
+from support.helpers import TINY_CONFIG, TINY_MODEL, write_project
 
 from gatekeeper import pipeline
 from gatekeeper.config import load_config

@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TINY_CONFIG, write_project
-from s3_server import ACCESS_KEY, REGION, SECRET_KEY, FaultProxy, S3Server, unreachable_endpoint
+from support.helpers import TINY_CONFIG, write_project
+from support.s3_server import (
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    FaultProxy,
+    S3Server,
+    unreachable_endpoint,
+)
 
 TARGET = "tiny/b4/default"
 PREFIX = "gk"

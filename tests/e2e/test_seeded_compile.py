@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import gk_json, write_project
+from support.helpers import gk_json, write_project
 
 MODEL = textwrap.dedent("""
     import torch

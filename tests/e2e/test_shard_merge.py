@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import gk, parity_only_config
+from support.helpers import gk, parity_only_config
 
 MODEL = textwrap.dedent("""
     import os

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import gk, gk_json
+from support.helpers import gk, gk_json
 
 from gatekeeper import bundle
 from gatekeeper.store import open_store

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import make_result
-from helpers import write_project
-from s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3BucketURI, S3Server
+from support.factories import make_result
+from support.helpers import write_project
+from support.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3BucketURI, S3Server
 
 from gatekeeper import bundle
 from gatekeeper.config import load_config

@@ -17,8 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import TINY_MODEL, gk, gk_json, shared_objects, write_project
-from projects import QUIET, run_gate
+from support.helpers import TINY_MODEL, gk, gk_json, shared_objects, write_project
+from support.projects import QUIET, run_gate
 
 # the helpers' tiny model (its forward in two lines, so a test can cut the gradient in
 # one) and a model for dynamic shapes

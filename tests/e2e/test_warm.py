@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import gk, gk_json, shared_objects, write_project
+from support.helpers import gk, gk_json, shared_objects, write_project
 
 from gatekeeper import bundle
 

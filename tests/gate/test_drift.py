@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from factories import make_baseline, make_result
+from support.factories import make_baseline, make_result
 
 from gatekeeper.config import GateConfig
 from gatekeeper.gate import drift

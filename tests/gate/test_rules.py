@@ -3,7 +3,7 @@ slowdowns, accepted regressions and compile time compared like with like."""
 
 from __future__ import annotations
 
-from factories import RULES, make_baseline, make_result
+from support.factories import RULES, make_baseline, make_result
 
 from gatekeeper.config import GateConfig
 from gatekeeper.gate import drift

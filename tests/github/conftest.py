@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from github_server import FakeGitHub
+from support.github_server import FakeGitHub
 
 from gatekeeper.github import client
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from github_server import DROP, FakeGitHub
+from support.github_server import DROP, FakeGitHub
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.github import client

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from github_server import DROP, FakeGitHub, Scripted
+from support.github_server import DROP, FakeGitHub, Scripted
 
 from gatekeeper.github import comment
 from gatekeeper.github.client import GitHubError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from factories import RULES, make_result
+from support.factories import RULES, make_result
 
 from gatekeeper import report
 from gatekeeper.gate import rules as gate

@@ -1,3 +1,3 @@
 """The ``stores`` and ``store`` fixtures (both backends) for every test of the store."""
 
-from stores import store, stores  # noqa: F401
+from support.stores import store, stores  # noqa: F401

@@ -19,8 +19,8 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import EndpointConnectionError
 from botocore.stub import Stubber
-from helpers import run_threads
-from s3_server import FaultProxy, S3BucketURI, S3Server, unreachable_endpoint
+from support.helpers import run_threads
+from support.s3_server import FaultProxy, S3BucketURI, S3Server, unreachable_endpoint
 
 from gatekeeper.errors import (
     AccessDenied,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stores import StoreFactory, keys, make_bundle, publish
+from support.stores import StoreFactory, keys, make_bundle, publish
 
 from gatekeeper.store import maintenance
 from gatekeeper.store.local import LocalBackend

@@ -20,8 +20,17 @@ from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse
-from helpers import run_threads
-from stores import ENV, TARGET, StoreFactory, flip_byte, keys, make_bundle, overwrite, publish
+from support.helpers import run_threads
+from support.stores import (
+    ENV,
+    TARGET,
+    StoreFactory,
+    flip_byte,
+    keys,
+    make_bundle,
+    overwrite,
+    publish,
+)
 
 from gatekeeper import cli
 from gatekeeper.errors import AccessDenied, StoreError

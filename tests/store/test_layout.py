@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import run_threads
+from support.helpers import run_threads
 
 from gatekeeper.store import BundleLocation, Store, open_store
 from gatekeeper.store.layout import MANIFEST

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from factories import ENV as RESULT_ENV
-from factories import make_baseline, make_result
-from helpers import gk
-from stores import StoreFactory, keys, make_bundle, publish
+from support.factories import ENV as RESULT_ENV
+from support.factories import make_baseline, make_result
+from support.helpers import gk
+from support.stores import StoreFactory, keys, make_bundle, publish
 
 from gatekeeper import bundle, compile
 from gatekeeper.errors import StoreError

@@ -8,7 +8,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from helpers import TINY_CONFIG, TINY_MODEL, gk, write_project
+from support.helpers import TINY_CONFIG, TINY_MODEL, gk, write_project
 
 SPY_MODEL = TINY_MODEL.replace(
     "def make():\n",

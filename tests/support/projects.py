@@ -6,7 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from helpers import gk
+from support.helpers import gk
 
 BASE_MODEL = textwrap.dedent("""
     import torch
