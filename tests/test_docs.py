@@ -216,3 +216,23 @@ def test_readme_and_docs_state_what_is() -> None:
 def test_the_history_check_catches_a_narrating_sentence(sentence: str) -> None:
     """Positive control: sentences of the kind the check exists for are caught."""
     assert HISTORY.search(sentence)
+
+
+def test_every_test_the_docs_name_exists():
+    """The guarantees and hardening tables (and every page) name the tests that show a
+    claim: each named file exists and each named test is defined in it."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    named = set()
+    for page in [*sorted((root / "docs").glob("*.md")), root / "CONTRIBUTING.md"]:
+        named |= set(re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", page.read_text()))
+    assert len(named) > 20  # the tables are there to be checked
+    missing = []
+    for file, test in sorted(named):
+        path = root / file
+        if not path.is_file():
+            missing.append(file)
+        elif test and not re.search(rf"^\s*def {test}\b", path.read_text(), re.M):
+            missing.append(f"{file}::{test}")
+    assert missing == []
