@@ -259,7 +259,7 @@ def main() -> int:
         ("docs/configuration.md", "gate your own model"),
         ("docs/action.md", "gate every pull request in GitHub Actions"),
         ("mkdocs serve", "all of docs/ as a site (after pip install -e '.[docs]')"),
-        (TOUR, "the full tour: twenty targets, TOUR_TIME"),
+        (TOUR, "the full tour: every example target (32), through every stage"),
     ):
         say(f"  {path}\n      {what}")
     caught = row["verdict"] in ("regressed", "parity-failed")
