@@ -21,6 +21,11 @@ test measured, seconds of timed rounds per target, and seconds per trial. Usage:
 
     python benchmarks/detection_power.py [--levels 0:100,10:60,5:20,20:20]
         [--modes default,stored] [--knob compute|layers] [--baseline-runs 1] [--threads N]
+        [--json PATH]
+    python benchmarks/detection_power.py --from-json PATH [PATH ...]
+
+`--json` writes every trial as it ends, so a run stopped early keeps what it measured;
+`--from-json` prints one table of such files (a row per thread count, mode and level).
 
 A level without ``:N`` takes ``--trials``. Measurement settings are the defaults unless
 ``--min-time`` is given.
@@ -133,8 +138,18 @@ def main() -> None:
         type=int,
         help="torch's CPU threads in every process (OMP_NUM_THREADS; default: torch's own)",
     )
-    ap.add_argument("--json", metavar="PATH", help="also write every trial here")
+    ap.add_argument("--json", metavar="PATH", help="also write every trial here, as each one ends")
+    ap.add_argument(
+        "--from-json",
+        metavar="PATH",
+        nargs="+",
+        help="run nothing: print one table of the trials that runs wrote with --json",
+    )
     args = ap.parse_args()
+    if args.from_json:
+        trials = [t for path in args.from_json for t in json.loads(Path(path).read_text())]
+        print_table(trials, args)
+        return
     if args.threads:
         ENV["OMP_NUM_THREADS"] = str(args.threads)
     counts = {
@@ -185,6 +200,8 @@ def main() -> None:
                 disturbance = (r.get("latency") or {}).get("disturbance") or {}
                 runs = (r.get("latency") or {}).get("runs") or [1]
                 trial = {
+                    "threads": args.threads,  # None: torch's own default
+                    "knob": args.knob,
                     "mode": mode,
                     "decided_by": t.get("mode"),
                     "slowdown": pct,
@@ -202,6 +219,8 @@ def main() -> None:
                     "disturbed": t.get("disturbed"),
                 }
                 trials.append(trial)
+                if args.json:  # after every trial, so a run stopped early keeps what it measured
+                    Path(args.json).write_text(json.dumps(trials, indent=2))
                 delta = "-" if trial["delta"] is None else f"{trial['delta']:+.1%}"
                 print(
                     f"{mode} {pct}% #{n + 1}: {t['verdict']} Δ {delta} "
@@ -209,35 +228,43 @@ def main() -> None:
                     file=sys.stderr,
                 )
 
+    print_table(trials, args)
+
+
+def print_table(trials: list[dict], args: argparse.Namespace) -> None:
+    groups: dict[tuple, list[dict]] = {}  # (threads, mode, slowdown), in the order run
+    for t in trials:
+        groups.setdefault((t.get("threads"), t["mode"], t["slowdown"]), []).append(t)
     rows = []
-    for mode in modes:
-        for pct in counts:
-            ts = [t for t in trials if t["mode"] == mode and t["slowdown"] == pct]
-            flagged = sum(t["verdict"] == "regressed" for t in ts)
-            deltas = [t["delta"] for t in ts if t["delta"] is not None]
-            decided = sorted({t["decided_by"] for t in ts if t["decided_by"]})
-            rows.append(
-                [
-                    mode,
-                    "/".join(decided) or "-",
-                    f"{pct}%",
-                    len(ts),
-                    f"{flagged}/{len(ts)} ({flagged / len(ts):.0%})",
-                    sum(t["by_latency"] for t in ts),
-                    sum(t["by_counters"] for t in ts),
-                    sum(t["verdict"] == "inconclusive" for t in ts),
-                    sum(t["verdict"] == "improved" for t in ts),
-                    f"{statistics.median(deltas):+.1%}" if deltas else "-",
-                    f"{statistics.median(t['timed_seconds'] for t in ts):.0f} s",
-                    f"{statistics.median(t['seconds'] for t in ts):.0f} s",
-                    sum(bool(t["remeasured"]) for t in ts),
-                    sum(bool(t["disturbed"]) for t in ts),
-                ]
-            )
+    for (threads, mode, pct), ts in groups.items():
+        flagged = sum(t["verdict"] == "regressed" for t in ts)
+        deltas = [t["delta"] for t in ts if t["delta"] is not None]
+        decided = sorted({t["decided_by"] for t in ts if t["decided_by"]})
+        rows.append(
+            [
+                threads or "default",
+                mode,
+                "/".join(decided) or "-",
+                f"{pct}%",
+                len(ts),
+                f"{flagged}/{len(ts)} ({flagged / len(ts):.0%})",
+                sum(t["by_latency"] for t in ts),
+                sum(t["by_counters"] for t in ts),
+                sum(t["verdict"] == "inconclusive" for t in ts),
+                sum(t["verdict"] == "improved" for t in ts),
+                f"{statistics.median(deltas):+.1%}" if deltas else "-",
+                f"{min(deltas):+.1%} to {max(deltas):+.1%}" if deltas else "-",
+                f"{statistics.median(t['timed_seconds'] for t in ts):.0f} s",
+                f"{statistics.median(t['seconds'] for t in ts):.0f} s",
+                sum(bool(t["remeasured"]) for t in ts),
+                sum(bool(t["disturbed"]) for t in ts),
+            ]
+        )
     print(
         tabulate(
             rows,
             headers=[
+                "threads",
                 "mode",
                 "decided by",
                 "slowdown",
@@ -248,6 +275,7 @@ def main() -> None:
                 "inconclusive",
                 "improved",
                 "median Δ",
+                "Δ range",
                 "timed/target",
                 "time/trial",
                 "re-measured",
@@ -255,13 +283,14 @@ def main() -> None:
             ],
         )
     )
+    if args.from_json:
+        print(f"\n{len(trials)} trials read from {', '.join(args.from_json)}")
+        return
     print(
         f"\nknob: {args.knob}; measure.min_time = {args.min_time or 'default'}; "
         f"threads: {args.threads or 'torch default'}; "
         f"{args.baseline_runs} baseline run(s) of main; torch via {sys.executable}"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(trials, indent=2))
 
 
 if __name__ == "__main__":
