@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load_aot", "warm_start"]
 
 
-def warm_start(*args, **kwargs):  # noqa: D103 - documented in gatekeeper.warm
+def warm_start(*args, **kwargs):  # documented in gatekeeper.warm
     from .warm import warm_start as _warm_start
 
     return _warm_start(*args, **kwargs)
@@ -14,7 +14,7 @@ def warm_start(*args, **kwargs):  # noqa: D103 - documented in gatekeeper.warm
 warm_start.__doc__ = "Restore compiled artifacts for this process; see gatekeeper.warm.warm_start."
 
 
-def load_aot(*args, **kwargs):  # noqa: D103 - documented in gatekeeper.runtime
+def load_aot(*args, **kwargs):  # documented in gatekeeper.runtime
     from .runtime import load_aot as _load_aot
 
     return _load_aot(*args, **kwargs)

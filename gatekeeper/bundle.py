@@ -291,7 +291,7 @@ def verify_manifest(data: bytes, *, target: str, signing_key: bytes | None) -> M
         return _verify_manifest(data, target=target, signing_key=signing_key)
     except BundleError:
         raise
-    except Exception as e:  # noqa: BLE001 - any surprise in untrusted data is a refusal
+    except Exception as e:  # any surprise in untrusted data is a refusal
         raise BundleError(
             f"{target}: bundle refused: manifest is unreadable ({type(e).__name__})"
         ) from None

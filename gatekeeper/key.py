@@ -412,7 +412,7 @@ def find_bundle(
             match = _examine(store, loc, key, signing_key=signing_key, memo=memo)
         except (StoreUnavailable, AccessDenied):
             raise  # the store, not this manifest: the lookup cannot go on
-        except Exception as e:  # noqa: BLE001 - one bad manifest refuses itself only
+        except Exception as e:  # one bad manifest refuses itself only
             text = str(e) if isinstance(e, GatekeeperError) else f"{type(e).__name__}: {e}"
             if not text.startswith(key.target_id):
                 text = f"{key.target_id}: bundle {loc.code_hash} refused: {text}"

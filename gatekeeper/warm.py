@@ -273,14 +273,14 @@ def warm_targets(
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
         cache = default_cache_dir()
         key = signing_key(config.require_signature)
-    except Exception as e:  # noqa: BLE001 - best effort
+    except Exception as e:  # best effort
         return cold(targets, e)
     results: list[WarmResult] = []
     served: set[str] = set()
     for t in targets:
         try:
             results.append(warm_target(t, config, store, cache, signing_key=key, served=served))
-        except Exception as e:  # noqa: BLE001 - best effort: the deploy compiles cold
+        except Exception as e:  # best effort: the deploy compiles cold
             log.warning("%s; %s will compile cold", _reason(e), t.id)
             results.append(WarmResult(t.id, "miss", reason=_reason(e)))
     stuck = drop_unserved_packages(cache, served)
@@ -441,7 +441,7 @@ def warm_start(
                 endpoint_url=cfg.endpoint_url,
                 base_dir=cfg.base_dir,
             )
-        except Exception as e:  # noqa: BLE001 - best effort
+        except Exception as e:  # best effort
             return cold(selected, e)
     results = warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)
     if env := service_env(results):
@@ -449,7 +449,7 @@ def warm_start(
             from .worker.precompile import enable_loading
 
             enable_loading(skip_isa_probe=ISA_ENV in env)
-        except Exception as e:  # noqa: BLE001 - best effort: a normal warm start
+        except Exception as e:  # best effort: a normal warm start
             log.warning("precompile packages not enabled: %s", _reason(e))
     return results
 

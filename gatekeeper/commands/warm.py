@@ -38,7 +38,7 @@ def run(ctx: Context) -> int:
     targets = ctx.targets  # a config error is an error; the store is best effort
     try:
         store_uri = ctx.store.uri
-    except Exception as e:  # noqa: BLE001 - an unopenable store is a miss, never a crash
+    except Exception as e:  # an unopenable store is a miss, never a crash
         store_uri = ctx.args.store or ctx.config.store
         results = cold(targets, e)
     else:

@@ -59,7 +59,10 @@ def _latency_summaries(r: TargetResult | None) -> dict | None:
 
 def _target_json(row: GateRow, remeasured: set[str]) -> dict:
     r, v, base = row.result, row.verdict, base_result(row)
-    dump = lambda m: m.model_dump() if m is not None else None  # noqa: E731
+
+    def dump(m):
+        return m.model_dump() if m is not None else None
+
     return {
         "target": r.target,
         "model": r.model,

@@ -39,11 +39,11 @@ def sparkline(values: Sequence[float | None], current: float | None) -> str:
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
 
     def bar(v: float | None) -> str:
-        if not _finite(v):
+        if v is None or not _finite(v):
             return GAP
         if hi == lo:
             return BARS[3]
-        return BARS[round((v - lo) / (hi - lo) * (len(BARS) - 1))]  # type: ignore[operator]
+        return BARS[round((v - lo) / (hi - lo) * (len(BARS) - 1))]
 
     line = "".join(bar(v) for v in values)
     return line if current is None else f"{line}{MARK}{bar(current)}"

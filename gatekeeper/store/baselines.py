@@ -79,9 +79,13 @@ def parse_key(key: str) -> ParsedKey | None:
         return None
     if len(parts) == 7 and parts[6] == "latest.json":
         kind: Kind = "latest"
-    elif len(parts) == 8 and parts[6] in ("history", "outputs"):
-        kind = parts[6]  # type: ignore[assignment]
-        if not parts[7].endswith(".json" if kind == "history" else ".pt"):
+    elif len(parts) == 8 and parts[6] == "history":
+        kind = "history"
+        if not parts[7].endswith(".json"):
+            return None
+    elif len(parts) == 8 and parts[6] == "outputs":
+        kind = "outputs"
+        if not parts[7].endswith(".pt"):
             return None
     else:
         return None

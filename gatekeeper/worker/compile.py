@@ -133,7 +133,10 @@ def _compile(req: Request) -> Response:
         from .train import compile_steps
 
         resp, cstep = compile_steps(req)
-        run = lambda ins: ins.call(cstep)  # noqa: E731
+
+        def run(ins):
+            return ins.call(cstep)
+
     else:
         model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
         check_precision(req.device, req.precision)

@@ -342,7 +342,7 @@ def _hook(event: str, args: tuple) -> None:
         for use in _watching:
             try:
                 use.event(event, args)
-            except Exception:  # noqa: BLE001 - a hook that raises fails the operation itself
+            except Exception:  # a hook that raises fails the operation itself
                 use.failed = True
 
 

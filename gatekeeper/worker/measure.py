@@ -61,7 +61,10 @@ def measure(req: Request) -> Response:
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
     eager_fn = entry(eager_model(model, base_dir_paired is not None), cfg.call)
     eager = under_autocast(eager_fn, device, req.precision)
-    amp = lambda: autocast(device, req.precision)  # noqa: E731
+
+    def amp():
+        return autocast(device, req.precision)
+
     paired: dict | None = None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
@@ -130,7 +133,10 @@ def measure(req: Request) -> Response:
             base_out = Outputs.of(base_first).cloned()
             del base_first
             inputs.call(base_compiled)
-            base_fn = lambda: inputs.call(base_compiled)  # noqa: E731
+
+            def base_fn():
+                return inputs.call(base_compiled)
+
             paired = {
                 "compile_seconds": base_seconds,
                 "graphs": base_graphs,

@@ -65,7 +65,10 @@ def other_version(base_dir: Path, module_names: list[str]) -> Iterator[None]:
     lazily inside ``forward`` would see the head's modules.)
     """
     tops = {name.split(".")[0] for name in module_names}
-    mine = lambda name: name.split(".")[0] in tops or name in _user_modules  # noqa: E731
+
+    def mine(name: str) -> bool:
+        return name.split(".")[0] in tops or name in _user_modules
+
     saved = {k: v for k, v in sys.modules.items() if mine(k)}
     for k in saved:
         del sys.modules[k]

@@ -222,6 +222,6 @@ def _pytree_children(obj: Any) -> list[Any] | None:
         return None
     try:
         children, _ = node.flatten_fn(obj)
-    except Exception:  # noqa: BLE001 - a registration that cannot flatten this object
+    except Exception:  # a registration that cannot flatten this object
         return None
     return list(children)

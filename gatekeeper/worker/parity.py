@@ -60,7 +60,7 @@ def read_reference(path: str) -> tuple[Outputs, dict[str, Any] | None] | None:
     pickled a cache object. Parity against it is skipped, never failed."""
     try:
         return load_reference(path)
-    except Exception as e:  # noqa: BLE001 - an unreadable reference is no comparison
+    except Exception as e:  # an unreadable reference is no comparison
         print(
             f"gatekeeper: the baseline's reference outputs do not load ({first_line(e, 200)}): "
             "parity against them is skipped",

@@ -271,7 +271,7 @@ def export(
             dynamic_shapes=dynamic_shapes(cfg, module, inputs) if dynamic else None,
             strict=strict,
         )
-    except Exception as e:  # noqa: BLE001 - whatever torch raises, the model did not export
+    except Exception as e:  # whatever torch raises, the model did not export
         file, line = _where(e, base_dir)
         raise NotExportable(
             {

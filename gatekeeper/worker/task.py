@@ -317,8 +317,13 @@ def measure_calls(
     ``paired``. ``before_timing`` runs between the memory and the timed calls (a training
     step puts eager and compiled back into the same state there)."""
     device = req.device
-    eager_fn = lambda: inputs.call(eager)  # noqa: E731
-    compiled_fn = lambda: inputs.call(compiled)  # noqa: E731
+
+    def eager_fn():
+        return inputs.call(eager)
+
+    def compiled_fn():
+        return inputs.call(compiled)
+
     memory = {
         "kind": "cuda" if device.startswith("cuda") else "cpu",
         "eager_peak_bytes": peak_memory(eager_fn, device),

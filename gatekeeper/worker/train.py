@@ -87,7 +87,10 @@ def measure_train(req: Request) -> Response:
     steps = cfg.training.steps
     model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
     loss_fn = prepare(req, base_dir, model, inputs)
-    new = lambda m: Trainer.copy_of(m, cfg, loss_fn, device, req.precision)  # noqa: E731
+
+    def new(m):
+        return Trainer.copy_of(m, cfg, loss_fn, device, req.precision)
+
     base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
 
     # explain() runs the step and resets dynamo: on throwaway copies, before compiling
@@ -132,7 +135,10 @@ def measure_train(req: Request) -> Response:
         base_first, base_seconds = first_call(base_step, inputs, device)
         base_out = Outputs.of(base.outputs([base_first] + run_steps(base_step, inputs, steps - 1)))
         parity["vs_baseline"] = name_task(check_parity(cand, base_out, None, tol), steps)
-        base_fn = lambda: inputs.call(base_step)  # noqa: E731
+
+        def base_fn():
+            return inputs.call(base_step)
+
         paired = {
             "compile_seconds": base_seconds,
             "graphs": base_graphs,

@@ -202,7 +202,7 @@ class _Recorder(BaseHTTPRequestHandler):
 
     seen: list[dict[str, str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         type(self).seen.append({"path": self.path, **dict(self.headers.items())})
         self.send_error(404)
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from support.browser import chromium
-from support.factories import make_result  # noqa: E402
+from support.factories import make_result
 
 from gatekeeper.gate.baseline import publish_result
 from gatekeeper.gate.drift import HISTORY_FOR_NOISE, measure_noise

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from support.factories import ENV, make_baseline, make_result  # noqa: E402
+from support.factories import ENV, make_baseline, make_result
 
 from gatekeeper.cli import main
 from gatekeeper.dashboard import build

@@ -16,7 +16,7 @@ from support.projects import (
     CONFIG,
     QUIET,
     TARGET,
-    measure_main_again,  # noqa: E402
+    measure_main_again,
     pr_version,
     run_gate,
 )

@@ -299,7 +299,7 @@ def test_force_replaces_atomically_under_a_concurrent_reader(project: Project, t
                 bundle.extract(scratch / m.archive.name, m, scratch / "staging")
                 seen.add(m.archive.name)
                 reads += 1
-            except Exception as e:  # noqa: BLE001 - any failure is the finding
+            except Exception as e:  # any failure is the finding
                 failures.append(f"{type(e).__name__}: {e}")
 
     thread = threading.Thread(target=reader)

@@ -11,7 +11,7 @@ import json
 import re
 
 import pytest
-from support.factories import ENV, RULES, make_baseline, make_result  # noqa: E402
+from support.factories import ENV, RULES, make_baseline, make_result
 
 from gatekeeper import report, units
 from gatekeeper.gate import rules as gate

@@ -153,7 +153,7 @@ def test_sixteen_racing_publishers_one_winner(tmp_path, round_):
         barrier.wait()
         try:
             results[i] = store.publish_bundle(loc, path, name, manifest)
-        except BaseException as e:  # noqa: BLE001 - reported by the assert below
+        except BaseException as e:  # reported by the assert below
             results[i] = e
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]

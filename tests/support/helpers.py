@@ -124,7 +124,7 @@ def run_threads(count: int, work: Callable[[int], Any], timeout: float = 120) ->
         barrier.wait()
         try:
             results[i] = work(i)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+        except BaseException as e:  # handed to the main thread
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]

@@ -120,7 +120,7 @@ def s3_server() -> Iterator[S3Server]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     # the server is listening but has served nothing yet: safe to wrap its app
-    wsgi = server._server  # noqa: SLF001 - moto exposes no hook for this
+    wsgi = server._server  # moto exposes no hook for this
     assert wsgi is not None
     wsgi.app = _OneAtATime(wsgi.app)
     host, port = server.get_host_and_port()
