@@ -47,6 +47,67 @@ def eager_model(model: torch.nn.Module, paired: bool) -> torch.nn.Module:
     return copy.deepcopy(model) if paired else model
 
 
+def same_placement(head: object, base: object) -> None:
+    """Paired: give the head's and the base's weights memory of the same kind. Built
+    one after the other, they are not: the head's tensors are allocated first, into an
+    allocator that has served little yet, and the base's after the head was built,
+    explained and copied, from an allocator in another state (glibc serves large
+    blocks by ``mmap`` until frees raise its threshold, then from the heap). With 2
+    threads an identical head read slower than its base: a median of +1.7% over 47
+    unchanged pull requests, +1.0% over 45 with this (docs/statistics.md). Each side's
+    parameters and buffers are copied into new
+    memory, alternately (head, base, head, base, ...), so both draw on the same
+    allocator state. Only tensors that own their whole storage move (a tied weight
+    keeps its tie; a view keeps its base); the model's own objects are kept."""
+    if not isinstance(head, torch.nn.Module) or not isinstance(base, torch.nn.Module):
+        return
+
+    def movable(m: torch.nn.Module) -> list[torch.Tensor]:
+        seen: dict[int, list[torch.Tensor]] = {}
+        for t in [*m.parameters(), *m.buffers()]:
+            seen.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+        return [
+            ts[0]
+            for ts in seen.values()
+            if len(ts) == 1
+            and ts[0].storage_offset() == 0
+            and ts[0].untyped_storage().nbytes() == ts[0].numel() * ts[0].element_size()
+        ]
+
+    with torch.no_grad():
+        hs, bs = movable(head), movable(base)
+        for i in range(max(len(hs), len(bs))):
+            for ts in (hs, bs):
+                if i < len(ts):
+                    ts[i].data = ts[i].data.clone()
+
+
+def first_compile(device: str) -> None:
+    """Paired: compile and call a small throwaway graph before the head and the base.
+    Whichever of the two is compiled first in a process runs slower in the timed rounds
+    than the other: with 2 threads, an identical head compiled first read +1.0% (median
+    of 15 unchanged pull requests), and -1.0% when the base was compiled first. A graph
+    compiled before both takes what the first compile leaves behind, and neither side is
+    first (+0.3% over 15; docs/statistics.md has the full run). Compiled without the FX
+    graph and AOTAutograd caches, so it writes no entry a bundle could take."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    w = torch.randn(64, 64, device=device)
+
+    def throwaway(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ w) + 1
+
+    with (
+        inductor_config.patch(fx_graph_cache=False),
+        functorch_config.patch(enable_autograd_cache=False),
+        torch.no_grad(),
+    ):
+        fn = torch.compile(throwaway)
+        for _ in range(3):
+            fn(torch.randn(8, 64, device=device))
+
+
 def measure(req: Request) -> Response:
     if req.task == "train":
         from .train import measure_train
@@ -71,9 +132,12 @@ def measure(req: Request) -> Response:
     graphs = _graphs(model, cfg, req, inputs, base_dir, amp)
     if base_dir_paired is not None:
         base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
+        same_placement(model, base_model)  # before either is compiled
         base_fn_eager = entry(base_model, cfg.call)
         base_graphs = _graphs(base_model, cfg, req, inputs, base_dir_paired, amp)
     torch._dynamo.reset()
+    if base_dir_paired is not None:
+        first_compile(device)  # before the counters are cleared: no figure counts it
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
