@@ -53,7 +53,7 @@ def same_placement(head: object, base: object) -> None:
     allocator that has served little yet, and the base's after the head was built,
     explained and copied, from an allocator in another state (glibc serves large
     blocks by ``mmap`` until frees raise its threshold, then from the heap). With 2
-    threads an identical head read slower than its base: a median of +1.7% over 47
+    threads an identical head read slower than its base: a median of +1.7% over 48
     unchanged pull requests, +1.0% over 45 with this (docs/statistics.md). Each side's
     parameters and buffers are copied into new
     memory, alternately (head, base, head, base, ...), so both draw on the same
@@ -80,32 +80,6 @@ def same_placement(head: object, base: object) -> None:
             for ts in (hs, bs):
                 if i < len(ts):
                     ts[i].data = ts[i].data.clone()
-
-
-def first_compile(device: str) -> None:
-    """Paired: compile and call a small throwaway graph before the head and the base.
-    Whichever of the two is compiled first in a process runs slower in the timed rounds
-    than the other: with 2 threads, an identical head compiled first read +1.0% (median
-    of 15 unchanged pull requests), and -1.0% when the base was compiled first. A graph
-    compiled before both takes what the first compile leaves behind, and neither side is
-    first (+0.3% over 15; docs/statistics.md has the full run). Compiled without the FX
-    graph and AOTAutograd caches, so it writes no entry a bundle could take."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    w = torch.randn(64, 64, device=device)
-
-    def throwaway(x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x @ w) + 1
-
-    with (
-        inductor_config.patch(fx_graph_cache=False),
-        functorch_config.patch(enable_autograd_cache=False),
-        torch.no_grad(),
-    ):
-        fn = torch.compile(throwaway)
-        for _ in range(3):
-            fn(torch.randn(8, 64, device=device))
 
 
 def measure(req: Request) -> Response:
@@ -136,8 +110,6 @@ def measure(req: Request) -> Response:
         base_fn_eager = entry(base_model, cfg.call)
         base_graphs = _graphs(base_model, cfg, req, inputs, base_dir_paired, amp)
     torch._dynamo.reset()
-    if base_dir_paired is not None:
-        first_compile(device)  # before the counters are cleared: no figure counts it
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
