@@ -134,8 +134,8 @@ def _compile(req: Request) -> Response:
 
         resp, cstep = compile_steps(req)
 
-        def run(ins):
-            return ins.call(cstep)
+        def run(ins: Inputs) -> None:
+            ins.call(cstep)
 
     else:
         model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
