@@ -148,7 +148,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.from_json:
         trials = [t for path in args.from_json for t in json.loads(Path(path).read_text())]
-        print_table(trials, args)
+        print_table(trials)
+        print(f"\n{len(trials)} trials read from {', '.join(args.from_json)}")
         return
     if args.threads:
         ENV["OMP_NUM_THREADS"] = str(args.threads)
@@ -228,10 +229,15 @@ def main() -> None:
                     file=sys.stderr,
                 )
 
-    print_table(trials, args)
+    print_table(trials)
+    print(
+        f"\nknob: {args.knob}; measure.min_time = {args.min_time or 'default'}; "
+        f"threads: {args.threads or 'torch default'}; "
+        f"{args.baseline_runs} baseline run(s) of main; torch via {sys.executable}"
+    )
 
 
-def print_table(trials: list[dict], args: argparse.Namespace) -> None:
+def print_table(trials: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}  # (threads, mode, slowdown), in the order run
     for t in trials:
         groups.setdefault((t.get("threads"), t["mode"], t["slowdown"]), []).append(t)
@@ -282,14 +288,6 @@ def print_table(trials: list[dict], args: argparse.Namespace) -> None:
                 "disturbed",
             ],
         )
-    )
-    if args.from_json:
-        print(f"\n{len(trials)} trials read from {', '.join(args.from_json)}")
-        return
-    print(
-        f"\nknob: {args.knob}; measure.min_time = {args.min_time or 'default'}; "
-        f"threads: {args.threads or 'torch default'}; "
-        f"{args.baseline_runs} baseline run(s) of main; torch via {sys.executable}"
     )
 
 

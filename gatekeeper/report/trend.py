@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeGuard
 
 BARS = "▁▂▃▄▅▆▇█"
 MARK = "→"  # separates the base branch's history from this PR's point
@@ -35,11 +36,11 @@ def sparkline(values: Sequence[float | None], current: float | None) -> str:
     """
     if not values:
         return ""
-    finite = [v for v in [*values, current] if v is not None and _finite(v)]
+    finite = [v for v in [*values, current] if _finite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
 
     def bar(v: float | None) -> str:
-        if v is None or not _finite(v):
+        if not _finite(v):
             return GAP
         if hi == lo:
             return BARS[3]
@@ -49,5 +50,5 @@ def sparkline(values: Sequence[float | None], current: float | None) -> str:
     return line if current is None else f"{line}{MARK}{bar(current)}"
 
 
-def _finite(v: float | None) -> bool:
+def _finite(v: float | None) -> TypeGuard[float]:
     return v is not None and isinstance(v, (int, float)) and math.isfinite(v)

@@ -71,6 +71,13 @@ class ParsedKey:
     name: str  # the file name
 
 
+# the folders under a baseline that hold one file each: their kind and file suffix
+_SUFFIX: dict[str, tuple[Kind, str]] = {
+    "history": ("history", ".json"),
+    "outputs": ("outputs", ".pt"),
+}
+
+
 def parse_key(key: str) -> ParsedKey | None:
     """``baselines/m/s/v/<env>/<ref>/latest.json`` and its history and outputs keys;
     None for anything else (a stray object, a temporary file)."""
@@ -79,13 +86,9 @@ def parse_key(key: str) -> ParsedKey | None:
         return None
     if len(parts) == 7 and parts[6] == "latest.json":
         kind: Kind = "latest"
-    elif len(parts) == 8 and parts[6] == "history":
-        kind = "history"
-        if not parts[7].endswith(".json"):
-            return None
-    elif len(parts) == 8 and parts[6] == "outputs":
-        kind = "outputs"
-        if not parts[7].endswith(".pt"):
+    elif len(parts) == 8 and parts[6] in _SUFFIX:
+        kind, suffix = _SUFFIX[parts[6]]
+        if not parts[7].endswith(suffix):
             return None
     else:
         return None

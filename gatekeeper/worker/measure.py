@@ -55,10 +55,10 @@ def same_placement(head: object, base: object) -> None:
     blocks by ``mmap`` until frees raise its threshold, then from the heap). With 2
     threads an identical head read slower than its base: a median of +1.7% over 48
     unchanged pull requests, +1.0% over 45 with this (docs/statistics.md). Each side's
-    parameters and buffers are copied into new
-    memory, alternately (head, base, head, base, ...), so both draw on the same
-    allocator state. Only tensors that own their whole storage move (a tied weight
-    keeps its tie; a view keeps its base); the model's own objects are kept."""
+    parameters and buffers are copied into new memory, alternately (head, base, head,
+    base, ...), so both draw on the same allocator state. Only tensors that own their
+    whole storage move (a tied weight keeps its tie; a view keeps its base); the model's
+    own objects are kept."""
     if not isinstance(head, torch.nn.Module) or not isinstance(base, torch.nn.Module):
         return
 
