@@ -309,13 +309,15 @@ def measure_calls(
     paired: dict | None = None,
     held: int = 0,
     before_timing: Callable[[], Any] | None = None,
+    halfway: Callable[[], Any] | None = None,
 ) -> tuple[dict, dict, Any]:
     """Peak memory, interleaved latency and the profile of a target's calls (a forward or
     a training step, called on ``inputs``), the same for every task; then the recompiles
     of the measured calls and the shape sweep go into ``graphs``. With ``base_fn`` the
     base commit's calls are timed in the same rounds, and its profile and samples go into
     ``paired``. ``before_timing`` runs between the memory and the timed calls (a training
-    step puts eager and compiled back into the same state there)."""
+    step puts eager and compiled back into the same state there); ``halfway`` halfway
+    through the timed rounds (see :func:`.timing.latency`)."""
     device = req.device
 
     def eager_fn():
@@ -331,7 +333,9 @@ def measure_calls(
     }
     if before_timing is not None:
         before_timing()
-    lat = latency(eager_fn, compiled_fn, device, req.budget.model_dump(), base=base_fn)
+    lat = latency(
+        eager_fn, compiled_fn, device, req.budget.model_dump(), base=base_fn, halfway=halfway
+    )
     prof = profile_calls(compiled_fn, device, trace=req.trace_out)
     if base_fn is not None and paired is not None:
         paired["profile"] = profile_calls(

@@ -135,6 +135,7 @@ def latency(
     device: str,
     budget: dict,
     base: Callable[[], Any] | None = None,
+    halfway: Callable[[], Any] | None = None,
 ) -> dict:
     """Warm up, then time eager, compiled and the reference interleaved (see
     :func:`_round_order`) until ``min_time`` seconds have passed or ``max_samples``
@@ -142,7 +143,9 @@ def latency(
 
     In paired mode ``base`` (the base version, compiled) is timed in each round too,
     next to the head's compiled sample, so each (base, compiled) pair shares the
-    machine's state of that moment."""
+    machine's state of that moment. ``halfway`` runs once, when half the time or half
+    the rounds are taken (paired: both sides compiled again, in the other order), and
+    every function is warmed up again after it; its seconds do not count as timed."""
     ref = DriftReference(device)
     fns: dict[str, Callable[[], Any]] = {"eager": eager, "compiled": compiled, "reference": ref}
     if base is not None:
@@ -159,6 +162,17 @@ def latency(
     while (time.perf_counter() - start < budget["min_time"] or len(samples["eager"]) < 5) and len(
         samples["eager"]
     ) < budget["max_samples"]:
+        if halfway is not None and (
+            time.perf_counter() - start >= budget["min_time"] / 2
+            or len(samples["eager"]) >= budget["max_samples"] // 2
+        ):
+            paused = time.perf_counter()
+            halfway()
+            halfway = None
+            for _ in range(budget["warmup"]):
+                for fn in fns.values():
+                    fn()
+            start += time.perf_counter() - paused
         for name in _round_order(list(fns), len(samples["eager"])):
             samples[name].append(
                 _timed(fns[name], ref_loops if name == "reference" else loops, device)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
-from gatekeeper.worker.measure import eager_model, same_placement
+from gatekeeper.worker.measure import compile_again, eager_model, same_placement
+from gatekeeper.worker.timing import latency
 
 
 def test_paired_eager_runs_on_weights_of_its_own():
@@ -81,3 +84,57 @@ def test_paired_head_and_base_weights_move_to_new_memory_and_compute_the_same():
 def test_placement_leaves_a_plain_function_alone():
     """A ``function`` target has no weights of its own: nothing to place."""
     same_placement(torch.tanh, torch.tanh)
+
+
+class _Plus(nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+class _Times(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_compile_again_compiles_every_frame_anew_in_the_order_given():
+    seen: list[str] = []
+
+    def backend(gm, example_inputs):
+        seen.append("head" if "add" in str(gm.graph) else "base")
+        return gm.forward
+
+    x = torch.ones(3)
+    head, base = torch.compile(_Plus(), backend=backend), torch.compile(_Times(), backend=backend)
+    head(x), base(x)
+    assert seen == ["head", "base"]
+    compile_again(lambda: base(x), lambda: head(x))()
+    assert seen == ["head", "base", "base", "head"]
+    head(x), base(x)  # compiled again, not a third time
+    assert len(seen) == 4
+
+
+def test_paired_timing_runs_halfway_once_between_two_halves_and_does_not_time_it():
+    calls = {"compiled": 0}
+    at: list[int] = []
+
+    def compiled():
+        calls["compiled"] += 1
+
+    def halfway():
+        at.append(calls["compiled"])
+        time.sleep(0.5)  # counted as timed, it would end the rounds at once
+
+    lat = latency(
+        lambda: None,
+        compiled,
+        "cpu",
+        {"warmup": 1, "min_time": 0.4, "max_samples": 100_000},
+        base=lambda: None,
+        halfway=halfway,
+    )
+    assert len(at) == 1
+    n = len(lat["samples"]["compiled"])
+    per_sample = lat["inner_loops"]
+    before = (at[0] - 1 - 1) // per_sample  # warmup and the calibrating call came first
+    assert 3 <= before and n - before >= 3
+    assert n == len(lat["samples"]["base"]) == len(lat["samples"]["eager"])
