@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from .strategy import NotExportable, export, regional_graphs
 from .task import (
     autocast,
     check_precision,
+    fresh_frames,
     measure_calls,
     parity_tolerance,
     start_counting,
@@ -81,26 +81,6 @@ def same_placement(head: object, base: object) -> None:
             for ts in (hs, bs):
                 if i < len(ts):
                     ts[i].data = ts[i].data.clone()
-
-
-def compile_again(*calls: Callable[[], object]) -> Callable[[], None]:
-    """Paired: forget every compiled frame, then compile each side again from the
-    caches the first compiles filled, in the order given.
-
-    How fast a compiled frame's guards are checked depends on where in memory its
-    guard tree was built, and whichever side is compiled first in a phase of the process
-    is checked slower: an identical head compiled before its base read +1.0%, compiled
-    after it -1.0% to -1.8% (docs/statistics.md). The timed rounds are therefore taken
-    in two halves, each on frames compiled again: the head first for the first half,
-    the base first for the second. Parity, compile times and counters come from the
-    first compiles."""
-
-    def again() -> None:
-        torch._dynamo.reset()
-        for call in calls:
-            call()
-
-    return again
 
 
 def measure(req: Request) -> Response:
@@ -182,7 +162,7 @@ def measure(req: Request) -> Response:
             return inputs.call(compiled)
 
         if base_dir_paired is not None:
-            reset_inductor_metrics()
+            fresh_frames()
             base_req = req.model_copy(update={"aot_in": req.base_aot_in})
             try:
                 base_made, _ = compiled_for(base_req, base_model, inputs, keep_eager=True)
@@ -221,8 +201,6 @@ def measure(req: Request) -> Response:
             if loaded is not None:
                 parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
         save_reference(req.reference_out, cand, ref64)
-        if base_fn is not None:
-            compile_again(compiled_fn, base_fn)()
         start_counting()  # recompiles from here on: the measured calls
 
         memory, lat, prof = measure_calls(
@@ -234,7 +212,6 @@ def measure(req: Request) -> Response:
             base_fn=base_fn,
             paired=paired,
             held=held,
-            halfway=None if base_fn is None else compile_again(base_fn, compiled_fn),
         )
     return Response(
         ok=True,

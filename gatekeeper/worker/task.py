@@ -262,18 +262,30 @@ def name_task(check: dict, steps: int) -> dict:
 
 
 # -- recompiles ---------------------------------------------------------------------------
+# the compiles :func:`compile_again` made on purpose since :func:`start_counting` (held,
+# so that no other record can take an id of theirs)
+_ON_PURPOSE: list[Any] = []
+
+
 def start_counting() -> None:
     """From now on, every compile torch records is counted (see :func:`recompiles`)."""
     from torch._dynamo.utils import clear_compilation_metrics
 
     clear_compilation_metrics()
+    _ON_PURPOSE.clear()
 
 
 def recompiles() -> tuple[int, list[str]]:
-    """Recompiles since :func:`start_counting`, and the guard that failed for each."""
+    """Recompiles since :func:`start_counting`, and the guard that failed for each; the
+    compiles :func:`compile_again` makes on purpose are not counted."""
     from torch._dynamo.utils import get_compilation_metrics
 
-    reasons = [m.recompile_reason for m in get_compilation_metrics() if m.recompile_reason]
+    skip = {id(m) for m in _ON_PURPOSE}
+    reasons = [
+        m.recompile_reason
+        for m in get_compilation_metrics()
+        if m.recompile_reason and id(m) not in skip
+    ]
     return len(reasons), [" ".join(r.split())[:300] for r in reasons]
 
 
@@ -298,6 +310,46 @@ def shape_sweep(
     return {"shape_sets": len(cfg.shapes), "recompiles": count, "guards": guards, **fx}
 
 
+def fresh_frames() -> None:
+    """Paired, before the base is compiled: forget the head's compiled frames and zero
+    inductor's counters, so that the base compiles every frame it runs and its kernels
+    and bytes accessed count all of them, as the head's do. Frames of code both sides
+    run (a training step, a library's function after a graph break) would otherwise be
+    the head's compiles, reused by the base when their guards pass, and missing from its
+    counts (an unchanged training step read +48% bytes accessed against its base).
+    :func:`compile_again` compiles both sides again before they are timed."""
+    from .counters import reset_inductor_metrics
+
+    torch._dynamo.reset()
+    reset_inductor_metrics()
+
+
+def compile_again(*calls: Callable[[], object]) -> Callable[[], None]:
+    """Paired: forget every compiled frame, then compile each side again from the
+    caches the first compiles filled, in the order given.
+
+    How fast a compiled frame's guards are checked depends on where in memory its
+    guard tree was built, and whichever side is compiled first in a phase of the process
+    is checked slower: an identical head compiled before its base read +1.0%, compiled
+    after it -1.0% to -1.8% (docs/statistics.md). The timed rounds are therefore taken
+    in two halves, each on frames compiled again: the head first for the first half,
+    the base first for the second (:func:`measure_calls` does both, for forwards and
+    training steps alike). Parity, compile times and counters come from the first
+    compiles. Its compiles are not counted as recompiles (two training steps share one
+    code object, so the second side's compile is a recompile of the first's frame)."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    def again() -> None:
+        torch._dynamo.reset()
+        held = get_compilation_metrics()  # alive, so that no new record takes an id
+        before = {id(m) for m in held}
+        for call in calls:
+            call()
+        _ON_PURPOSE.extend(m for m in get_compilation_metrics() if id(m) not in before)
+
+    return again
+
+
 def measure_calls(
     eager: Callable[..., Any],
     compiled: Callable[..., Any],
@@ -309,15 +361,15 @@ def measure_calls(
     paired: dict | None = None,
     held: int = 0,
     before_timing: Callable[[], Any] | None = None,
-    halfway: Callable[[], Any] | None = None,
 ) -> tuple[dict, dict, Any]:
     """Peak memory, interleaved latency and the profile of a target's calls (a forward or
     a training step, called on ``inputs``), the same for every task; then the recompiles
     of the measured calls and the shape sweep go into ``graphs``. With ``base_fn`` the
     base commit's calls are timed in the same rounds, and its profile and samples go into
     ``paired``. ``before_timing`` runs between the memory and the timed calls (a training
-    step puts eager and compiled back into the same state there); ``halfway`` halfway
-    through the timed rounds (see :func:`.timing.latency`)."""
+    step puts eager and compiled back into the same state there). Paired, the timed
+    rounds come in two halves on frames compiled again, each side first in one of them
+    (:func:`compile_again`)."""
     device = req.device
 
     def eager_fn():
@@ -326,6 +378,10 @@ def measure_calls(
     def compiled_fn():
         return inputs.call(compiled)
 
+    halfway = None
+    if base_fn is not None:
+        compile_again(compiled_fn, base_fn)()
+        halfway = compile_again(base_fn, compiled_fn)
     memory = {
         "kind": "cuda" if device.startswith("cuda") else "cpu",
         "eager_peak_bytes": peak_memory(eager_fn, device),

@@ -40,6 +40,7 @@ from .task import (
     check_precision,
     copy_state,
     fp64_trajectory,
+    fresh_frames,
     make_loss,
     measure_calls,
     name_task,
@@ -127,9 +128,10 @@ def measure_train(req: Request) -> Response:
         )
     }
 
+    work["instructions"] = instructions(lambda: inputs.call(cstep))
     paired, base_fn = None, None
     if base_dir_paired is not None:
-        reset_inductor_metrics()
+        fresh_frames()
         base = new(base_model)
         base_step = compile_model(base.step, cfg, req.mode, req.dynamic, fullgraph=False)
         base_first, base_seconds = first_call(base_step, inputs, device)
@@ -156,7 +158,6 @@ def measure_train(req: Request) -> Response:
     save_reference(req.reference_out, cand, Outputs.of(ref64) if ref64 is not None else None)
 
     start_counting()  # recompiles from here on: the measured steps
-    work["instructions"] = instructions(lambda: inputs.call(cstep))
     memory, lat, prof = measure_calls(
         eager.step,
         cstep,

@@ -123,3 +123,56 @@ def test_paired_rounds_give_base_and_head_the_same_neighbours():
 
     alone = [_round_order(["eager", "compiled", "reference"], k) for k in range(2)]
     assert alone == [["eager", "compiled", "reference"], ["reference", "compiled", "eager"]]
+
+
+STOCK_STEP = """
+from torch import nn
+
+
+def make():  # torch's own classes: the base runs the same code as the head
+    return nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 8))
+"""
+
+STEP_CONFIG = """
+[tool.gatekeeper]
+store = "store"
+precompile = "off"
+
+[tool.gatekeeper.measure]
+min_time = 0.5
+
+[[tool.gatekeeper.models]]
+name = "step"
+factory = "tinymodel:make"
+tasks = ["infer", "train"]
+inputs = [{ shape = ["batch", 64] }]
+shapes = [{ batch = 16 }]
+"""
+
+
+def test_an_unchanged_stock_model_paired_with_main_counts_the_same_work(tmp_path: Path):
+    """Head and base run the same code (torch's module classes, one training step
+    function), so torch can serve the base the head's compiled frames; the base's
+    kernels and bytes accessed must still count every frame it runs. They counted only
+    the frames compiled for the base: an unchanged training step `regressed` on +57%
+    bytes accessed, and the forward's base read 0 kernels and unknown bytes, so its
+    work was never compared."""
+    root = write_project(tmp_path, STOCK_STEP, STEP_CONFIG)
+    (root / ".gitignore").write_text("store/\nresults.json\nreport.*\nreferences/\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", ".")
+    git(root, "commit", "-qm", "base")
+    git(root, "checkout", "-qb", "pr")
+    git(root, "commit", "-qm", "pr: nothing changed", "--allow-empty")
+    proc = gk("run", "--json", "--base-ref", "main", cwd=root, env=QUIET)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    targets = json.loads(proc.stdout)["targets"]
+    assert sorted(t["target"] for t in targets) == ["step/b16/default", "step/b16/default+train"]
+    for t in targets:
+        assert t["latency"]["paired"] is True
+        assert not [x for x in t["reasons"] if "bytes accessed" in x or "kernels" in x], t
+    for r in json.loads((root / "results.json").read_text())["targets"]:
+        head, base = r["work"], r["paired"]["work"]
+        assert head["kernels"] == base["kernels"] > 0, r["target"]
+        assert head["bytes_accessed"] == base["bytes_accessed"] > 0, r["target"]
+        assert r["graphs"]["recompiles"] == 0, r["target"]

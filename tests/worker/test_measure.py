@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
-from gatekeeper.worker.measure import compile_again, eager_model, same_placement
+from gatekeeper.config import MeasureConfig, ModelConfig
+from gatekeeper.worker.calls import Inputs
+from gatekeeper.worker.measure import eager_model, same_placement
+from gatekeeper.worker.task import (
+    Trainer,
+    compile_again,
+    make_loss,
+    measure_calls,
+    start_counting,
+)
 from gatekeeper.worker.timing import latency
 
 
@@ -138,3 +148,53 @@ def test_paired_timing_runs_halfway_once_between_two_halves_and_does_not_time_it
     before = (at[0] - 1 - 1) // per_sample  # warmup and the calibrating call came first
     assert 3 <= before and n - before >= 3
     assert n == len(lat["samples"]["base"]) == len(lat["samples"]["eager"])
+
+
+def test_paired_training_steps_are_timed_in_two_halves_each_side_compiled_first_in_one():
+    """measure_calls, which times forwards and training steps alike, compiles both sides
+    again before the timed rounds (head first) and halfway through them (base first), so
+    neither side's guards are always the slower-checked ones; fresh compiles after a
+    reset are not counted as recompiles."""
+    seen: list[str] = []
+
+    def backend(gm, example_inputs):
+        graph = str(gm.graph)
+        if "tanh" in graph or "sigmoid" in graph:
+            seen.append("head" if "tanh" in graph else "base")
+        return gm.forward
+
+    cfg = ModelConfig(name="m", factory="m:make", inputs=[{"shape": [2, 4]}], tasks=["train"])
+    loss = make_loss(cfg, None, torch.zeros(1))
+    torch.manual_seed(0)
+    eager, head, base = (
+        Trainer(nn.Sequential(nn.Linear(4, 2), act()), cfg, loss, "cpu", "fp32")
+        for act in (nn.Tanh, nn.Tanh, nn.Sigmoid)
+    )
+    head_step = torch.compile(head.step, backend=backend)
+    base_step = torch.compile(base.step, backend=backend)
+    inputs = Inputs((torch.randn(3, 4),))
+    for _ in range(3):  # the first compiles and the parity steps, as the worker's
+        inputs.call(head_step), inputs.call(base_step)
+    assert seen[0] == "head" and set(seen) == {"head", "base"}
+    first = len(seen)
+    start_counting()
+    req = SimpleNamespace(
+        device="cpu",
+        budget=MeasureConfig(warmup=1, min_time=0.2, max_samples=100),
+        trace_out=None,
+        sweep=False,
+    )
+    paired: dict = {}
+    graphs: dict = {}
+    _, lat, _ = measure_calls(
+        eager.step,
+        head_step,
+        inputs,
+        req,
+        graphs,
+        base_fn=lambda: inputs.call(base_step),
+        paired=paired,
+    )
+    assert seen[first:] == ["head", "base", "base", "head"]
+    assert graphs["recompiles"] == 0, graphs["recompile_guards"]
+    assert len(paired["samples"]) == len(lat["samples"]["compiled"]) >= 5
