@@ -34,6 +34,7 @@ A level without ``:N`` takes ``--trials``. Measurement settings are the defaults
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -52,6 +53,7 @@ MODEL = textwrap.dedent("""
 
     SLOWDOWN = {slowdown}  # percent
     KNOB = "{knob}"
+    SINES = {sines}  # the compute knob's chain, calibrated to SLOWDOWN on this machine
 
     class Net(nn.Module):
         def __init__(self, width=256, layers=20):
@@ -67,7 +69,7 @@ MODEL = textwrap.dedent("""
                 for _ in range(round(SLOWDOWN * len(self.layers) / 100)):
                     y = torch.tanh(self.extra(y))
             else:  # elementwise work fused into one kernel: same FLOPs and bytes
-                for _ in range(round(SLOWDOWN * 4)):  # calibrated: 20 sines read +4%, 50 +13%
+                for _ in range(SINES):
                     y = torch.sin(y) + 0.5
             return x + 1e-12 * y
 
@@ -107,8 +109,90 @@ def git(repo: Path, *args: str) -> None:
     sh("git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *args, cwd=repo)
 
 
-def set_slowdown(repo: Path, pct: int, knob: str) -> None:
-    (repo / "knob_model.py").write_text(MODEL.format(slowdown=pct, knob=knob))
+def set_slowdown(repo: Path, pct: int, knob: str, sines: int = 0) -> None:
+    (repo / "knob_model.py").write_text(MODEL.format(slowdown=pct, knob=knob, sines=sines))
+
+
+# The compute knob's cost per sine depends on the CPU and the thread count: 40 sines read
+# +8.5% with 2 threads on one 2-core machine and +16% on another. So the chain is sized
+# on the machine at hand, with torch's own threads as set: each calibration process
+# compiles the model with 0 and with each grid count of sines (MODEL, as the trials run
+# it), times them in interleaved rounds with plain perf_counter loops (not gatekeeper's
+# timing), and reports each count's median slowdown over the 0-sine model.
+CALIBRATE = textwrap.dedent("""
+    import math, statistics, sys, time
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    grid = [int(n) for n in sys.argv[2].split(",")]
+    seconds = float(sys.argv[3])
+    x = torch.randn(32, 256)
+    fns = {}
+    with torch.no_grad():
+        for n in grid:
+            torch.manual_seed(0)
+            fn = torch.compile(__import__(f"knob_{n}").make())
+            fn(x), fn(x)
+            fns[n] = fn
+        loops = 4  # a sample of 4 calls: 4-6 ms of this model on a 2-core CPU
+        samples = {n: [] for n in grid}
+        end, k = time.perf_counter() + seconds, 0
+        while time.perf_counter() < end or k < 10:
+            for n in grid if k % 2 == 0 else grid[::-1]:
+                start = time.perf_counter()
+                for _ in range(loops):
+                    fns[n](x)
+                samples[n].append(time.perf_counter() - start)
+            k += 1
+    base = samples[grid[0]]
+    for n in grid[1:]:
+        ratio = statistics.median(math.log(a / b) for a, b in zip(samples[n], base))
+        print(n, math.expm1(ratio) * 100)
+""")
+
+GRID = (16, 32, 64, 128)  # sines; 128 read +27% to +60% on the machines we had
+
+
+def calibrate(levels: list[int], processes: int, seconds: float) -> dict[int, int]:
+    """Sines for each level (percent) on this machine: the grid's median slowdown over
+    ``processes`` calibration processes, made monotone, interpolated linearly (from 0
+    sines at 0%); a level beyond the grid's largest is extrapolated from its last two
+    points, with a warning."""
+    work = Path(tempfile.mkdtemp(prefix="gk-calibrate-"))
+    for n in (0, *GRID):
+        (work / f"knob_{n}.py").write_text(MODEL.format(slowdown=0, knob="compute", sines=n))
+    runs: dict[int, list[float]] = {n: [] for n in GRID}
+    grid = ",".join(map(str, (0, *GRID)))
+    for i in range(processes):
+        out = sh(sys.executable, "-c", CALIBRATE, str(work), grid, str(seconds), cwd=work)
+        for line in out.stdout.splitlines():
+            n, pct = line.split()
+            runs[int(n)].append(float(pct))
+        read = ", ".join(f"{n} sines {runs[n][-1]:+.1f}%" for n in GRID)
+        print(f"calibration {i + 1}/{processes}: {read}", file=sys.stderr)
+    points = [(0, 0.0)]
+    for n in GRID:
+        points.append((n, max(points[-1][1], statistics.median(runs[n]))))
+    sines = {}
+    for level in levels:
+        if level <= 0:
+            sines[level] = 0
+            continue
+        (n0, p0), (n1, p1) = next(
+            (pair for pair in itertools.pairwise(points) if pair[1][1] >= level), points[-2:]
+        )
+        if p1 < level:
+            print(
+                f"calibration: {level}% lies beyond {n1} sines ({p1:+.1f}%), extrapolated",
+                file=sys.stderr,
+            )
+        slope = (p1 - p0) / (n1 - n0) if p1 > p0 else max(p1, 1e-3) / n1
+        sines[level] = max(1, round(n0 + (level - p0) / slope))
+    return sines
+
+
+def level_map(text: str, default: int) -> dict[int, int]:
+    """``"0:100,10:60,5"`` as {0: 100, 10: 60, 5: default}."""
+    return {int(a): int(b or default) for a, _, b in (x.partition(":") for x in text.split(","))}
 
 
 def main() -> None:
@@ -138,6 +222,17 @@ def main() -> None:
         type=int,
         help="torch's CPU threads in every process (OMP_NUM_THREADS; default: torch's own)",
     )
+    ap.add_argument(
+        "--sines",
+        metavar="LEVEL:N,...",
+        help="the compute knob's sines per level (5:12,10:25,20:52) instead of calibrating",
+    )
+    ap.add_argument(
+        "--calibration",
+        metavar="PROCESSES:SECONDS",
+        default="3:8",
+        help="calibration processes, and seconds of timed rounds in each (default 3:8)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also write every trial here, as each one ends")
     ap.add_argument(
         "--from-json",
@@ -153,11 +248,19 @@ def main() -> None:
         return
     if args.threads:
         ENV["OMP_NUM_THREADS"] = str(args.threads)
-    counts = {
-        int(pct): int(n or args.trials)
-        for pct, _, n in (x.partition(":") for x in args.levels.split(","))
-    }
+    counts = level_map(args.levels, args.trials)
     modes = args.modes.split(",")
+    sines = {level: 0 for level in counts}
+    if args.knob == "compute" and args.sines:
+        sines.update(level_map(args.sines, 0))
+    elif args.knob == "compute" and any(counts):
+        processes, _, seconds = args.calibration.partition(":")
+        sines = calibrate(list(counts), int(processes), float(seconds))
+    if args.knob == "compute":
+        print(
+            "compute knob: " + ", ".join(f"{lv}% = {n} sines" for lv, n in sines.items()),
+            file=sys.stderr,
+        )
 
     repo = Path(tempfile.mkdtemp(prefix="gk-detect-"))
     measure = f"[tool.gatekeeper.measure]\nmin_time = {args.min_time}\n" if args.min_time else ""
@@ -176,7 +279,7 @@ def main() -> None:
 
     trials: list[dict] = []
     for pct, n_trials in counts.items():
-        set_slowdown(repo, pct, args.knob)
+        set_slowdown(repo, pct, args.knob, sines[pct])
         git(repo, "commit", "-qam", f"pr {pct}%", "--allow-empty")
         gk("compile", cwd=repo)  # each trial then starts warm, as a PR's CI does
         for mode in modes:
@@ -206,6 +309,7 @@ def main() -> None:
                     "mode": mode,
                     "decided_by": t.get("mode"),
                     "slowdown": pct,
+                    "sines": sines[pct] if args.knob == "compute" else None,
                     "trial": n,
                     "verdict": t["verdict"],
                     "delta": lat.get("delta"),
@@ -246,12 +350,14 @@ def print_table(trials: list[dict]) -> None:
         flagged = sum(t["verdict"] == "regressed" for t in ts)
         deltas = [t["delta"] for t in ts if t["delta"] is not None]
         decided = sorted({t["decided_by"] for t in ts if t["decided_by"]})
+        sines = sorted({t["sines"] for t in ts if t.get("sines") is not None})
         rows.append(
             [
                 threads or "default",
                 mode,
                 "/".join(decided) or "-",
                 f"{pct}%",
+                "/".join(map(str, sines)) or "-",
                 len(ts),
                 f"{flagged}/{len(ts)} ({flagged / len(ts):.0%})",
                 sum(t["by_latency"] for t in ts),
@@ -274,6 +380,7 @@ def print_table(trials: list[dict]) -> None:
                 "mode",
                 "decided by",
                 "slowdown",
+                "sines",
                 "trials",
                 "regressed",
                 "by latency",
