@@ -11,7 +11,9 @@ trial runs `gatekeeper run` in new processes, as CI does, on a pull request bran
 Two knobs make the model slower:
 
     compute  more elementwise work fused into one kernel: no more FLOPs and no more
-             bytes accessed, so only timing can see it (the test of timing detection)
+             bytes accessed, so only timing can see it (the test of timing detection);
+             a chain of sines, sized on this machine before each level (`calibrate`)
+             or given with --sines
     layers   more Linear+tanh layers (one of 20 per 5%): more FLOPs, which the
              deterministic work counters see without timing (stored mode, one run)
 
@@ -21,7 +23,7 @@ test measured, seconds of timed rounds per target, and seconds per trial. Usage:
 
     python benchmarks/detection_power.py [--levels 0:100,10:60,5:20,20:20]
         [--modes default,stored] [--knob compute|layers] [--baseline-runs 1] [--threads N]
-        [--json PATH]
+        [--sines 5:14,10:23,20:42] [--calibration 3:8] [--json PATH]
     python benchmarks/detection_power.py --from-json PATH [PATH ...]
 
 `--json` writes every trial as it ends, so a run stopped early keeps what it measured;
@@ -113,55 +115,72 @@ def set_slowdown(repo: Path, pct: int, knob: str, sines: int = 0) -> None:
     (repo / "knob_model.py").write_text(MODEL.format(slowdown=pct, knob=knob, sines=sines))
 
 
-# The compute knob's cost per sine depends on the CPU and the thread count: 40 sines read
-# +8.5% with 2 threads on one 2-core machine and +16% on another. So the chain is sized
-# on the machine at hand, with torch's own threads as set: each calibration process
-# compiles the model with 0 and with each grid count of sines (MODEL, as the trials run
-# it), times them in interleaved rounds with plain perf_counter loops (not gatekeeper's
-# timing), and reports each count's median slowdown over the 0-sine model.
+# The compute knob's cost per sine depends on the CPU, the thread count and the moment:
+# 40 sines read +8.5% with 2 threads on one 2-core machine and +16% on another, and 16
+# sines with 1 thread read +12% at one hour and +6.5% an hour later on the same idle
+# machine (the 20 layers' weights streamed slower, the sines did not). So the chain is
+# sized on the machine at hand, with torch's threads as set, right before each level's
+# trials: each calibration process compiles the model with 0 sines (the base) and with
+# each grid count, and times base and head in rounds as paired mode does (base and head
+# first and second, swapping every round, then an eager copy of the head and a small
+# reference workload), with plain perf_counter loops (not gatekeeper's timing); it
+# reports each count's slowdown, the geometric mean of the per-round ratios.
 CALIBRATE = textwrap.dedent("""
-    import math, statistics, sys, time
+    import copy, math, statistics, sys, time
     import torch
     sys.path.insert(0, sys.argv[1])
     grid = [int(n) for n in sys.argv[2].split(",")]
-    seconds = float(sys.argv[3])
+    seconds = float(sys.argv[3]) / len(grid)
     x = torch.randn(32, 256)
-    fns = {}
+    rx, rw = torch.randn(128, 128), torch.randn(128, 128) / 12
+
+    def make(n):
+        torch.manual_seed(0)
+        return __import__(f"knob_{n}").make()
+
+    def reference():
+        y = rx
+        for _ in range(4):
+            y = torch.tanh(y @ rw)
+
+    def sample(fn, loops=2):
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        return time.perf_counter() - start
+
     with torch.no_grad():
+        base = torch.compile(make(0))
+        base(x), base(x)
         for n in grid:
-            torch.manual_seed(0)
-            fn = torch.compile(__import__(f"knob_{n}").make())
-            fn(x), fn(x)
-            fns[n] = fn
-        loops = 4  # a sample of 4 calls: 4-6 ms of this model on a 2-core CPU
-        samples = {n: [] for n in grid}
-        end, k = time.perf_counter() + seconds, 0
-        while time.perf_counter() < end or k < 10:
-            for n in grid if k % 2 == 0 else grid[::-1]:
-                start = time.perf_counter()
-                for _ in range(loops):
-                    fns[n](x)
-                samples[n].append(time.perf_counter() - start)
-            k += 1
-    base = samples[grid[0]]
-    for n in grid[1:]:
-        ratio = statistics.median(math.log(a / b) for a, b in zip(samples[n], base))
-        print(n, math.expm1(ratio) * 100)
+            head_model = make(n)
+            eager = copy.deepcopy(head_model)
+            head = torch.compile(head_model)
+            head(x), head(x), eager(x)
+            fns = {"base": lambda: base(x), "head": lambda: head(x), "eager": lambda: eager(x)}
+            ratios, end, k = [], time.perf_counter() + seconds, 0
+            while time.perf_counter() < end or k < 10:
+                order = ["base", "head"] if k % 2 == 0 else ["head", "base"]
+                took = {name: sample(fns[name]) for name in (*order, "eager")}
+                sample(reference, 4)
+                ratios.append(math.log(took["head"] / took["base"]))
+                k += 1
+            print(n, math.expm1(statistics.fmean(ratios)) * 100)
 """)
 
 GRID = (16, 32, 64, 128)  # sines; 128 read +27% to +60% on the machines we had
 
 
-def calibrate(levels: list[int], processes: int, seconds: float) -> dict[int, int]:
-    """Sines for each level (percent) on this machine: the grid's median slowdown over
-    ``processes`` calibration processes, made monotone, interpolated linearly (from 0
-    sines at 0%); a level beyond the grid's largest is extrapolated from its last two
-    points, with a warning."""
+def calibrate(level: int, processes: int, seconds: float) -> int:
+    """The number of sines that makes the model ``level`` percent slower on this machine
+    now: the grid's median slowdown over ``processes`` calibration processes, made
+    monotone, interpolated linearly (from 0 sines at 0%); a level beyond the grid's
+    largest is extrapolated from its last two points, with a warning."""
     work = Path(tempfile.mkdtemp(prefix="gk-calibrate-"))
     for n in (0, *GRID):
         (work / f"knob_{n}.py").write_text(MODEL.format(slowdown=0, knob="compute", sines=n))
     runs: dict[int, list[float]] = {n: [] for n in GRID}
-    grid = ",".join(map(str, (0, *GRID)))
+    grid = ",".join(map(str, GRID))
     for i in range(processes):
         out = sh(sys.executable, "-c", CALIBRATE, str(work), grid, str(seconds), cwd=work)
         for line in out.stdout.splitlines():
@@ -172,22 +191,16 @@ def calibrate(levels: list[int], processes: int, seconds: float) -> dict[int, in
     points = [(0, 0.0)]
     for n in GRID:
         points.append((n, max(points[-1][1], statistics.median(runs[n]))))
-    sines = {}
-    for level in levels:
-        if level <= 0:
-            sines[level] = 0
-            continue
-        (n0, p0), (n1, p1) = next(
-            (pair for pair in itertools.pairwise(points) if pair[1][1] >= level), points[-2:]
+    (n0, p0), (n1, p1) = next(
+        (pair for pair in itertools.pairwise(points) if pair[1][1] >= level), points[-2:]
+    )
+    if p1 < level:
+        print(
+            f"calibration: {level}% lies beyond {n1} sines ({p1:+.1f}%), extrapolated",
+            file=sys.stderr,
         )
-        if p1 < level:
-            print(
-                f"calibration: {level}% lies beyond {n1} sines ({p1:+.1f}%), extrapolated",
-                file=sys.stderr,
-            )
-        slope = (p1 - p0) / (n1 - n0) if p1 > p0 else max(p1, 1e-3) / n1
-        sines[level] = max(1, round(n0 + (level - p0) / slope))
-    return sines
+    slope = (p1 - p0) / (n1 - n0) if p1 > p0 else max(p1, 1e-3) / n1
+    return max(1, round(n0 + (level - p0) / slope))
 
 
 def level_map(text: str, default: int) -> dict[int, int]:
@@ -250,17 +263,8 @@ def main() -> None:
         ENV["OMP_NUM_THREADS"] = str(args.threads)
     counts = level_map(args.levels, args.trials)
     modes = args.modes.split(",")
-    sines = {level: 0 for level in counts}
-    if args.knob == "compute" and args.sines:
-        sines.update(level_map(args.sines, 0))
-    elif args.knob == "compute" and any(counts):
-        processes, _, seconds = args.calibration.partition(":")
-        sines = calibrate(list(counts), int(processes), float(seconds))
-    if args.knob == "compute":
-        print(
-            "compute knob: " + ", ".join(f"{lv}% = {n} sines" for lv, n in sines.items()),
-            file=sys.stderr,
-        )
+    sines = level_map(args.sines, 0) if args.sines else {}
+    processes, _, seconds = args.calibration.partition(":")
 
     repo = Path(tempfile.mkdtemp(prefix="gk-detect-"))
     measure = f"[tool.gatekeeper.measure]\nmin_time = {args.min_time}\n" if args.min_time else ""
@@ -279,7 +283,11 @@ def main() -> None:
 
     trials: list[dict] = []
     for pct, n_trials in counts.items():
-        set_slowdown(repo, pct, args.knob, sines[pct])
+        if args.knob == "compute" and pct and pct not in sines:  # sized right before its trials
+            sines[pct] = calibrate(pct, int(processes), float(seconds))
+        if args.knob == "compute":
+            print(f"compute knob: {pct}% = {sines.get(pct, 0)} sines", file=sys.stderr)
+        set_slowdown(repo, pct, args.knob, sines.get(pct, 0))
         git(repo, "commit", "-qam", f"pr {pct}%", "--allow-empty")
         gk("compile", cwd=repo)  # each trial then starts warm, as a PR's CI does
         for mode in modes:
@@ -309,7 +317,7 @@ def main() -> None:
                     "mode": mode,
                     "decided_by": t.get("mode"),
                     "slowdown": pct,
-                    "sines": sines[pct] if args.knob == "compute" else None,
+                    "sines": sines.get(pct, 0) if args.knob == "compute" else None,
                     "trial": n,
                     "verdict": t["verdict"],
                     "delta": lat.get("delta"),

@@ -48,7 +48,7 @@ def eager_model(model: torch.nn.Module, paired: bool) -> torch.nn.Module:
     return copy.deepcopy(model) if paired else model
 
 
-def same_placement(head: object, base: object) -> None:
+def same_placement(first: object, second: object) -> None:
     """Paired: give the head's and the base's weights memory of the same kind. Built
     one after the other, they are not: the head's tensors are allocated first, into an
     allocator that has served little yet, and the base's after the head was built,
@@ -56,11 +56,13 @@ def same_placement(head: object, base: object) -> None:
     blocks by ``mmap`` until frees raise its threshold, then from the heap). With 2
     threads an identical head read slower than its base: a median of +1.7% over 48
     unchanged pull requests, +1.0% over 45 with this (docs/statistics.md). Each side's
-    parameters and buffers are copied into new memory, alternately (head, base, head,
-    base, ...), so both draw on the same allocator state. Only tensors that own their
-    whole storage move (a tied weight keeps its tie; a view keeps its base); the model's
-    own objects are kept."""
-    if not isinstance(head, torch.nn.Module) or not isinstance(base, torch.nn.Module):
+    parameters and buffers are copied into new memory, alternately, ``first``'s before
+    ``second``'s (head, base, head, base, ... before the first compiles; base first
+    again halfway through the timed rounds, so that neither side is always placed
+    first), so both draw on the same allocator state. Only tensors that own their whole
+    storage move (a tied weight keeps its tie; a view keeps its base); the model's own
+    objects are kept."""
+    if not isinstance(first, torch.nn.Module) or not isinstance(second, torch.nn.Module):
         return
 
     def movable(m: torch.nn.Module) -> list[torch.Tensor]:
@@ -76,9 +78,9 @@ def same_placement(head: object, base: object) -> None:
         ]
 
     with torch.no_grad():
-        hs, bs = movable(head), movable(base)
-        for i in range(max(len(hs), len(bs))):
-            for ts in (hs, bs):
+        firsts, seconds = movable(first), movable(second)
+        for i in range(max(len(firsts), len(seconds))):
+            for ts in (firsts, seconds):
                 if i < len(ts):
                     ts[i].data = ts[i].data.clone()
 
@@ -212,6 +214,7 @@ def measure(req: Request) -> Response:
             base_fn=base_fn,
             paired=paired,
             held=held,
+            place_base_first=None if base_fn is None else lambda: same_placement(base_model, model),
         )
     return Response(
         ok=True,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -262,7 +262,7 @@ def name_task(check: dict, steps: int) -> dict:
 
 
 # -- recompiles ---------------------------------------------------------------------------
-# the compiles :func:`compile_again` made on purpose since :func:`start_counting` (held,
+# the compiles made on purpose (:func:`on_purpose`) since :func:`start_counting` (held,
 # so that no other record can take an id of theirs)
 _ON_PURPOSE: list[Any] = []
 
@@ -275,9 +275,20 @@ def start_counting() -> None:
     _ON_PURPOSE.clear()
 
 
+@contextlib.contextmanager
+def on_purpose() -> Iterator[None]:
+    """The compiles torch records inside are not counted by :func:`recompiles`."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    held = get_compilation_metrics()  # alive, so that no new record takes an id
+    before = {id(m) for m in held}
+    yield
+    _ON_PURPOSE.extend(m for m in get_compilation_metrics() if id(m) not in before)
+
+
 def recompiles() -> tuple[int, list[str]]:
     """Recompiles since :func:`start_counting`, and the guard that failed for each; the
-    compiles :func:`compile_again` makes on purpose are not counted."""
+    compiles made :func:`on_purpose` are not counted."""
     from torch._dynamo.utils import get_compilation_metrics
 
     skip = {id(m) for m in _ON_PURPOSE}
@@ -337,15 +348,12 @@ def compile_again(*calls: Callable[[], object]) -> Callable[[], None]:
     training steps alike). Parity, compile times and counters come from the first
     compiles. Its compiles are not counted as recompiles (two training steps share one
     code object, so the second side's compile is a recompile of the first's frame)."""
-    from torch._dynamo.utils import get_compilation_metrics
 
     def again() -> None:
         torch._dynamo.reset()
-        held = get_compilation_metrics()  # alive, so that no new record takes an id
-        before = {id(m) for m in held}
-        for call in calls:
-            call()
-        _ON_PURPOSE.extend(m for m in get_compilation_metrics() if id(m) not in before)
+        with on_purpose():
+            for call in calls:
+                call()
 
     return again
 
@@ -361,15 +369,23 @@ def measure_calls(
     paired: dict | None = None,
     held: int = 0,
     before_timing: Callable[[], Any] | None = None,
+    place_base_first: Callable[[], Any] | None = None,
 ) -> tuple[dict, dict, Any]:
     """Peak memory, interleaved latency and the profile of a target's calls (a forward or
     a training step, called on ``inputs``), the same for every task; then the recompiles
     of the measured calls and the shape sweep go into ``graphs``. With ``base_fn`` the
     base commit's calls are timed in the same rounds, and its profile and samples go into
-    ``paired``. ``before_timing`` runs between the memory and the timed calls (a training
-    step puts eager and compiled back into the same state there). Paired, the timed
-    rounds come in two halves on frames compiled again, each side first in one of them
-    (:func:`compile_again`)."""
+    ``paired``. ``before_timing`` runs right before the timed calls (a training step
+    puts eager and compiled back into the same state there).
+
+    Paired, the timed rounds come in two halves that mirror each other: each starts
+    from frames compiled again (:func:`compile_again`), the head first for the first
+    half and the base first for the second, and ``place_base_first`` (the sides'
+    weights copied into new memory, the base's first: the worker placed the head's
+    first) runs before the second half's compiles. Nothing else runs between a half's
+    compiles and its rounds: the peak memory is measured before, since the profiler
+    that measures it, run on the head's fresh frames, made the head alone slower in the
+    first half (docs/statistics.md)."""
     device = req.device
 
     def eager_fn():
@@ -378,15 +394,25 @@ def measure_calls(
     def compiled_fn():
         return inputs.call(compiled)
 
+    # paired, the frames these calls compile are forgotten before the timed rounds
+    with on_purpose() if base_fn is not None else contextlib.nullcontext():
+        if base_fn is not None:  # the head's frames were forgotten for the base's compile
+            compiled_fn()  # (fresh_frames): compiled again here, not inside the peak
+        memory = {
+            "kind": "cuda" if device.startswith("cuda") else "cpu",
+            "eager_peak_bytes": peak_memory(eager_fn, device),
+            "compiled_peak_bytes": peak_memory(compiled_fn, device, held=max(held, 0)),
+        }
     halfway = None
     if base_fn is not None:
         compile_again(compiled_fn, base_fn)()
-        halfway = compile_again(base_fn, compiled_fn)
-    memory = {
-        "kind": "cuda" if device.startswith("cuda") else "cpu",
-        "eager_peak_bytes": peak_memory(eager_fn, device),
-        "compiled_peak_bytes": peak_memory(compiled_fn, device, held=max(held, 0)),
-    }
+        again = compile_again(base_fn, compiled_fn)
+
+        def halfway() -> None:
+            if place_base_first is not None:
+                place_base_first()
+            again()
+
     if before_timing is not None:
         before_timing()
     lat = latency(
