@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -74,6 +75,32 @@ def _fake_torch_wheel(folder: Path, version: str) -> Path:
     return wheel
 
 
+def _offer_pins_not_installed_here(pinned: Path, folder: Path) -> None:
+    """The wheels of the pinned versions this interpreter does not have, put beside the
+    bait: the step below may look nowhere else (no index), and this test's venv sees
+    this interpreter's packages, which follow the newest releases (a pin one release
+    behind them would otherwise fail the step before it reaches torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    missing = []
+    for line in pinned.read_text().splitlines():
+        name, sep, pin = line.split(" ", 1)[0].partition("==")
+        if not sep or line.startswith("#"):
+            continue
+        try:
+            if version(name) == pin:
+                continue
+        except PackageNotFoundError:
+            pass
+        missing.append(f"{name}=={pin}")
+    if missing:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
+            + ["-d", str(folder), *missing],
+            check=True,
+        )
+
+
 def test_install_refuses_to_replace_torch(action_dir: Path, tmp_path: Path) -> None:
     """A gatekeeper that wants a newer torch, with one on offer: pip never resolves
     torch (the pinned dependencies and gatekeeper go in with --no-deps), and the step
@@ -85,6 +112,7 @@ def test_install_refuses_to_replace_torch(action_dir: Path, tmp_path: Path) -> N
     pyproject.write_text(pyproject.read_text().replace('"torch>=2.6"', '"torch>=99"'))
     offers = tmp_path / "wheels"
     _fake_torch_wheel(offers, "99.0.0")
+    _offer_pins_not_installed_here(action / "requirements" / "pinned.txt", offers)
     bin_dir = _layered_venv(tmp_path / "venv", with_parent_packages=True)
     before = _torch_of(bin_dir / "python")
     env = _runner_env(bin_dir) | {
