@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -203,6 +204,20 @@ def calibrate(level: int, processes: int, seconds: float) -> int:
     return max(1, round(n0 + (level - p0) / slope))
 
 
+def halves(result: dict) -> list[float] | None:
+    """Paired: the Δ of each half of the timed rounds (the geometric mean of its
+    rounds' head/base ratios, less 1). Each half starts on frames compiled again, the
+    head first for the first and the base first for the second, so an order effect
+    shows as halves of opposite sign, and what is left of it as their mean."""
+    try:
+        head, base = result["latency"]["samples"]["compiled"], result["paired"]["samples"]
+    except (KeyError, TypeError):
+        return None
+    logs = [math.log(h / b) for h, b in zip(head, base, strict=True)]
+    mid = len(logs) // 2
+    return [math.expm1(statistics.fmean(part)) for part in (logs[:mid], logs[mid:])]
+
+
 def level_map(text: str, default: int) -> dict[int, int]:
     """``"0:100,10:60,5"`` as {0: 100, 10: 60, 5: default}."""
     return {int(a): int(b or default) for a, _, b in (x.partition(":") for x in text.split(","))}
@@ -330,6 +345,7 @@ def main() -> None:
                     "seconds": took,
                     "timed_seconds": (disturbance.get("seconds") or 0) * len(runs),
                     "disturbed": t.get("disturbed"),
+                    "halves": halves(r),
                 }
                 trials.append(trial)
                 if args.json:  # after every trial, so a run stopped early keeps what it measured
@@ -359,6 +375,7 @@ def print_table(trials: list[dict]) -> None:
         deltas = [t["delta"] for t in ts if t["delta"] is not None]
         decided = sorted({t["decided_by"] for t in ts if t["decided_by"]})
         sines = sorted({t["sines"] for t in ts if t.get("sines") is not None})
+        hs = [t["halves"] for t in ts if t.get("halves")]
         rows.append(
             [
                 threads or "default",
@@ -373,6 +390,9 @@ def print_table(trials: list[dict]) -> None:
                 sum(t["verdict"] == "inconclusive" for t in ts),
                 sum(t["verdict"] == "improved" for t in ts),
                 f"{statistics.median(deltas):+.1%}" if deltas else "-",
+                " / ".join(f"{statistics.median(h):+.1%}" for h in zip(*hs, strict=True))
+                if hs
+                else "-",
                 f"{min(deltas):+.1%} to {max(deltas):+.1%}" if deltas else "-",
                 f"{statistics.median(t['timed_seconds'] for t in ts):.0f} s",
                 f"{statistics.median(t['seconds'] for t in ts):.0f} s",
@@ -396,6 +416,7 @@ def print_table(trials: list[dict]) -> None:
                 "inconclusive",
                 "improved",
                 "median Δ",
+                "halves",
                 "Δ range",
                 "timed/target",
                 "time/trial",
