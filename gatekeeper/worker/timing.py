@@ -159,13 +159,17 @@ def latency(
     samples: dict[str, list[float]] = {name: [] for name in fns}
     watch = CpuWatch()
     start = time.perf_counter()
-    while (time.perf_counter() - start < budget["min_time"] or len(samples["eager"]) < 5) and len(
-        samples["eager"]
-    ) < budget["max_samples"]:
+    until, stretched = budget["max_samples"], False  # rounds at most
+    while len(samples["eager"]) < until:
+        n, elapsed = len(samples["eager"]), time.perf_counter() - start
+        done = not stretched and elapsed >= budget["min_time"] and n >= 5
         if halfway is not None and (
-            time.perf_counter() - start >= budget["min_time"] / 2
-            or len(samples["eager"]) >= budget["max_samples"] // 2
+            done or elapsed >= budget["min_time"] / 2 or n >= budget["max_samples"] // 2
         ):
+            # A round that stalls across the half of min_time would end the rounds
+            # before halfway ran: then the second half takes as many rounds as the first.
+            if done:
+                until, stretched, done = min(2 * n, budget["max_samples"]), True, False
             paused = time.perf_counter()
             halfway()
             halfway = None
@@ -173,7 +177,9 @@ def latency(
                 for fn in fns.values():
                     fn()
             start += time.perf_counter() - paused
-        for name in _round_order(list(fns), len(samples["eager"])):
+        if done:
+            break
+        for name in _round_order(list(fns), n):
             samples[name].append(
                 _timed(fns[name], ref_loops if name == "reference" else loops, device)
             )

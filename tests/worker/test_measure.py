@@ -151,6 +151,35 @@ def test_paired_timing_runs_halfway_once_between_two_halves_and_does_not_time_it
     assert n == len(lat["samples"]["base"]) == len(lat["samples"]["eager"])
 
 
+def test_a_round_that_stalls_across_half_the_time_still_gets_a_second_half():
+    """A round that stalls from before half of min_time to past all of it (a loaded CI
+    machine did so) ended the rounds before halfway ran: one half only, and the paired
+    halves' order effects no longer cancel. The second half then takes as many rounds as
+    the first."""
+    first: list[float] = []
+    at: list[int] = []
+
+    def eager():
+        if not first:
+            first.append(time.perf_counter())  # the warmup call
+        elif len(first) == 1 and time.perf_counter() - first[0] > 0.1:
+            first.append(0.0)
+            time.sleep(0.6)  # from before half of min_time to past all of it
+
+    lat = latency(
+        eager,
+        lambda: None,
+        "cpu",
+        {"warmup": 1, "min_time": 0.5, "max_samples": 100_000},
+        base=lambda: None,
+        halfway=lambda: at.append(len(at)),
+    )
+    n = len(lat["samples"]["compiled"])
+    assert len(first) == 2 and len(at) == 1
+    assert n == len(lat["samples"]["base"]) == len(lat["samples"]["eager"])
+    assert n % 2 == 0 and n >= 10, n
+
+
 def test_paired_forward_halves_mirror_each_other_and_memory_is_measured_before_them():
     """Paired forwards: the peak memory (a profiler run on the head, whose frames are
     compiled again first: they were forgotten for the base's compile) is measured before
