@@ -298,9 +298,9 @@ def main() -> None:
 
     trials: list[dict] = []
     for pct, n_trials in counts.items():
-        if args.knob == "compute" and pct and pct not in sines:  # sized right before its trials
-            sines[pct] = calibrate(pct, int(processes), float(seconds))
         if args.knob == "compute":
+            if pct and pct not in sines:  # sized right before its trials
+                sines[pct] = calibrate(pct, int(processes), float(seconds))
             print(f"compute knob: {pct}% = {sines.get(pct, 0)} sines", file=sys.stderr)
         set_slowdown(repo, pct, args.knob, sines.get(pct, 0))
         git(repo, "commit", "-qam", f"pr {pct}%", "--allow-empty")

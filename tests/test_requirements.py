@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from support.helpers import hash_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = ROOT / "requirements" / "pinned.txt"
@@ -18,20 +18,6 @@ SOURCE = ROOT / "requirements" / "pinned.in"
 def _requirements(path: Path) -> list[Requirement]:
     lines = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
     return [Requirement(ln) for ln in lines if ln and not ln.startswith("-")]
-
-
-def _pins() -> dict[str, tuple[str, list[str]]]:
-    """name -> (version, hashes) of every ``name==version \\ --hash=...`` entry."""
-    text = PINNED.read_text().replace("\\\n", " ")
-    pins = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})*)", line)
-        assert m, f"not a hash-pinned requirement: {line!r}"
-        pins[canonicalize_name(m[1])] = (m[2], re.findall(r"[0-9a-f]{64}", m[3]))
-    return pins
 
 
 def test_pinned_in_is_pyprojects_dependencies_without_torch() -> None:
@@ -47,7 +33,7 @@ def test_pinned_in_is_pyprojects_dependencies_without_torch() -> None:
 
 
 def test_every_requirement_is_pinned_with_hashes_and_torch_never() -> None:
-    pins = _pins()
+    pins = hash_pins(PINNED)
     assert "torch" not in pins  # the runner's torch is never replaced
     for req in _requirements(SOURCE):
         name = canonicalize_name(req.name)

@@ -23,7 +23,7 @@ from support.action_runner import (
     _runner_env,
     _torch_of,
 )
-from support.helpers import TINY_MODEL, write_project
+from support.helpers import TINY_MODEL, hash_pins, write_project
 
 
 def test_install_keeps_the_runners_torch(installed: Installed, tmp_path: Path) -> None:
@@ -83,10 +83,7 @@ def _offer_pins_not_installed_here(pinned: Path, folder: Path) -> None:
     from importlib.metadata import PackageNotFoundError, version
 
     missing = []
-    for line in pinned.read_text().splitlines():
-        name, sep, pin = line.split(" ", 1)[0].partition("==")
-        if not sep or line.startswith("#"):
-            continue
+    for name, (pin, _) in hash_pins(pinned).items():
         try:
             if version(name) == pin:
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -136,3 +137,19 @@ def run_threads(count: int, work: Callable[[int], Any], timeout: float = 120) ->
     if errors:
         raise errors[0]
     return results
+
+
+def hash_pins(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of every ``name==version \\ --hash=...`` entry of a
+    hash-pinned requirements file (requirements/pinned.txt), names canonical."""
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in path.read_text().replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})*)", line)
+        assert m, f"not a hash-pinned requirement: {line!r}"
+        pins[canonicalize_name(m[1])] = (m[2], re.findall(r"[0-9a-f]{64}", m[3]))
+    return pins
