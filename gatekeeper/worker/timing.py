@@ -145,7 +145,8 @@ def latency(
     next to the head's compiled sample, so each (base, compiled) pair shares the
     machine's state of that moment. ``halfway`` runs once, when half the time or half
     the rounds are taken (paired: both sides compiled again, in the other order), and
-    every function is warmed up again after it; its seconds do not count as timed."""
+    every function is warmed up again after it; its seconds do not count as timed. The
+    rounds after it are at least as many as those before it."""
     ref = DriftReference(device)
     fns: dict[str, Callable[[], Any]] = {"eager": eager, "compiled": compiled, "reference": ref}
     if base is not None:
@@ -159,17 +160,16 @@ def latency(
     samples: dict[str, list[float]] = {name: [] for name in fns}
     watch = CpuWatch()
     start = time.perf_counter()
-    until, stretched = budget["max_samples"], False  # rounds at most
-    while len(samples["eager"]) < until:
+    half = 0  # rounds taken before halfway ran
+    while len(samples["eager"]) < budget["max_samples"]:
         n, elapsed = len(samples["eager"]), time.perf_counter() - start
-        done = not stretched and elapsed >= budget["min_time"] and n >= 5
+        # The second half takes at least as many rounds as the first, however long a
+        # stalled round made the first: else one half's order effects outweigh the other's.
+        done = elapsed >= budget["min_time"] and n >= max(5, 2 * half)
         if halfway is not None and (
             done or elapsed >= budget["min_time"] / 2 or n >= budget["max_samples"] // 2
         ):
-            # A round that stalls across the half of min_time would end the rounds
-            # before halfway ran: then the second half takes as many rounds as the first.
-            if done:
-                until, stretched, done = min(2 * n, budget["max_samples"]), True, False
+            half, done = n, False
             paused = time.perf_counter()
             halfway()
             halfway = None
