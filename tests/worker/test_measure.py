@@ -134,7 +134,7 @@ def test_paired_timing_runs_halfway_once_between_two_halves_and_does_not_time_it
 
     def halfway():
         at.append(calls["compiled"])
-        time.sleep(0.5)  # counted as timed, it would end the rounds at once
+        time.sleep(2.0)  # counted as timed, the rounds would have taken over 2 s
 
     lat = latency(
         lambda: None,
@@ -148,8 +148,9 @@ def test_paired_timing_runs_halfway_once_between_two_halves_and_does_not_time_it
     n = len(lat["samples"]["compiled"])
     per_sample = lat["inner_loops"]
     before = (at[0] - 1 - 1) // per_sample  # warmup and the calibrating call came first
-    assert 3 <= before and n - before >= 3
+    assert 1 <= before and n - before >= before
     assert n == len(lat["samples"]["base"]) == len(lat["samples"]["eager"])
+    assert lat["disturbance"]["seconds"] < 2.0
 
 
 @pytest.mark.parametrize("stalled", [3, 5])
