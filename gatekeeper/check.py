@@ -1,5 +1,6 @@
 """``check``: measure each target in a worker (a fresh process), warm from the store when
-it can; paired mode measures the base commit's model beside it."""
+it can; paired mode measures the base commit's model beside it, as the base commit's
+own config defines it (gatekeeper.paired.base_config)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from . import __version__, bundle
+from . import __version__
 from .bundle import now_iso, signing_key
 from .config import Config
-from .errors import BundleError, StoreError
+from .errors import ConfigError, StoreError
+from .gate.governing import INPUT_FIELDS, governing
 from .hashing import sha256_bytes
 from .key import CacheKey, target_key
-from .paired import Mode, checkout
+from .paired import Mode, base_config, checkout
 from .progress import Progress
 from .provenance import creator
 from .results import (
+    Baseline,
+    BaseTarget,
     CacheStatus,
     Export,
     Paired,
@@ -32,9 +37,10 @@ from .results import (
 )
 from .store import Store, baselines
 from .targets import Target, expand
-from .warm import WarmResult, service_env, settle, warm_target
+from .verify import verify_aot, verify_precompile
+from .warm import WarmResult, settle, warm_target
 from .worker.launch import run_or_fail
-from .worker.protocol import Request
+from .worker.protocol import BaseSide, Request, Response
 
 log = logging.getLogger("gatekeeper.check")
 
@@ -51,15 +57,32 @@ def trace_path(out_dir: Path, target_id: str) -> Path:
 
 @dataclass(frozen=True)
 class PairedBase:
-    """Where paired mode's base version was checked out."""
+    """Paired mode's base version: where it was checked out, and its own config."""
 
     ref: str
     commit: str
     base_dir: Path  # the config's folder inside the base worktree
+    config: Config  # the base commit's config, loaded from there
+    targets: dict[str, Target]  # its targets, by id
 
     @classmethod
-    def of(cls, mode: Mode, base_dir: Path) -> PairedBase:
-        return cls(mode.base_ref, mode.base_commit, base_dir)
+    def of(cls, mode: Mode, base_dir: Path, config: Config) -> PairedBase:
+        """Raises ConfigError when the base's config does not expand into targets."""
+        by_id = {t.id: t for t in expand(config)}
+        return cls(mode.base_ref, mode.base_commit, base_dir, config, by_id)
+
+    def removed(self, head: Config) -> list[str]:
+        """The base's targets that the head's config no longer defines."""
+        return sorted(set(self.targets) - {t.id for t in expand(head)})
+
+    def side(self, target: Target) -> tuple[Target | None, BaseTarget]:
+        """The base's target of the same id (None: new in this change), and what the
+        results record of it."""
+        base = self.targets.get(target.id)
+        if base is None:
+            return None, BaseTarget(defined=False)
+        rules = self.config.gate_for(base.model)
+        return base, BaseTarget(defined=True, rules=rules, definition=base.definition())
 
 
 def siblings(target: Target, config: Config) -> list[Target]:
@@ -75,6 +98,83 @@ def siblings(target: Target, config: Config) -> list[Target]:
     ]
 
 
+@dataclass
+class _Warmed:
+    """What was restored into a measurement's cache dir."""
+
+    head: WarmResult | None = None
+    base: WarmResult | None = None
+    aot_dir: Path | None = None  # an +aot target measures its bundle's package
+    base_aot_dir: Path | None = None
+
+    @property
+    def status(self) -> CacheStatus:
+        return self.head.status if self.head is not None else "cold"
+
+
+def _warm(
+    target: Target,
+    config: Config,
+    store: Store,
+    tmp: Path,
+    key: CacheKey,
+    base: tuple[Target, Config, CacheKey] | None,
+) -> _Warmed:
+    """Restore the target's bundle (and, paired, the base version's, and the shape
+    sweep's other shape sets') into ``tmp/cache``: the ordinary warm start, no package."""
+    aot = target.strategy == "aot"
+    w = _Warmed(aot_dir=tmp / "aot" if aot else None)
+    w.base_aot_dir = tmp / "aot-base" if aot else None
+    cache_dir, sign = tmp / "cache", signing_key(config.require_signature)
+    w.head = warm_target(
+        target,
+        config,
+        store,
+        cache_dir,
+        megacache=False,
+        signing_key=sign,
+        cache_key=key,
+        precompile="never",
+        aot_dir=w.aot_dir,
+    )
+    if base is not None:  # the base version's artifacts, into the same cache
+        base_target, base_cfg, base_key = base
+        w.base = warm_target(
+            base_target,
+            base_cfg,
+            store,
+            cache_dir,
+            megacache=False,
+            signing_key=sign,
+            cache_key=base_key,
+            aot_dir=w.base_aot_dir,
+        )
+    if config.measure.shape_sweep:
+        # the shape sweep runs the model's other shape sets: their bundles too, so a
+        # recompile it counts is a cache hit, not a cold compile
+        for other in siblings(target, config):
+            warm_target(other, config, store, cache_dir, megacache=False, signing_key=sign)
+    return w
+
+
+def _stored_baseline(
+    store: Store, target: Target, key: CacheKey, base_ref: str, dest: Path
+) -> tuple[Baseline | None, Path | None]:
+    """The stored baseline and its reference outputs (None when the target's inputs
+    changed since: other inputs give other outputs); a store fault is a warning."""
+    try:
+        base = baselines.fetch(store, baselines.BaselineKey(target.id, key.env_key, base_ref))
+        if base is None:
+            return None, None
+        old, new = base.result.definition, target.definition()
+        if old is not None and any(old.get(f) != new.get(f) for f in INPUT_FIELDS):
+            return base, None
+        return base, baselines.fetch_reference(store, base, dest)
+    except StoreError as e:
+        log.warning("%s: baseline outputs unavailable: %s", target.id, e)
+        return None, None
+
+
 def check_target(
     target: Target,
     config: Config,
@@ -87,59 +187,24 @@ def check_target(
     paired: PairedBase | None = None,
 ) -> TargetResult:
     key = target_key(target, config.base_dir)
+    rules = config.gate_for(target.model)
+    base_target, recorded = paired.side(target) if paired else (None, None)
+    # the base version is built from its own definition, and its dependencies are
+    # checked against the base checkout's files
+    base_side = None
+    if paired is not None and base_target is not None:
+        base_side = (base_target, paired.config, target_key(base_target, paired.base_dir))
+    base_key = base_side[2] if base_side else None
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
-        cache_dir = Path(tmp, "cache")
-        cache_status: CacheStatus = "cold"
-        warmed = None
-        # an +aot target measures the bundle's AOTInductor package (what deploys load)
-        aot_dir = Path(tmp, "aot") if target.strategy == "aot" else None
-        base_aot_dir = Path(tmp, "aot-base") if target.strategy == "aot" else None
-        base_warmed = None
-        # the base version's dependencies are checked against the base checkout's files
-        base_key = target_key(target, paired.base_dir) if paired else None
-        if not cold:  # the measurement is of the ordinary warm start: no package
-            warmed = warm_target(
-                target,
-                config,
-                store,
-                cache_dir,
-                megacache=False,
-                signing_key=signing_key(config.require_signature),
-                cache_key=key,
-                precompile="never",
-                aot_dir=aot_dir,
-            )
-            cache_status = warmed.status
-            if base_key is not None:  # the base version's artifacts, into the same cache
-                base_warmed = warm_target(
-                    target,
-                    config,
-                    store,
-                    cache_dir,
-                    megacache=False,
-                    signing_key=signing_key(config.require_signature),
-                    cache_key=base_key,
-                    aot_dir=base_aot_dir,
-                )
-            if config.measure.shape_sweep:
-                # the shape sweep runs the model's other shape sets: their bundles too,
-                # so a recompile it counts is a cache hit, not a cold compile
-                for other in siblings(target, config):
-                    warm_target(
-                        other,
-                        config,
-                        store,
-                        cache_dir,
-                        megacache=False,
-                        signing_key=signing_key(config.require_signature),
-                    )
-        base_reference = None
-        try:
-            base = baselines.fetch(store, baselines.BaselineKey(target.id, key.env_key, base_ref))
-            if base is not None:
-                base_reference = baselines.fetch_reference(store, base, Path(tmp, "base.pt"))
-        except StoreError as e:
-            log.warning("%s: baseline outputs unavailable: %s", target.id, e)
+        # the measurement is of the ordinary warm start
+        warmed = _Warmed() if cold else _warm(target, config, store, Path(tmp), key, base_side)
+        baseline, base_reference = (
+            (None, None)  # new in this change: nothing of the base's to compare with
+            if recorded is not None and not recorded.defined
+            else _stored_baseline(store, target, key, base_ref, Path(tmp, "base.pt"))
+        )
+        # the base's rules judge the change: their parity tolerances too
+        tolerance = governing(rules, recorded, baseline).rules.parity
         ref_out = reference_path(out_dir, target.id)
         ref_out.parent.mkdir(parents=True, exist_ok=True)
         trace = trace_path(out_dir, target.id)
@@ -150,19 +215,22 @@ def check_target(
             config,
             key.device,
             budget=config.measure,
-            parity=config.gate_for(target.model).parity,
+            parity=tolerance,
             baseline_reference=str(base_reference) if base_reference else None,
             reference_out=str(ref_out),
-            paired_base_dir=str(paired.base_dir) if paired else None,
+            paired_base=BaseSide.of(
+                base_target, paired.base_dir, _package(warmed.base_aot_dir, warmed.base)
+            )
+            if paired and base_target
+            else None,
             trace_out=str(trace),
             # a package serves the shape it was exported for (a dynamic one: all of them)
             sweep=config.measure.shape_sweep and target.strategy != "aot",
-            aot_in=_package(aot_dir, warmed),
-            base_aot_in=_package(base_aot_dir, base_warmed),
+            aot_in=_package(warmed.aot_dir, warmed.head),
         )
         resp = run_or_fail(
             request,
-            cache_dir=cache_dir,
+            cache_dir=Path(tmp, "cache"),
             timeout=config.measure.timeout,
             verbose=verbose,
             label=target.id,
@@ -171,7 +239,7 @@ def check_target(
     code = (
         key.with_deps(resp.deps).code_hash
         if resp.deps is not None
-        else (warmed.code_hash if warmed and warmed.code_hash else "unknown")
+        else (warmed.head.code_hash if warmed.head and warmed.head.code_hash else "unknown")
     )
     ident = {
         "target": target.id,
@@ -179,6 +247,9 @@ def check_target(
         "env_key": key.env_key,
         "code_hash": code,
         "device": key.device,
+        "rules": rules,
+        "definition": target.definition(),
+        "base_target": recorded,
     }
     if not resp.ok and resp.kind == "export":
         return TargetResult(
@@ -190,38 +261,69 @@ def check_target(
         )
     if not resp.ok:
         return TargetResult(**ident, status="error", error=resp.error)
+    pair = _pair(paired, base_key, resp, trace_path(out_dir, target.id), out_dir)
+    return _measured(target, config, store, key, resp, warmed, ident, out_dir, verbose, pair)
+
+
+def _pair(
+    paired: PairedBase | None,
+    base_key: CacheKey | None,
+    resp: Response,
+    trace: Path,
+    out_dir: Path,
+) -> Paired | None:
+    """Paired: the base version as the worker measured it, with what only the parent
+    knows (its ref, commit and code hash)."""
+    measured = resp.paired
+    if paired is None or base_key is None or measured is None:
+        return None
+    if measured.profile is not None:
+        base_trace = trace.with_name(trace.name.replace(".json.gz", ".base.json.gz"))
+        measured.profile.trace = os.path.relpath(base_trace, out_dir)
+    return Paired(
+        base_ref=paired.ref,
+        base_commit=paired.commit,
+        code_hash=base_key.with_deps(measured.deps).code_hash
+        if measured.deps is not None
+        else "unknown",
+        compile_seconds=measured.compile_seconds,
+        graphs=measured.graphs,
+        samples=measured.samples,
+        work=measured.work,
+        profile=measured.profile,
+        same_inputs=measured.same_inputs,
+    )
+
+
+def _measured(
+    target: Target,
+    config: Config,
+    store: Store,
+    key: CacheKey,
+    resp: Response,
+    warmed: _Warmed,
+    ident: dict,
+    out_dir: Path,
+    verbose: bool,
+    pair: Paired | None,
+) -> TargetResult:
+    """The result of a measurement that ran (``resp.ok``)."""
+    ref_out, trace = reference_path(out_dir, target.id), trace_path(out_dir, target.id)
     precompile = aot = None
     checks = (resp.parity.vs_eager, resp.parity.vs_baseline) if resp.parity else ()
-    if warmed is not None and all(c.passed for c in checks if c is not None):
+    head = warmed.head
+    if head is not None and all(c.passed for c in checks if c is not None):
         if target.strategy == "aot":
-            aot = verify_aot(target, config, store, key, warmed, ref_out, verbose=verbose)
+            aot = verify_aot(target, config, store, key, head, ref_out, verbose=verbose)
         else:
             precompile = verify_precompile(
-                target, config, store, key, warmed, ref_out, verbose=verbose
+                target, config, store, key, head, ref_out, verbose=verbose
             )
     if target.strategy == "aot":
         aot = {**(resp.aot or {}), **(aot or {})}
     counters = resp.counters or {}
-    cache_status = settle(cache_status, counters)
+    cache_status = settle(warmed.status, counters)
     data = ref_out.read_bytes()
-    pair = None
-    if paired and base_key and resp.paired:
-        measured = resp.paired
-        if measured.profile is not None:
-            base_trace = trace.with_name(trace.name.replace(".json.gz", ".base.json.gz"))
-            measured.profile.trace = os.path.relpath(base_trace, out_dir)
-        pair = Paired(
-            base_ref=paired.ref,
-            base_commit=paired.commit,
-            code_hash=base_key.with_deps(measured.deps).code_hash
-            if measured.deps is not None
-            else "unknown",
-            compile_seconds=measured.compile_seconds,
-            graphs=measured.graphs,
-            samples=measured.samples,
-            work=measured.work,
-            profile=measured.profile,
-        )
     return TargetResult(
         **ident,
         status="ok",
@@ -234,7 +336,7 @@ def check_target(
             if target.strategy == "aot"
             else cache_status in ("hit", "partial", "stale"),
             "cache": cache_status,
-            "cold_seconds": warmed.cold_compile_seconds if warmed else None,
+            "cold_seconds": head.cold_compile_seconds if head else None,
             **{
                 k: counters[k]
                 for k in (
@@ -272,191 +374,6 @@ def _package(aot_dir: Path | None, warmed: WarmResult | None) -> str | None:
     return str(package) if package.is_file() else None
 
 
-def verify_aot(
-    target: Target,
-    config: Config,
-    store: Store,
-    key: CacheKey,
-    warmed: WarmResult,
-    reference: Path,
-    *,
-    verbose: bool = False,
-) -> dict | None:
-    """The check an ``+aot`` target's AOTInductor package must pass before ``warm``
-    serves it: a fresh worker loads it the way :func:`gatekeeper.load_aot` does and
-    compares its first outputs with eager and with this check's outputs
-    (``reference``). The verdict goes into the bundle's manifest (re-signed, one
-    conditional write) and into results.json. Once per bundle."""
-    manifest = warmed.manifest
-    info = bundle.aot_info(manifest) if manifest is not None else {}
-    if warmed.status != "hit" or info.get("status") != "packaged":
-        return None
-    if info.get("verified") is not None:
-        return {"verified": info["verified"], **(info.get("check") or {}), "now": False}
-    with tempfile.TemporaryDirectory(prefix="gk-aot-") as tmp:
-        again = warm_target(
-            target,
-            config,
-            store,
-            Path(tmp, "cache"),
-            megacache=False,
-            signing_key=signing_key(config.require_signature),
-            cache_key=key,
-            precompile="never",
-            aot_dir=Path(tmp, "aot"),
-        )
-        package = Path(tmp, "aot", "model.pt2")
-        if again.manifest != manifest or not package.is_file():
-            return None  # replaced in between: the next check verifies the new one
-        request = Request.for_target(
-            "aot",
-            target,
-            config,
-            key.device,
-            parity=config.gate_for(target.model).parity,
-            reference_in=str(reference),
-            aot_in=str(package),
-        )
-        resp = run_or_fail(
-            request,
-            cache_dir=Path(tmp, "cache"),
-            timeout=config.measure.timeout,
-            verbose=verbose,
-            label=f"{target.id} (aot package)",
-        )
-    verdict = (
-        resp.aot
-        if resp.ok and resp.aot
-        else {"verified": False, "reason": f"loading it failed: {resp.error}"}
-    )
-    check = {
-        "reason": verdict.get("reason"),
-        "first_call_seconds": verdict.get("first_call_seconds"),
-        "load_seconds": verdict.get("load_seconds"),
-        "at": now_iso(),
-        "torch": resp.torch,
-        "gatekeeper_version": __version__,
-    }
-    verified = bool(verdict.get("verified"))
-    if not verified:
-        log.warning(
-            "%s: AOTInductor package not verified, never served: %s", target.id, check["reason"]
-        )
-    stored = _store_verdict(
-        target, config, store, warmed, "aot", {**info, "verified": verified, "check": check}
-    )
-    return {"verified": verified, **check, "now": True, "stored": stored}
-
-
-def _store_verdict(
-    target: Target, config: Config, store: Store, warmed: WarmResult, section: str, doc: dict
-) -> str:
-    """Write a package's verdict into the bundle's manifest (``compile.<section>``),
-    re-signed, by one conditional write; says how it went."""
-    manifest = warmed.manifest
-    key = signing_key(config.require_signature)
-    if manifest.signature and not key:
-        # re-writing it unsigned would make every signed deploy refuse the bundle
-        log.warning(
-            "%s: %s verdict not stored: the bundle is signed and GATEKEEPER_SIGNING_KEY "
-            "is not set here",
-            target.id,
-            section,
-        )
-        return "unsigned"
-    updated = bundle.sign(
-        manifest.model_copy(update={"compile": {**manifest.compile, section: doc}}),
-        key,
-    )
-    try:
-        old = store.read_manifest(warmed.location)
-        if (
-            old is not None
-            and bundle.verify_manifest(old, target=manifest.target, signing_key=key) == manifest
-        ):
-            return store.update_manifest(warmed.location, old, updated.to_bytes())
-        return "changed"
-    except (StoreError, BundleError) as e:
-        log.warning("%s: %s verdict not stored: %s", target.id, section, e)
-        return "error"
-
-
-def verify_precompile(
-    target: Target,
-    config: Config,
-    store: Store,
-    key: CacheKey,
-    warmed: WarmResult,
-    reference: Path,
-    *,
-    verbose: bool = False,
-) -> dict | None:
-    """The check a precompile package must pass before ``warm`` serves it: a fresh
-    worker loads it from the bundle (Dynamo should not run) and compares its first
-    outputs with eager and with this check's own compiled outputs (``reference``).
-    The verdict goes into the bundle's manifest (re-signed, one conditional write) and
-    into results.json. Runs once per bundle: a verdict already there is reported."""
-    manifest = warmed.manifest
-    info = bundle.precompile_info(manifest) if manifest is not None else {}
-    if warmed.status != "hit" or info.get("status") != "recorded":
-        return None
-    if info.get("verified") is not None:
-        return {"verified": info["verified"], **(info.get("check") or {}), "now": False}
-    with tempfile.TemporaryDirectory(prefix="gk-precompile-") as tmp:
-        cache_dir = Path(tmp, "cache")
-        again = warm_target(
-            target,
-            config,
-            store,
-            cache_dir,
-            megacache=False,
-            signing_key=signing_key(config.require_signature),
-            cache_key=key,
-            precompile="any",
-        )
-        if again.precompile != "served" or again.manifest != manifest:
-            return None  # replaced in between: the next check verifies the new one
-        request = Request.for_target(
-            "precompile",
-            target,
-            config,
-            key.device,
-            parity=config.gate_for(target.model).parity,
-            reference_in=str(reference),
-        )
-        # in the environment of the deploy that serves it (warm's service_env)
-        resp = run_or_fail(
-            request,
-            cache_dir=cache_dir,
-            timeout=config.measure.timeout,
-            verbose=verbose,
-            label=f"{target.id} (precompile)",
-            env=service_env([again]),
-        )
-    verdict = (
-        resp.precompile
-        if resp.ok and resp.precompile
-        else {"verified": False, "reason": f"loading it failed: {resp.error}"}
-    )
-    check = {
-        "dynamo": verdict.get("dynamo"),
-        "reason": verdict.get("reason"),
-        "first_call_seconds": verdict.get("first_call_seconds"),
-        "at": now_iso(),
-        "torch": resp.torch,
-        "gatekeeper_version": __version__,
-    }
-    verified = bool(verdict.get("verified"))
-    if not verified:
-        log.warning(
-            "%s: precompile package not verified, never served: %s", target.id, check["reason"]
-        )
-    written = _store_verdict(
-        target, config, store, warmed, "precompile", {**info, "verified": verified, "check": check}
-    )
-    return {"verified": verified, **check, "now": True, "stored": written}
-
-
 def check_all(
     targets: list[Target],
     config: Config,
@@ -469,33 +386,28 @@ def check_all(
     verbose: bool = False,
     shard: str | None = None,
 ) -> Results:
-    """Measure ``targets`` in ``mode`` (see gatekeeper.paired.choose_mode)."""
+    """Measure ``targets`` in ``mode`` (see gatekeeper.paired.choose_mode). Paired, the
+    base side of each target is the base commit's own definition of it, from the base
+    commit's config; a base config that does not load is one line, and the run is
+    measured in stored mode instead."""
     sys.stderr.write(f"gatekeeper: {mode.reason}\n")
+    measure = partial(_check_all, targets, config, store, out_dir=out_dir, base_ref=base_ref)
+    results, removed = None, []
     if mode.name == "paired":
         with checkout(mode.base_commit, config.base_dir) as base_dir:
-            results = _check_all(
-                targets,
-                config,
-                store,
-                out_dir=out_dir,
-                base_ref=base_ref,
-                cold=cold,
-                verbose=verbose,
-                paired=PairedBase.of(mode, base_dir),
-            )
-    else:
-        results = _check_all(
-            targets,
-            config,
-            store,
-            out_dir=out_dir,
-            base_ref=base_ref,
-            cold=cold,
-            verbose=verbose,
-            paired=None,
-        )
+            try:
+                paired = PairedBase.of(mode, base_dir, base_config(config, base_dir))
+            except ConfigError as e:
+                mode = Mode("stored", f"stored mode: {e}")
+                sys.stderr.write(f"gatekeeper: {mode.reason}\n")
+            else:
+                removed = paired.removed(config)
+                results = measure(cold=cold, verbose=verbose, paired=paired)
+    if results is None:
+        results = measure(cold=cold, verbose=verbose, paired=None)
     results.shard = shard
     results.mode, results.mode_reason = mode.name, mode.reason
+    results.removed = removed
     return results
 
 

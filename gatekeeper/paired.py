@@ -6,6 +6,10 @@ It needs the base commit in the repository the config lives in: a branch, a tag,
 or the pull request event's ``base.sha`` (the Action fetches it into a shallow checkout).
 When none of them resolves, ``auto`` falls back to stored mode (the baseline's recorded
 runs) and says why in one line.
+
+The base side is the base commit as it was: its own config (:func:`base_config`, found
+in its checkout by the rules that found the head's) defines each target the base builds,
+and its gate rules judge the pull request (gate.governing).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .errors import UsageError
+from .config import Config, load_config
+from .errors import ConfigError, UsageError
 from .git import git, try_git
 
 log = logging.getLogger("gatekeeper.paired")
@@ -106,3 +111,19 @@ def checkout(commit: str, config_dir: Path) -> Iterator[Path]:
             yield tree / config_dir.resolve().relative_to(root.resolve())
         finally:
             try_git(root, "worktree", "remove", "--force", str(tree))
+
+
+def base_config(head: Config, folder: Path) -> Config:
+    """The base commit's config, from ``folder`` (the head config's folder in the base
+    checkout, :func:`checkout`): the file at the head config's path when it was named
+    explicitly, else found as the head's was (``gatekeeper.toml``, or
+    ``[tool.gatekeeper]`` in ``pyproject.toml``). A config that is missing or does not
+    load is a :class:`ConfigError` that names the file as the base commit's."""
+    name = head.path.name if head.path is not None else None
+    try:
+        if name is None or name in ("gatekeeper.toml", "pyproject.toml"):
+            return load_config(None, cwd=folder)
+        return load_config(folder / name)
+    except ConfigError as e:
+        said = str(e).replace(f"{folder}{os.sep}", "").replace(str(folder), ".")
+        raise ConfigError(f"the base commit's config does not load: {said}") from None

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .config import GateConfig
 from .errors import GatekeeperError, UsageError
 from .hashing import sha256_file
 from .targets import parse_shard
@@ -260,6 +261,17 @@ class Paired(_Doc):
     samples: list[float]  # base compiled latency; index i pairs with latency.samples["compiled"][i]
     work: Work | None = None  # the base version's counters, measured in the same process
     profile: Profile | None = None  # the base version's, profiled in the same process
+    # False: the base commit's config builds other inputs, so outputs were not compared
+    same_inputs: bool = True
+
+
+class BaseTarget(_Doc):
+    """Paired: this target as the base commit's own config defines it (gate.governing).
+    ``defined`` false: the base has no such target (it is new in this change)."""
+
+    defined: bool
+    rules: GateConfig | None = None  # the base's gate rules for it
+    definition: dict[str, Any] | None = None  # Target.definition() in the base's config
 
 
 class Export(_Doc):
@@ -309,6 +321,11 @@ class TargetResult(_Doc):
     # (as for precompile: loaded in a fresh worker, outputs as eager's)
     aot: dict[str, Any] | None = None
     measured_at: str | None = None
+    # the rules and definition of the config this was measured with (a baseline's gate
+    # a pull request: gate.governing); absent in documents from before they were kept
+    rules: GateConfig | None = None
+    definition: dict[str, Any] | None = None
+    base_target: BaseTarget | None = None  # paired: the base commit's definition of it
 
 
 class Results(_Doc):
@@ -321,6 +338,7 @@ class Results(_Doc):
     mode: TimingMode | None = None
     mode_reason: str | None = None  # why: "paired with main at 1a2b3c" / why not
     targets: list[TargetResult]
+    removed: list[str] = Field(default_factory=list)  # paired: targets only the base defines
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -454,6 +472,7 @@ def merge_results(paths: list[Path], out_dir: Path) -> Results:
         update={
             "targets": sorted(targets, key=lambda t: t.target),
             "created_at": max(d.created_at for _, d in docs),
+            "removed": sorted({t for _, d in docs for t in d.removed}),
         }
     )
 

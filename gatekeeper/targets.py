@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
+from typing import Any
 
 from .config import Config, ModelConfig
 from .errors import UsageError
@@ -95,6 +96,17 @@ class Target:
         if self.strategy != "whole":
             d["strategy"] = self.strategy
         return d
+
+    def definition(self) -> dict[str, Any]:
+        """What the config says this target is built, compiled and measured from, as
+        plain data: the model's fields (not its name, the axes that make its other
+        targets, or its gate overrides, which are rules) and this target's shape set.
+        A pull request that changes one of them changes the target (gate.governing)."""
+        skip = {"name", "gate", "shapes", "modes", "tasks", "precisions", "strategies"}
+        skip |= {"regions"} if self.strategy != "regional" else set()
+        skip |= {"export"} if self.strategy != "aot" else set()
+        skip |= {"train"} if self.task != "train" else set()
+        return {**self.model.model_dump(mode="json", exclude=skip), "shape_set": self.shape_set}
 
 
 def expand(config: Config) -> list[Target]:

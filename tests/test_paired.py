@@ -129,3 +129,53 @@ def test_origin_branch_is_found_when_there_is_no_local_one(origin: Path, tmp_pat
     assert "main" not in git(clone, "branch")
     mode = choose_mode("auto", "main", clone)
     assert mode.name == "paired" and mode.base_commit == git(origin, "rev-parse", "main")
+
+
+# -- the base commit's own config (gatekeeper.paired.base_config) -------------------------
+
+CONFIG = """
+[[models]]
+name = "{name}"
+factory = "m:make"
+inputs = [{{ shape = [1, 4] }}]
+"""
+
+
+def _head(folder: Path, name: str = "gatekeeper.toml"):
+    from gatekeeper.config import load_config
+
+    (folder / name).write_text(CONFIG.format(name="head"))
+    return load_config(folder / name)
+
+
+def test_the_base_config_is_found_as_the_heads_was(tmp_path: Path):
+    from gatekeeper.paired import base_config
+
+    head, base = tmp_path / "head", tmp_path / "base"
+    head.mkdir(), base.mkdir()
+    # discovered: the base's pyproject section is found though the head has gatekeeper.toml
+    (base / "pyproject.toml").write_text(
+        "[tool.gatekeeper]\n"
+        + CONFIG.format(name="base").replace("[[models]]", "[[tool.gatekeeper.models]]")
+    )
+    assert [m.name for m in base_config(_head(head), base).models] == ["base"]
+    # named explicitly: the file at the same path, whatever else is there
+    (base / "ci.toml").write_text(CONFIG.format(name="named"))
+    assert [m.name for m in base_config(_head(head, "ci.toml"), base).models] == ["named"]
+
+
+def test_a_base_config_that_does_not_load_is_one_line_naming_the_base(tmp_path: Path):
+    from gatekeeper.errors import ConfigError
+    from gatekeeper.paired import base_config
+
+    head, base = tmp_path / "head", tmp_path / "gk-paired-x" / "base"
+    head.mkdir(), base.mkdir(parents=True)
+    with pytest.raises(ConfigError) as missing:
+        base_config(_head(head), base)
+    assert str(missing.value).startswith("the base commit's config does not load: no config")
+    (base / "gatekeeper.toml").write_text(CONFIG.format(name="b").replace("factory", "factroy"))
+    with pytest.raises(ConfigError) as bad:
+        base_config(_head(head), base)
+    said = str(bad.value)
+    assert said.startswith("the base commit's config does not load: gatekeeper.toml: models")
+    assert "gk-paired" not in said and "\n" not in said

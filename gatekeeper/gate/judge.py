@@ -1,5 +1,5 @@
-"""The judge: fetch each target's baseline from the store, gate every result under its
-rules (gate.rules), and build the report."""
+"""The judge: fetch each target's baseline from the store, gate every result under the
+rules that govern it (gate.rules, gate.governing), and build the report."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def judge(
     found: dict[str, Baseline | None] = {}
     try:
         for r in results.targets:
+            if r.base_target is not None and not r.base_target.defined:
+                found[r.target] = None  # new in this change: nothing of the base's
+                continue
             found[r.target] = baselines.fetch(
                 store, baselines.BaselineKey(r.target, r.env_key, base_ref)
             )
@@ -48,7 +51,7 @@ def judge(
     measured = {r.target for r in results.targets}
     models = {m.name: m for m in config.models}
 
-    def rules_for(target_id: str):
+    def rules_for(target_id: str):  # the change's own (the base's govern: gate.governing)
         model = models.get(target_id.split("/")[0])
         return config.gate_for(model) if model else config.gate
 
@@ -57,7 +60,9 @@ def judge(
         found,
         rules_for,
         base_ref=base_ref,
-        removed=sorted(with_baseline - measured),
+        # stored: baselines of targets not measured now; paired: the base commit's
+        # targets that this change's config no longer defines
+        removed=sorted((with_baseline - measured) | set(results.removed)),
         require_baseline=require_baseline,
         creator=results.creator,
         accepted=lambda t: any(fnmatch.fnmatchcase(t, g) for g in accept or []),

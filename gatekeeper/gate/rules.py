@@ -45,45 +45,23 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import units
 from ..config import GateConfig
-from ..results import Baseline, GraphBreak, Graphs, TargetResult, TimingMode, Work
+from ..results import Baseline, GraphBreak, Graphs, TargetResult, Work
 from . import stats
-from .drift import DEFAULT_DRIFT, DEFAULT_VS_EAGER_DRIFT, disturbance, is_normalised, run_medians
+from .drift import disturbance
+from .governing import definition_changes, governing, notes, rule_changes
+from .timing import gate_runs, timing
 from .verdicts import ORDER as ORDER  # the order of severity, re-exported
+from .verdicts import TargetVerdict as TargetVerdict
 from .verdicts import Verdict, worst
 
 COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
 MEMORY_FLOOR = {"cuda": 1 << 20, "cpu": 256 << 10, "rss": 8 << 20}  # bytes
 WORK_COUNTERS = {"flops": "FLOPs per call", "bytes_accessed": "bytes accessed per call"}
-
-
-@dataclass
-class TargetVerdict:
-    target: str
-    verdict: Verdict
-    reasons: list[str] = field(default_factory=list)  # why it is not a plain pass
-    notes: list[str] = field(default_factory=list)  # worth saying, not failing
-    latency: stats.Comparison | None = None  # the latency test
-    speedup: stats.Comparison | None = None  # compiled/eager round ratios
-    new_breaks: list[GraphBreak] = field(default_factory=list)
-    borderline: bool = False  # a timing result to re-measure before believing it
-    disturbed: str | None = None  # how disturbed the run was, when it was
-    mode: TimingMode | None = None  # what decided the timing
-    detectable: float | None = None  # smallest slowdown this run could tell from drift
-
-    def to_dict(self) -> dict[str, Any]:
-        """The verdict as plain JSON types (comparisons as dicts)."""
-        d = dict(self.__dict__)
-        d["latency"] = self.latency.to_dict() if self.latency else None
-        d["speedup"] = self.speedup.to_dict() if self.speedup else None
-        d["new_breaks"] = [b.model_dump() for b in self.new_breaks]
-        return d
 
 
 def _load(r: TargetResult) -> float:
@@ -131,7 +109,7 @@ def gate_target(
     else:
         base = baseline.result
         if result.latency and base.latency and result.paired is None:
-            _gate_runs(v, found, result, baseline, rules)
+            gate_runs(v, found, result, baseline, rules)
         _compile_time(v, found, result, base, rules)
         _memory(v, found, result, base, rules)
         if result.graphs and base.graphs and result.paired is None:
@@ -174,116 +152,6 @@ def _finish(v: TargetVerdict, found: set[Verdict], accept: bool) -> Verdict:
         )
         return "accepted"
     return verdict
-
-
-def _gate_runs(
-    v: TargetVerdict,
-    found: set[Verdict],
-    result: TargetResult,
-    baseline: Baseline,
-    rules: GateConfig,
-) -> None:
-    """Stored mode: the PR's run medians against the baseline's runs of the same code."""
-    base, noise = baseline.result, baseline.noise
-    normalised = is_normalised(result) and is_normalised(base)
-    runs = [
-        m
-        for m in (noise.runs if noise else [])
-        if m.code_hash == base.code_hash and m.normalised == normalised
-    ]
-    pr = run_medians(result, normalised)
-    if runs:
-        base_lat, base_ratio = [m.latency for m in runs], [m.vs_eager for m in runs]
-    else:  # an older baseline without run medians: its own run
-        base_lat, base_ratio = (list(x) for x in zip(*run_medians(base, normalised), strict=True))
-    if noise is not None and noise.between and runs and all(m.normalised for m in runs):
-        lat_sd, ratio_sd, df = noise.between, noise.vs_eager_between, noise.df
-    else:
-        lat_sd, ratio_sd, df = None, None, None
-    v.detectable = stats.runs_detectable_change(
-        lat_sd or DEFAULT_DRIFT, df if lat_sd else None, len(base_lat), len(pr)
-    )
-    lat = stats.compare_runs(
-        base_lat,
-        [p[0] for p in pr],
-        sd=lat_sd or DEFAULT_DRIFT,
-        df=df if lat_sd else None,
-        threshold=rules.latency_regression,
-    )
-    _timing(v, found, "latency", dataclasses.replace(lat, normalised=normalised))
-    _timing(
-        v,
-        found,
-        "speedup vs eager",
-        stats.compare_runs(
-            base_ratio,
-            [p[1] for p in pr],
-            sd=ratio_sd or DEFAULT_VS_EAGER_DRIFT,
-            df=df if ratio_sd else None,
-            threshold=rules.speedup_regression,
-        ),
-    )
-    if not lat_sd:
-        v.notes.append(
-            f"the baseline has too few runs of its code to measure this runner's "
-            f"drift; assumed ±{DEFAULT_DRIFT:.0%} (publish more baselines, or "
-            "pair with the base commit)"
-        )
-
-
-def _timing(v: TargetVerdict, found: set[Verdict], name: str, comp: stats.Comparison) -> None:
-    """Record one timing comparison: its verdict, reason or note, and its numbers.
-
-    A slowdown past the threshold but not decided (not significant, or the interval
-    reaches back inside it) is ``inconclusive`` (and ``run`` measures it again); an
-    undecided speed-up is a note. A disturbed run decides nothing: any change past the
-    threshold, or an interval that reaches past it, is ``inconclusive``."""
-    if name == "latency":
-        v.latency = comp
-    elif name == "speedup vs eager":
-        v.speedup = comp
-    limit = 1.0 + comp.threshold
-    if comp.verdict == "regressed" and not v.disturbed:
-        found.add("regressed")
-        v.reasons.append(f"{name} {comp.delta:+.1%} (significant, threshold {comp.threshold:.0%})")
-        return
-    if comp.verdict == "improved" and not v.disturbed:
-        found.add("improved")
-        v.notes.append(f"{name} {comp.delta:+.1%} (significant)")
-        return
-    if comp.verdict == "borderline":
-        v.borderline = True
-    # a disturbed run vouches only for a change whose whole interval is within bounds
-    unsure = comp.ratio > limit or (
-        v.disturbed is not None and (comp.ci_hi > limit or comp.ratio < 1.0 - comp.threshold)
-    )
-    if unsure:
-        found.add("inconclusive")
-        detect = (
-            f", the smallest slowdown it can tell is {v.detectable:.0%}" if v.detectable else ""
-        )
-        why = "the run was disturbed" if v.disturbed else "this run cannot tell it from drift"
-        v.reasons.append(
-            f"{name} {comp.delta:+.1%} (CI {comp.ci_lo - 1:+.1%}.."
-            f"{comp.ci_hi - 1:+.1%}) is past the {comp.threshold:.0%} threshold "
-            f"but {why}{detect}: " + _how_to_decide(v)
-        )
-    elif comp.verdict in ("borderline", "improved", "regressed"):
-        v.notes.append(
-            f"{name} {comp.delta:+.1%} is not a clear change beyond the "
-            "threshold" + (" (the run was disturbed)" if v.disturbed else "")
-        )
-
-
-def _how_to_decide(v: TargetVerdict) -> str:
-    if v.disturbed:
-        return "measure again on a quiet runner (one measurement per runner at a time)"
-    if v.mode == "paired":
-        return "measure again, or raise measure.min_time for more rounds"
-    return (
-        "pair with the base commit (--mode paired; the Action fetches it) or publish "
-        "more baseline runs"
-    )
 
 
 def _compile_time(
@@ -417,7 +285,7 @@ def _gate_paired(
         paired=True,
         threshold=rules.latency_regression,
     )
-    _timing(v, found, "latency", comp)
+    timing(v, found, "latency", comp)
     v.notes.append(f"paired with {pair.base_ref} ({pair.base_commit[:12]}) in one process")
     if result.graphs:
         _graph_breaks(v, found, pair.graphs, result.graphs, rules)
@@ -476,6 +344,23 @@ class GateReport:
     profile_all: bool = False  # show every target's profile diff, not only the slower ones
 
 
+def gate_row(
+    result: TargetResult, baseline: Baseline | None, own: GateConfig, *, accept: bool = False
+) -> GateRow:
+    """One target gated under the rules that govern it (gate.governing: the base's, not
+    the change's ``own``), with what the change alters of them and of the target."""
+    if result.base_target is not None and not result.base_target.defined:
+        baseline = None  # new in this change: whatever the store holds is not its base
+    gov = governing(own, result.base_target, baseline, paired=result.paired is not None)
+    v = gate_target(result, baseline, gov.rules, accept=accept)
+    v.rules, v.rules_from = gov.rules, gov.source
+    if gov.source != "this change":
+        v.rule_changes = rule_changes(gov.rules, own)
+    v.definition_changes = definition_changes(result, baseline)
+    v.notes += notes(result, gov, v.rule_changes, v.definition_changes)
+    return GateRow(result, baseline, v)
+
+
 def build_report(
     results: list[TargetResult],
     baselines: dict[str, Baseline | None],
@@ -487,20 +372,18 @@ def build_report(
     creator: dict | None = None,
     accepted: Callable[[str], bool] = lambda target: False,
 ) -> GateReport:
-    """Gate every result; ``rules_for(target_id)`` gives that target's GateConfig and
+    """Gate every result; ``rules_for(target_id)`` gives the change's own GateConfig for
+    that target (the base's rules govern where they are known: :func:`gate_row`) and
     ``accepted(target_id)`` whether the pull request accepts its regression."""
     rows = [
-        GateRow(
-            r,
-            baselines.get(r.target),
-            gate_target(r, baselines.get(r.target), rules_for(r.target), accept=accepted(r.target)),
-        )
+        gate_row(r, baselines.get(r.target), rules_for(r.target), accept=accepted(r.target))
         for r in results
     ]
     verdict = overall([row.verdict for row in rows], require_baseline=require_baseline)
     fail_inconclusive = any(
         row.verdict.verdict == "inconclusive"
-        and rules_for(row.result.target).inconclusive == "fail"
+        and row.verdict.rules is not None
+        and row.verdict.rules.inconclusive == "fail"
         for row in rows
     )
     return GateReport(

@@ -1,5 +1,6 @@
 """The gate's verdicts: one closed set (:data:`gatekeeper.results.Verdict`, since a
-published baseline records its verdict), in order of severity.
+published baseline records its verdict), in order of severity, and
+:class:`TargetVerdict`, one target's verdict with its reasons and figures.
 
 A target's verdict is the most severe that applies (:func:`worst`); a run's is its worst
 target's. ``accepted`` is a ``regressed`` target the pull request accepts on purpose;
@@ -9,11 +10,15 @@ target's. ``accepted`` is a ``regressed`` target the pull request accepts on pur
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import get_args
+from dataclasses import dataclass, field
+from typing import Any, get_args
 
-from ..results import Verdict
+from ..config import GateConfig
+from ..results import GraphBreak, TimingMode, Verdict
+from . import stats
+from .governing import Change, Source
 
-__all__ = ["EXPLAINED", "FAILING", "ORDER", "Verdict", "severity", "worst"]
+__all__ = ["EXPLAINED", "FAILING", "ORDER", "TargetVerdict", "Verdict", "severity", "worst"]
 
 #: every verdict, most severe first
 ORDER: tuple[Verdict, ...] = get_args(Verdict)
@@ -32,3 +37,35 @@ def severity(verdict: Verdict) -> int:
 def worst(verdicts: Iterable[Verdict]) -> Verdict:
     """The most severe of ``verdicts`` (at least one)."""
     return min(verdicts, key=severity)
+
+
+@dataclass
+class TargetVerdict:
+    target: str
+    verdict: Verdict
+    reasons: list[str] = field(default_factory=list)  # why it is not a plain pass
+    notes: list[str] = field(default_factory=list)  # worth saying, not failing
+    latency: stats.Comparison | None = None  # the latency test
+    speedup: stats.Comparison | None = None  # compiled/eager round ratios
+    new_breaks: list[GraphBreak] = field(default_factory=list)
+    borderline: bool = False  # a timing result to re-measure before believing it
+    disturbed: str | None = None  # how disturbed the run was, when it was
+    mode: TimingMode | None = None  # what decided the timing
+    detectable: float | None = None  # smallest slowdown this run could tell from drift
+    # the rules that judged it, and whose they are (gate.governing): the base's, so a
+    # change cannot loosen its own gate; what the change alters of them and of the target
+    rules: GateConfig | None = None
+    rules_from: Source | None = None
+    rule_changes: list[Change] = field(default_factory=list)
+    definition_changes: list[Change] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as plain JSON types (comparisons as dicts)."""
+        d = dict(self.__dict__)
+        d["latency"] = self.latency.to_dict() if self.latency else None
+        d["speedup"] = self.speedup.to_dict() if self.speedup else None
+        d["new_breaks"] = [b.model_dump() for b in self.new_breaks]
+        d["rules"] = self.rules.model_dump(mode="json") if self.rules else None
+        d["rule_changes"] = [c.to_dict() for c in self.rule_changes]
+        d["definition_changes"] = [c.to_dict() for c in self.definition_changes]
+        return d

@@ -11,13 +11,17 @@ from ..results import TargetResult
 from .advice import advise
 from .profile import diff as profile_diff
 from .rows import (
+    base_breaks,
+    base_p50,
     base_profile,
     base_result,
     breaks,
     compile_s,
     counts,
+    is_new,
     p50,
     recompiles,
+    rule_changes,
     speedup,
     summary_line,
 )
@@ -78,7 +82,8 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "remeasured": r.target in remeasured,
         "latency": v.latency.to_dict() if v.latency else None,
         "speedup_comparison": v.speedup.to_dict() if v.speedup else None,
-        "p50_s": _side(p50(base), p50(r)),
+        # what the verdict compared: paired, the base commit's p50 and graph breaks
+        "p50_s": _side(base_p50(row), p50(r)),
         "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
         "speedup": _side(speedup(base), speedup(r)),
         "compile": _side(dump(base.compile) if base else None, dump(r.compile)),
@@ -87,7 +92,7 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
             base.graphs.count if base and base.graphs else None,
             r.graphs.count if r.graphs else None,
         ),
-        "graph_breaks": _side(breaks(base), breaks(r)),
+        "graph_breaks": _side(base_breaks(row), breaks(r)),
         "break_reasons": [b.model_dump() for b in r.graphs.break_reasons] if r.graphs else [],
         "new_breaks": [b.model_dump() for b in v.new_breaks],
         "recompiles": _side(recompiles(base), recompiles(r)),
@@ -101,6 +106,12 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "work": _side(dump(base.work) if base else None, dump(r.work)),
         "base_commit_work": dump(r.paired.work) if r.paired else None,
         "mode": v.mode,
+        # the rules that judged it (the base's: gate.governing) and what the change alters
+        "rules": v.rules.model_dump(mode="json") if v.rules else None,
+        "rules_from": v.rules_from,
+        "rule_changes": [c.to_dict() for c in v.rule_changes],
+        "definition_changes": [c.to_dict() for c in v.definition_changes],
+        "new": is_new(row),
         "profile": _side(dump(base_profile(row)), dump(r.profile)),
         "profile_diff": [
             {
@@ -118,7 +129,7 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "detectable": v.detectable,
         "env_key": r.env_key,
         "code_hash": r.code_hash,
-        "base_code_hash": base.code_hash if base else None,
+        "base_code_hash": r.paired.code_hash if r.paired else (base.code_hash if base else None),
         "baseline": None
         if row.baseline is None
         else {
@@ -145,6 +156,9 @@ def report_json(report: GateReport) -> dict:
         "creator": dict(report.creator or {}),
         "targets": [_target_json(row, remeasured) for row in report.rows],
         "removed": list(report.removed),
+        "rule_changes": [
+            {**c.to_dict(), "targets": targets} for c, targets in rule_changes(report)
+        ],
         "mode_advice": [
             {
                 "model": a.model,

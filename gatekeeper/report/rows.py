@@ -1,16 +1,66 @@
 """What the markdown and the JSON report both read off a :class:`GateReport`: one row's
 figures on either side (the baseline's or the base commit's, and this run's), the count
-of targets per verdict, and the one-line summary. No formatting beyond that line."""
+of targets per verdict, the rules a change alters, and the one-line summary. No
+formatting beyond that line.
+
+What the report shows is what the verdict used: paired, latency and graph breaks are
+the base commit's, measured in the same process (:func:`base_p50`,
+:func:`base_breaks`); the figures paired mode still compares with the stored baseline
+(compile time, memory, recompiles, speedup) say so (:func:`from_baseline`)."""
 
 from __future__ import annotations
 
+import statistics
+
 from ..gate import ORDER, GateReport, GateRow, Verdict
+from ..gate.governing import Change
 from ..results import Profile, TargetResult
 
 
 def base_result(row: GateRow) -> TargetResult | None:
     """The baseline's result (None without a baseline)."""
     return row.baseline.result if row.baseline is not None else None
+
+
+def from_baseline(row: GateRow) -> bool:
+    """Whether a paired row's figures that are not paired come from a stored baseline."""
+    return row.result.paired is not None and row.baseline is not None
+
+
+def base_p50(row: GateRow) -> float | None:
+    """The p50 this run's is compared with: the base commit's, timed in the same rounds
+    (paired), else the baseline's."""
+    pair = row.result.paired
+    if pair is not None:
+        return statistics.median(pair.samples) if pair.samples else None
+    return p50(base_result(row))
+
+
+def base_breaks(row: GateRow) -> int | None:
+    """The graph breaks this run's are compared with: the base commit's (paired), else
+    the baseline's."""
+    pair = row.result.paired
+    return pair.graphs.breaks if pair is not None else breaks(base_result(row))
+
+
+def is_new(row: GateRow) -> bool:
+    """A target the base does not define: not in the base commit's config (paired), or
+    without a baseline (stored)."""
+    r = row.result
+    if r.base_target is not None:
+        return not r.base_target.defined
+    return row.baseline is None and r.paired is None
+
+
+def rule_changes(report: GateReport) -> list[tuple[Change, list[str]]]:
+    """Each rule the change alters, with the targets it alters it for (in the order
+    they were gated), once per distinct change."""
+    out: dict[tuple, tuple[Change, list[str]]] = {}
+    for row in report.rows:
+        for c in row.verdict.rule_changes:
+            key = (c.field, repr(c.base), repr(c.pr))
+            out.setdefault(key, (c, []))[1].append(row.result.target)
+    return list(out.values())
 
 
 def p50(r: TargetResult | None) -> float | None:

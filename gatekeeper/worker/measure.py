@@ -23,7 +23,7 @@ from .counters import (
 )
 from .graphs import graph_breaks
 from .memory import allocated
-from .model import build_base, build_recorded
+from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, fp64_reference, read_reference, save_reference
 from .protocol import Request, Response
 from .strategy import NotExportable, export, regional_graphs
@@ -95,8 +95,10 @@ def measure(req: Request) -> Response:
     tol = parity_tolerance(req.parity.model_dump(), req.precision)
     check_precision(device, req.precision)
     model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
+    # paired: the base commit's target, as its own config defines it
+    base_req = req.for_base() if req.paired_base is not None else None
+    base_dir_paired = base_req.base_path if base_req is not None else None
     # the precision's autocast around every forward (none for fp32); fp64 runs without
-    base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
     eager_fn = entry(eager_model(model, base_dir_paired is not None), cfg.call)
     eager = under_autocast(eager_fn, device, req.precision)
 
@@ -107,11 +109,17 @@ def measure(req: Request) -> Response:
 
     # explain() resets dynamo, so every model is explained before anything is compiled
     graphs = _graphs(model, cfg, req, inputs, base_dir, amp)
-    if base_dir_paired is not None:
-        base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
+    if base_req is not None and base_dir_paired is not None:
+        base_cfg = base_req.model
+        base_model, base_inputs, base_deps = build_base(
+            base_cfg, base_req.shapes, base_dir_paired, device
+        )
+        # the same inputs (the usual case) are the head's own objects, called alike
+        comparable = same_inputs(inputs, base_inputs)
+        base_inputs = inputs if comparable else base_inputs
         same_placement(model, base_model)  # before either is compiled
-        base_fn_eager = entry(base_model, cfg.call)
-        base_graphs = _graphs(base_model, cfg, req, inputs, base_dir_paired, amp)
+        base_fn_eager = entry(base_model, base_cfg.call)
+        base_graphs = _graphs(base_model, base_cfg, base_req, base_inputs, base_dir_paired, amp)
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
@@ -123,9 +131,9 @@ def measure(req: Request) -> Response:
         made, done = compiled_for(req, model, inputs, keep_eager=True)
     except NotExportable as e:
         info = dict(e.info)
-        if base_dir_paired is not None:  # did the base commit's model export?
+        if base_req is not None:  # did the base commit's model export?
             try:
-                export(base_model, inputs, cfg, req.dynamic, base_dir_paired)
+                export(base_model, base_inputs, base_cfg, base_req.dynamic, base_req.base_path)
                 info["base_exportable"] = True
             except NotExportable:
                 info["base_exportable"] = False
@@ -163,31 +171,33 @@ def measure(req: Request) -> Response:
         def compiled_fn():
             return inputs.call(compiled)
 
-        if base_dir_paired is not None:
+        if base_req is not None:
             fresh_frames()
-            base_req = req.model_copy(update={"aot_in": req.base_aot_in})
             try:
-                base_made, _ = compiled_for(base_req, base_model, inputs, keep_eager=True)
+                base_made, _ = compiled_for(base_req, base_model, base_inputs, keep_eager=True)
             except NotExportable:  # this change makes it export: no base to time it with
                 base_dir_paired = None
         if base_dir_paired is not None and base_made is not None:
             base_compiled = under_autocast(base_made, device, req.precision)
-            base_first, base_seconds = first_call(base_compiled, inputs, device)
+            base_first, base_seconds = first_call(base_compiled, base_inputs, device)
             base_out = Outputs.of(base_first).cloned()
             del base_first
-            inputs.call(base_compiled)
+            base_inputs.call(base_compiled)
 
             def base_fn():
-                return inputs.call(base_compiled)
+                return base_inputs.call(base_compiled)
 
             paired = {
                 "compile_seconds": base_seconds,
                 "graphs": base_graphs,
                 "deps": base_deps,
+                "same_inputs": comparable,
                 "work": {
                     **(inductor_metrics() if req.strategy != "aot" else {}),
                     "flops": flops(
-                        lambda: inputs.call(under_autocast(base_fn_eager, device, req.precision))
+                        lambda: base_inputs.call(
+                            under_autocast(base_fn_eager, device, req.precision)
+                        )
                     ),
                     "instructions": instructions(base_fn),
                 },
@@ -196,8 +206,9 @@ def measure(req: Request) -> Response:
         ref64 = fp64_reference(model, inputs, cfg.call)
         ref64_leaves = ref64.leaves if ref64 is not None else None
         parity = {"vs_eager": check_parity(cand, Outputs.of(inputs.call(eager)), ref64_leaves, tol)}
-        if base_dir_paired is not None:
-            parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
+        if paired is not None:
+            if comparable:  # other inputs give other outputs: nothing to compare
+                parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
         elif req.baseline_reference:
             loaded = read_reference(req.baseline_reference)
             if loaded is not None:

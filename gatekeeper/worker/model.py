@@ -178,10 +178,33 @@ def build_recorded(
 
 def build_base(
     cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str
-) -> tuple[Any, dict]:
-    """Paired mode: the base version's model, built (with its inputs, as a compile of
-    that commit would) from its own checkout, and what it was built from."""
+) -> tuple[Any, Inputs, dict]:
+    """Paired mode: the base version's model and inputs, built by the base commit's own
+    config (``cfg``) from its own checkout, and what they were built from."""
     refs = [cfg.builder] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
     with other_version(base_dir, [r.split(":")[0] for r in refs]):
-        model, _, deps = build_recorded(cfg, shape_set, base_dir, device)
-    return model, deps
+        return build_recorded(cfg, shape_set, base_dir, device)
+
+
+def same_inputs(a: Inputs, b: Inputs) -> bool:
+    """Whether two calls' inputs are the same values (tensors equal in dtype, shape and
+    every element): only then can the base's outputs be compared with the head's."""
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            return (
+                isinstance(x, torch.Tensor)
+                and isinstance(y, torch.Tensor)
+                and (x.dtype, x.shape, x.device) == (y.dtype, y.shape, y.device)
+                and bool(torch.equal(x, y))
+            )
+        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            return type(x) is type(y) and len(x) == len(y) and all(map(same, x, y))
+        if isinstance(x, dict) and isinstance(y, dict):
+            return x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+        try:
+            return bool(x == y)
+        except Exception:  # an object whose == does not give a bool
+            return x is y
+
+    return same(a.args, b.args) and same(a.kwargs, b.kwargs)

@@ -38,6 +38,31 @@ class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class BaseSide(_Msg):
+    """``measure``, paired: the target as the base commit's own config defines it (its
+    model's factory, inputs, call, options, regions, export and train settings, and the
+    checkout folder its factories are imported from), built and compiled beside the
+    head's as a check of that commit would; ``aot_in``: its bundle's package."""
+
+    model: ModelConfig
+    base_dir: str
+    shapes: dict[str, int]
+    mode: str
+    dynamic: bool
+    aot_in: str | None = None
+
+    @classmethod
+    def of(cls, target: Target, base_dir: Path, aot_in: str | None = None) -> BaseSide:
+        return cls(
+            model=target.model,
+            base_dir=str(base_dir),
+            shapes=target.shape_set,
+            mode=target.mode,
+            dynamic=target.dynamic,
+            aot_in=aot_in,
+        )
+
+
 class Request(_Msg):
     """One job for a worker.
 
@@ -73,7 +98,6 @@ class Request(_Msg):
     strategy: Literal["whole", "regional", "aot"] = "whole"
     aot_out: str | None = None  # compile, aot: write the AOTInductor package here
     aot_in: str | None = None  # aot: the package to load (else export and compile it)
-    base_aot_in: str | None = None  # measure, paired, aot: the base version's package
     sweep: bool = True  # measure: run every shape set of the model and count recompiles
     megacache_out: str | None = None  # compile: write the Mega-Cache blob here
     megacache_in: str | None = None  # load this blob first (PyTorch's recipe, benchmarks)
@@ -85,7 +109,7 @@ class Request(_Msg):
     parity: ParityTolerance | None = None  # measure: tolerances
     baseline_reference: str | None = None  # measure: the baseline's reference outputs
     reference_out: str | None = None  # measure: write this run's reference outputs here
-    paired_base_dir: str | None = None  # measure: the base version's config folder
+    paired_base: BaseSide | None = None  # measure, paired: the base commit's target
     trace_out: str | None = None  # measure: Chrome trace of the compiled call (".base" too)
 
     @classmethod
@@ -110,6 +134,12 @@ class Request(_Msg):
     def base_path(self) -> Path:
         return Path(self.base_dir)
 
+    def for_base(self) -> Request:
+        """Paired: the same request for the base commit's target (its task, precision
+        and strategy are the head's: they are in the target's id)."""
+        assert self.paired_base is not None
+        return self.model_copy(update={**dict(self.paired_base), "paired_base": None})
+
 
 def dynamo_skipped(counters: dict[str, int]) -> bool:
     """Whether the compiled calls behind ``counters`` (worker.compile.snapshot_counters)
@@ -131,6 +161,7 @@ class BaseMeasured(_Msg):
     deps: dict[str, Any] | None = None  # what the base model was built from
     work: Work | None = None
     profile: Profile | None = None
+    same_inputs: bool = True  # false: its inputs differ, outputs were not compared
 
 
 class PackageParity(BaseModel):

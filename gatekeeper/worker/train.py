@@ -31,7 +31,7 @@ from .counters import (
     reset_inductor_metrics,
 )
 from .graphs import graph_breaks
-from .model import build_base, build_recorded
+from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
 from .protocol import Request, Response
 from .task import (
@@ -92,13 +92,26 @@ def measure_train(req: Request) -> Response:
     def new(m):
         return Trainer.copy_of(m, cfg, loss_fn, device, req.precision)
 
-    base_dir_paired = Path(req.paired_base_dir) if req.paired_base_dir else None
+    # paired: the base commit's target, as its own config defines it (its optimizer,
+    # loss and steps too)
+    base_req = req.for_base() if req.paired_base is not None else None
 
     # explain() runs the step and resets dynamo: on throwaway copies, before compiling
     graphs = graph_breaks(new(model).step, inputs, base_dir, grad=True)
-    if base_dir_paired is not None:
-        base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
-        base_graphs = graph_breaks(new(base_model).step, inputs, base_dir_paired, grad=True)
+    if base_req is not None:
+        base_cfg, base_path = base_req.model, base_req.base_path
+        base_model, base_inputs, base_deps = build_base(
+            base_cfg, base_req.shapes, base_path, device
+        )
+        same = same_inputs(inputs, base_inputs)
+        base_inputs = inputs if same else base_inputs
+        comparable = same and base_cfg.training == cfg.training
+        base_loss = prepare(base_req, base_path, base_model, base_inputs)
+
+        def new_base(m):
+            return Trainer.copy_of(m, base_cfg, base_loss, device, req.precision)
+
+        base_graphs = graph_breaks(new_base(base_model).step, base_inputs, base_path, grad=True)
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
@@ -130,24 +143,29 @@ def measure_train(req: Request) -> Response:
 
     work["instructions"] = instructions(lambda: inputs.call(cstep))
     paired, base_fn = None, None
-    if base_dir_paired is not None:
+    if base_req is not None:
         fresh_frames()
-        base = new(base_model)
-        base_step = compile_model(base.step, cfg, req.mode, req.dynamic, fullgraph=False)
-        base_first, base_seconds = first_call(base_step, inputs, device)
-        base_out = Outputs.of(base.outputs([base_first] + run_steps(base_step, inputs, steps - 1)))
-        parity["vs_baseline"] = name_task(check_parity(cand, base_out, None, tol), steps)
+        base = new_base(base_model)
+        base_step = compile_model(
+            base.step, base_cfg, base_req.mode, base_req.dynamic, fullgraph=False
+        )
+        base_first, base_seconds = first_call(base_step, base_inputs, device)
+        base_losses = [base_first] + run_steps(base_step, base_inputs, steps - 1)
+        if comparable:  # other inputs or another step give other outputs
+            base_out = Outputs.of(base.outputs(base_losses))
+            parity["vs_baseline"] = name_task(check_parity(cand, base_out, None, tol), steps)
 
         def base_fn():
-            return inputs.call(base_step)
+            return base_inputs.call(base_step)
 
         paired = {
             "compile_seconds": base_seconds,
             "graphs": base_graphs,
             "deps": base_deps,
+            "same_inputs": comparable,
             "work": {
                 **inductor_metrics(),
-                "flops": flops(lambda: inputs.call(new(base_model).step)),
+                "flops": flops(lambda: base_inputs.call(new_base(base_model).step)),
                 "instructions": instructions(base_fn),
             },
         }
