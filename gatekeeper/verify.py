@@ -18,7 +18,7 @@ from .store import Store
 from .targets import Target
 from .warm import WarmResult, service_env, warm_target
 from .worker.launch import run_or_fail
-from .worker.protocol import Request
+from .worker.protocol import Request, Response
 
 log = logging.getLogger("gatekeeper.check")
 
@@ -75,26 +75,39 @@ def verify_aot(
             verbose=verbose,
             label=f"{target.id} (aot package)",
         )
-    verdict = (
-        resp.aot
-        if resp.ok and resp.aot
-        else {"verified": False, "reason": f"loading it failed: {resp.error}"}
-    )
+    fields = ("reason", "first_call_seconds", "load_seconds")
+    return _conclude(target, config, store, warmed, "aot", info, resp, resp.aot, fields)
+
+
+def _conclude(
+    target: Target,
+    config: Config,
+    store: Store,
+    warmed: WarmResult,
+    section: str,
+    info: dict,
+    resp: Response,
+    verdict: dict | None,
+    fields: tuple[str, ...],
+) -> dict:
+    """A package's verdict (the worker's ``verdict``, with its ``fields``; loading it
+    failed when there is none) into the bundle's manifest and into results.json."""
+    if not (resp.ok and verdict):
+        verdict = {"verified": False, "reason": f"loading it failed: {resp.error}"}
     check = {
-        "reason": verdict.get("reason"),
-        "first_call_seconds": verdict.get("first_call_seconds"),
-        "load_seconds": verdict.get("load_seconds"),
+        **{name: verdict.get(name) for name in fields},
         "at": now_iso(),
         "torch": resp.torch,
         "gatekeeper_version": __version__,
     }
     verified = bool(verdict.get("verified"))
     if not verified:
+        what = "AOTInductor" if section == "aot" else section
         log.warning(
-            "%s: AOTInductor package not verified, never served: %s", target.id, check["reason"]
+            "%s: %s package not verified, never served: %s", target.id, what, check["reason"]
         )
     stored = _store_verdict(
-        target, config, store, warmed, "aot", {**info, "verified": verified, "check": check}
+        target, config, store, warmed, section, {**info, "verified": verified, "check": check}
     )
     return {"verified": verified, **check, "now": True, "stored": stored}
 
@@ -184,25 +197,7 @@ def verify_precompile(
             label=f"{target.id} (precompile)",
             env=service_env([again]),
         )
-    verdict = (
-        resp.precompile
-        if resp.ok and resp.precompile
-        else {"verified": False, "reason": f"loading it failed: {resp.error}"}
+    fields = ("dynamo", "reason", "first_call_seconds")
+    return _conclude(
+        target, config, store, warmed, "precompile", info, resp, resp.precompile, fields
     )
-    check = {
-        "dynamo": verdict.get("dynamo"),
-        "reason": verdict.get("reason"),
-        "first_call_seconds": verdict.get("first_call_seconds"),
-        "at": now_iso(),
-        "torch": resp.torch,
-        "gatekeeper_version": __version__,
-    }
-    verified = bool(verdict.get("verified"))
-    if not verified:
-        log.warning(
-            "%s: precompile package not verified, never served: %s", target.id, check["reason"]
-        )
-    written = _store_verdict(
-        target, config, store, warmed, "precompile", {**info, "verified": verified, "check": check}
-    )
-    return {"verified": verified, **check, "now": True, "stored": written}

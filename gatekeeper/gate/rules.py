@@ -1,9 +1,12 @@
-"""The rules: one target's results against its baseline, under the config's rules.
+"""The rules: one target's results against its baseline, under the base's rules.
 
 Pure functions over :mod:`gatekeeper.results` documents; no torch, no store. A verdict is
 the first that applies of ``error`` > ``parity-failed`` > ``regressed`` > ``inconclusive``
 > ``accepted`` > ``improved`` > ``pass``, or ``no-baseline`` when there is nothing to
-compare with and nothing failed.
+compare with and nothing failed (a target the base does not define included).
+:func:`gate_row` gates a target under the rules that govern it (:mod:`.governing`: the
+base commit's config's, or those stored with the baseline; never the change's own when
+the base's are known) and lists what the change alters of them and of the target.
 
 Rules (defaults in :class:`gatekeeper.config.GateConfig`):
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.helpers import gk
+from support.helpers import git, gk
 from support.projects import QUIET
 
 # Matrix products only (inductor calls them, compiling no C++ kernel: a compile takes a
@@ -163,14 +163,6 @@ OPT, HEAVY, SAME, GONE, FRESH = (
 )
 
 
-def git(root: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        check=True,
-        capture_output=True,
-    )
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     """main (five models, its baseline measured and published) and the pull request
@@ -235,6 +227,15 @@ def gated(request) -> Gated:
     return request.getfixturevalue(request.param)
 
 
+def passes(t: dict) -> bool:
+    """Pass; or, on a run other processes disturbed, undecided on timing alone (stored
+    mode compares processes, and a busy machine moves them: docs/statistics.md)."""
+    timing = all(r.startswith(("latency ", "speedup vs eager ")) for r in t["reasons"])
+    return t["verdict"] == "pass" or (
+        t["verdict"] == "inconclusive" and t["disturbed"] is not None and timing
+    )
+
+
 def test_the_runs_are_what_they_say(paired: Gated, stored: Gated):
     assert paired.results["mode"] == "paired", paired.check_stderr
     assert stored.results["mode"] == "stored", stored.check_stderr
@@ -285,7 +286,7 @@ def test_loosened_rules_do_not_judge_the_change_and_the_report_names_each(gated:
 
 def test_an_unchanged_target_passes(gated: Gated):
     t = gated.target(SAME)
-    assert t["verdict"] == "pass", t
+    assert passes(t), t
     assert t["definition_changes"] == [] and t["graph_breaks"] == {"base": 0, "pr": 0}, t
 
 
@@ -309,7 +310,7 @@ def test_an_unchanged_pull_request_passes(repo: Path, tmp_path: Path):
         assert gated.results["mode"] == mode, gated.check_stderr
         assert gated.code == 0, gated.report
         for t in gated.report["targets"]:
-            assert t["verdict"] == "pass", t
+            assert passes(t), t
             assert t["rule_changes"] == [] and t["definition_changes"] == [], t
         assert "Rules this change alters" not in gated.markdown
 

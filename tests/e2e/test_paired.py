@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.helpers import gk, write_project
+from support.helpers import git, gk, write_project
 from support.projects import BASE_MODEL, CONFIG, QUIET, pr_version
 
 SLOWER = """
@@ -18,14 +18,6 @@ SLOWER = """
             h = h + 1e-9 * torch.tanh(self.extra(h))
         return self.fc2(h)
 """
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        check=True,
-        capture_output=True,
-    )
 
 
 @pytest.fixture(scope="module")

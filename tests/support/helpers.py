@@ -100,6 +100,15 @@ def gk(
     return proc
 
 
+def git(root: Path, *args: str) -> None:
+    """A git command in a scratch repository, as a committer named t."""
+    subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+    )
+
+
 def gk_json(*args: str, cwd: Path, env: dict | None = None, expect: int = 0) -> dict:
     proc = gk(*args, "--json", cwd=cwd, env=env)
     assert proc.returncode == expect, proc.stderr
