@@ -21,7 +21,7 @@ PARENT = (
     "gatekeeper.check, gatekeeper.compile, gatekeeper.pipeline, gatekeeper.results, "
     "gatekeeper.gate, gatekeeper.report, gatekeeper.store, gatekeeper.github, "
     "gatekeeper.dashboard, gatekeeper.commands.comment, gatekeeper.worker.launch, "
-    "gatekeeper.worker.protocol"
+    "gatekeeper.worker.protocol, gatekeeper.verify, gatekeeper.shards, gatekeeper.paired"
 )
 # what the probe prints: whether torch was imported
 PROBE = "; print('torch' in sys.modules)"

@@ -276,7 +276,7 @@ def test_empty_shard_is_refused():
 
 
 def test_merge_needs_every_shard_once():
-    from gatekeeper.results import check_shards as _check_shards
+    from gatekeeper.shards import check_shards as _check_shards
 
     _check_shards(["1/3", "3/3", "2/3"])
     _check_shards([None, None])

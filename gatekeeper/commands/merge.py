@@ -6,7 +6,8 @@ from pathlib import Path
 
 from ..gate.judge import judge
 from ..provenance import base_ref
-from ..results import merge_results, write_results
+from ..results import write_results
+from ..shards import merge_results
 from .common import Context, accept_globs, add_gate_flags, output_dir, output_file
 
 HELP = "merge shard results.json files, then gate and report them as one run"
