@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from ..errors import EXIT_OK, UsageError
 from ..github.comment import upsert_sticky_comment
 from ..github.event import pr_context_from_env
+from ..secrecy import secret
 from .common import Context, input_file
 
 HELP = "post the report as one sticky pull-request comment (updated in place)"
@@ -28,7 +27,7 @@ def register(sub, parents) -> None:
 
 def run(ctx: Context) -> int:
     args = ctx.args
-    token = os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
+    token = secret("GITHUB_TOKEN") or secret("GH_TOKEN")
     if not token:
         raise UsageError("no GitHub token: set GITHUB_TOKEN (the action passes `github-token`)")
     if args.pr is not None or args.repo:
