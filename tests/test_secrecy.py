@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from support import snoop
-from support.helpers import TINY_CONFIG, TINY_MODEL, gk, write_project
+from support.helpers import gk
+from support.snooping import assert_confined, assert_found_nothing, parents_code, snoop_project
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc and prctl are Linux's")
 
@@ -34,52 +34,10 @@ SECRETS = {
     "INPUT_GITHUB-TOKEN": "input-needle-c8a2",  # a JavaScript action's input
     "HF_TOKEN": "hf_needle_2b6e90",
 }
-CAP_BITS = {"CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
-
-SNOOP_MODEL = TINY_MODEL.replace(
-    "def make():\n",
-    textwrap.dedent("""
-        def make():
-            import pathlib
-            import snoop
-
-            snoop.report(pathlib.Path(__file__).parent)
-    """).lstrip("\n"),
-)
-assert "snoop.report" in SNOOP_MODEL
-
-
-def snoop_project(root: Path, needles: dict[str, str], config: str = TINY_CONFIG) -> Path:
-    """A project whose model's factory snoops for ``needles`` (name -> value)."""
-    write_project(root, SNOOP_MODEL, config)
-    shutil.copy(snoop.__file__, root / "snoop.py")
-    (root / "needles.json").write_text(json.dumps(needles))
-    return root
-
-
-def assert_found_nothing(doc: dict) -> None:
-    """No needle in any ancestor, in the worker's own environment, or in a file."""
-    found = {f"{a['pid']} ({a['comm']})": a["found"] for a in doc["ancestors"] if a["found"]}
-    assert not found, found
-    assert doc["own_environ"] == [], doc["own_environ"]
-    assert doc["files"] == {}, doc["files"]
-
-
-def assert_confined(status: dict[str, str]) -> None:
-    """The worker's own status: no_new_privs; as root, none of the capabilities that read
-    another process's memory; else a user namespace of its own, where the kernel has one."""
-    assert status["NoNewPrivs"] == "1", status
-    if os.geteuid() == 0:
-        for field in ("CapEff", "CapPrm", "CapBnd"):
-            held = int(status[field], 16)
-            assert not any(held >> bit & 1 for bit in CAP_BITS.values()), (field, status)
-    elif Path("/proc/self/ns/user").exists():
-        uid = os.getuid()
-        assert status["uid_map"] in ("", f"{uid} {uid} 1"), status
 
 
 def test_model_code_finds_no_secret_in_any_ancestor(tmp_path: Path) -> None:
-    project = snoop_project(tmp_path / "p", SECRETS)
+    project = snoop_project(tmp_path / "p", SECRETS, plant=[*parents_code(), str(tmp_path)])
     proc = gk("key", "--json", cwd=project, env=SECRETS)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((project / "snooped.json").read_text())
@@ -89,6 +47,10 @@ def test_model_code_finds_no_secret_in_any_ancestor(tmp_path: Path) -> None:
     assert doc["ancestors"][0]["comm"].startswith("python")
     assert_found_nothing(doc)
     assert_confined(doc["status"])
+    # no code planted where the parent (or a later step) imports from; elsewhere it can
+    planted = doc["planted"]
+    assert planted.pop(str(tmp_path)) == "written"
+    assert planted == dict.fromkeys(parents_code(), "refused: Read-only file system"), planted
 
 
 def test_the_snoop_finds_a_secret_wherever_it_may_read(tmp_path: Path) -> None:

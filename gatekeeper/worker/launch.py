@@ -69,14 +69,35 @@ def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str,
     return env
 
 
-def worker_command(*args: str) -> list[str]:
+def protected_dirs(writable: list[Path]) -> list[str]:
+    """What no worker may write: this Python's installation, every folder on the parent's
+    import path and gatekeeper's package (code the parent, holding the signing key, may
+    import later, and the action's later steps run), but for a folder that holds one the
+    worker writes in (``writable``, the current directory, the temp dir)."""
+    here = Path(__file__).resolve().parents[1]
+    places = [Path(p).resolve() for p in [*writable, Path.cwd(), Path(tempfile.gettempdir())]]
+    found: list[Path] = []
+    for entry in sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, str(here), *sys.path}):
+        path = Path(entry).resolve() if entry else None
+        if path is None or not path.is_dir() or path == Path(path.anchor):
+            continue
+        if any(p == path or path in p.parents for p in places):
+            continue
+        found.append(path)
+    return [str(p) for p in found if not any(q in p.parents for q in found)]
+
+
+def worker_command(*args: str, writable: list[Path]) -> list[str]:
     """``python -m gatekeeper.worker ARGS``; on Linux started confined (``confine.py``:
-    no capability or namespace to read its ancestors' memory, before any code of the
-    model or of its site-packages runs)."""
+    no capability or namespace to read its ancestors' memory, and the parent's code
+    read-only, before any code of the model or of its site-packages runs)."""
     cmd = [sys.executable, "-m", "gatekeeper.worker", *args]
     if sys.platform != "linux":
         return cmd
-    return [sys.executable, "-I", "-S", str(Path(__file__).with_name("confine.py")), *cmd]
+    confine = [sys.executable, "-I", "-S", str(Path(__file__).with_name("confine.py"))]
+    for path in protected_dirs(writable):
+        confine += ["--read-only", path]
+    return [*confine, *cmd]
 
 
 def run_worker(
@@ -97,7 +118,8 @@ def run_worker(
         req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
         log_path = Path(tmp, "worker.log")
         req_path.write_text(request.model_dump_json())
-        cmd = worker_command(str(req_path), str(resp_path))
+        writable = [cache_dir, Path(request.base_dir), Path(tmp)]
+        cmd = worker_command(str(req_path), str(resp_path), writable=writable)
         with open(log_path, "wb") as log:
             try:
                 proc = subprocess.run(

@@ -3,7 +3,8 @@ walks every ancestor (the ``PPid`` chain of ``/proc/<pid>/status``) and reads wh
 of each: ``environ`` (the process's and every thread's), ``cmdline``, the files it holds
 open, and its memory through ``/proc/<pid>/mem`` (every writable region ``maps`` lists:
 the heap, the stack, anonymous mappings, libraries' data). Then its own environment, and
-every file under the job's temp dir and the folder it was given.
+every file under the job's temp dir and the folder it was given; and it tries to plant
+a ``.pth`` file in the folders ``plant.json`` names (the parent's code).
 
 Standard library only: tests copy this file next to a project's model (``snoop.py``),
 and its ``make`` factory calls :func:`report`; a test also calls :func:`scan` on a
@@ -142,8 +143,27 @@ def report(folder: Path) -> dict:
         doc["files"].update(_files(root, needles))
     doc["files"].pop(str(folder / "needles.json"), None)
     doc["status"] = own_status()
+    plant_in = folder / "plant.json"
+    if plant_in.is_file():
+        doc["planted"] = plant(json.loads(plant_in.read_text()))
     (folder / "snooped.json").write_text(json.dumps(doc, indent=2))
     return doc
+
+
+def plant(dirs: list[str]) -> dict[str, str]:
+    """Try to leave a ``.pth`` file (code every later Python there runs) in each folder:
+    ``written`` (and removed again) or why not."""
+    done = {}
+    for folder in dirs:
+        path = Path(folder, f"zz-planted-{os.getpid()}.pth")
+        try:
+            path.write_text("import os  # planted by a model\n")
+        except OSError as e:
+            done[folder] = f"refused: {os.strerror(e.errno or 0)}"
+            continue
+        path.unlink()
+        done[folder] = "written"
+    return done
 
 
 def own_status() -> dict[str, str]:
