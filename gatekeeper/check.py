@@ -119,6 +119,7 @@ def check_target(
                     megacache=False,
                     signing_key=signing_key(config.require_signature),
                     cache_key=base_key,
+                    precompile="never",
                     aot_dir=base_aot_dir,
                 )
             if config.measure.shape_sweep:
