@@ -117,7 +117,7 @@ def seal(*, drop: bool = False) -> None:
                     _vault[name] = value
     if sys.platform != "linux":
         return
-    scrubbed = _scrub_block(names, {v for v in values if len(v) >= MIN_SECRET_LEN})
+    scrubbed = _scrub_block({v for v in values if len(v) >= MIN_SECRET_LEN})
     for name in scrubbed & set(os.environ):  # a heap copy: what C's environ points to now
         os.environ[name] = os.environ[name]
     if not _sealed:
@@ -136,24 +136,30 @@ def _environ_block() -> tuple[int, int] | None:
     return (start, end) if 0 < start < end else None
 
 
-def _scrub_block(names: set[str], values: set[str]) -> set[str]:
-    """Overwrite, in place, the value of every entry of the environment block named in
-    ``names`` or holding one of ``values``; returns the names overwritten."""
+def _scrub_block(values: set[str]) -> set[str]:
+    """Overwrite, in place, the value of every entry of the environment block that the
+    worker is denied (whether ``os.environ`` still has it or not) or that holds one of
+    ``values`` or another such entry's credential; returns the names overwritten."""
+    from .worker.launch import is_secret
+
     where = _environ_block()
     if where is None:
         log.debug("no environment block to scrub")
         return set()
     start, end = where
-    block = ctypes.string_at(start, end - start)
-    needles = [v.encode(errors="surrogateescape") for v in values]
+    entries = [e.partition(b"=") for e in ctypes.string_at(start, end - start).split(b"\0")]
+    needles = {v.encode(errors="surrogateescape") for v in values} | {
+        value
+        for name, _, value in entries
+        if len(value) >= MIN_SECRET_LEN and is_credential(name.decode(errors="replace"))
+    }
     scrubbed, offset = set(), 0
-    for entry in block.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
+    for name, sep, value in entries:
         text = name.decode(errors="surrogateescape")
-        if sep and value.strip(b"*") and (text in names or any(n in value for n in needles)):
+        if sep and value.strip(b"*") and (is_secret(text) or any(n in value for n in needles)):
             ctypes.memmove(start + offset + len(name) + 1, b"*" * len(value), len(value))
             scrubbed.add(text)
-        offset += len(entry) + 1
+        offset += len(name) + len(sep) + len(value) + 1
     return scrubbed
 
 

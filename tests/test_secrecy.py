@@ -141,6 +141,27 @@ def test_an_api_caller_keeps_its_environment() -> None:
     assert got == {"key": "set-later-by-the-program", "via": "set-later-by-the-program"}
 
 
+def test_a_secret_the_program_deleted_is_still_overwritten() -> None:
+    """The block keeps what the process started with, whatever os.environ holds later:
+    a key the program read and deleted (and its copy under another name) is overwritten
+    when the program first starts a worker."""
+    key = SECRETS["GATEKEEPER_SIGNING_KEY"]
+    code = textwrap.dedent("""
+        import os
+        from gatekeeper import secrecy
+        del os.environ["GATEKEEPER_SIGNING_KEY"]
+        secrecy.seal()
+        print(open("/proc/self/environ", "rb").read().decode(errors="replace"))
+    """)
+    env = {**os.environ, "GATEKEEPER_SIGNING_KEY": key, "SERVICE_SETTING": f"x{key}x"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "GATEKEEPER_SIGNING_KEY=***" in proc.stdout and "SERVICE_SETTING=***" in proc.stdout
+    assert key not in proc.stdout
+
+
 def test_a_confined_process_cannot_read_its_ancestors(tmp_path: Path) -> None:
     """confine.py, as a worker starts: what it execs has no_new_privs and, as root, none of
     the capabilities that read another process's memory, and the scan of this test (its
