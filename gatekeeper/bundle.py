@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import BundleError, ConfigError
 from .hashing import sha256_file
+from .secrecy import secret
 
 log = logging.getLogger("gatekeeper.bundle")
 
@@ -109,7 +110,7 @@ def signing_key(required: bool = False) -> bytes | None:
     With a signature required (``required``, or :func:`signature_required`) a key that is
     missing, empty or only blanks raises ConfigError: a deploy whose environment lost
     the secret must not load bundles unchecked."""
-    key = os.environ.get(KEY_ENV)
+    key = secret(KEY_ENV)
     if key and key.strip():
         return key.encode()
     if required or signature_required():

@@ -147,6 +147,7 @@ def _warm(
             megacache=False,
             signing_key=sign,
             cache_key=base_key,
+            precompile="never",  # the base's package must never reach the measurement
             aot_dir=w.base_aot_dir,
         )
     if config.measure.shape_sweep:

@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 
-from . import __version__
+from . import __version__, secrecy
 from .commands import (
     baseline,
     check,
@@ -143,5 +143,22 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_ERROR
 
 
+def entry(argv: list[str] | None = None, *, exit: bool = True) -> int:
+    """The ``gatekeeper`` program (the console script, ``python -m gatekeeper``, the
+    action's step): :func:`main` in a process whose secrets are sealed away from the
+    model code its workers run (:func:`gatekeeper.secrecy.seal`, credentials taken out
+    of ``os.environ``). ``exit``: leave with the exit code, else return it."""
+    secrecy.seal(drop=True)
+    try:
+        code = main(argv)
+    except SystemExit as e:  # --help, --version, a usage error
+        if isinstance(e.code, str):
+            sys.stderr.write(f"{e.code}\n")
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_ERROR)
+    if exit:
+        sys.exit(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

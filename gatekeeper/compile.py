@@ -142,7 +142,9 @@ def _seed(target: Target, store: Store, match: Match, cache_dir: Path, tmp: Path
     staging = tmp / "seed"
     try:
         archive = tmp / manifest.archive.name
-        store.download(match.location.key(manifest.archive.name), archive)
+        store.download(
+            match.location.key(manifest.archive.name), archive, max_bytes=manifest.archive.size
+        )
         bundle.extract(archive, manifest, staging)
         archive.unlink()
         bundle.install_cache(staging, cache_dir, precompile=False)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 AOT_HOME = Path("gatekeeper", "aot")  # inside the inductor cache dir
 PACKAGE = "model.pt2"
 INFO = "package.json"  # what warm installed: target, code hash, sha256, the check's verdict
+MANIFEST = "manifest.json"  # the bundle's signed manifest, as warm verified it
 
 
 def resolve_device(device: str) -> str:
@@ -200,7 +201,46 @@ def load_aot(
         raise AotUnavailable(f"{wanted}: the package installed in {where} is not verified")
     if not (where / PACKAGE).is_file():
         raise AotUnavailable(f"{wanted}: {where / PACKAGE} is missing")
+    _check_package(wanted, where, info)
     return load_package(where / PACKAGE, info)
+
+
+def _check_package(wanted: str, where: Path, info: dict) -> None:
+    """Loading a package runs its shared library: it must be the file ``warm`` verified.
+    Its sha256 must be the one ``warm`` recorded; where this process has the signing
+    key (or a signature is required), the bundle's signed manifest ``warm`` kept beside
+    it must verify and record that same sha256, so an edited ``package.json`` is no way
+    around it. Raises :class:`AotUnavailable` otherwise."""
+    from . import bundle
+    from .errors import BundleError, ConfigError
+    from .hashing import sha256_file
+
+    recorded = info.get("sha256")
+    if not isinstance(recorded, str) or not re.fullmatch(r"[0-9a-f]{64}", recorded):
+        raise AotUnavailable(f"{wanted}: {where / INFO} records no sha256 for its package")
+    try:
+        key = bundle.signing_key()
+    except ConfigError as e:
+        raise AotUnavailable(f"{wanted}: {e}") from None
+    if key is not None:
+        try:
+            data = (where / MANIFEST).read_bytes()
+            target = json.loads(data).get("target")
+            manifest = bundle.verify_manifest(data, target=str(target), signing_key=key)
+        except (OSError, ValueError, AttributeError, BundleError) as e:
+            raise AotUnavailable(
+                f"{wanted}: no signed manifest verifies the package in {where} ({e}); "
+                "run gatekeeper warm again"
+            ) from None
+        entry = manifest.files.get(bundle.AOT_PACKAGE)
+        if entry is None or entry.sha256 != recorded or manifest.code_hash != info.get("code_hash"):
+            raise AotUnavailable(f"{wanted}: {where / INFO} is not what its signed manifest says")
+    actual = sha256_file(where / PACKAGE)
+    if actual != recorded:
+        raise AotUnavailable(
+            f"{wanted}: {where / PACKAGE} is not the package warm verified (sha256 "
+            f"{actual[:12]}, recorded {recorded[:12]}): not loaded"
+        )
 
 
 def _aot_target(config: Config | str | os.PathLike[str] | None, wanted: str) -> None:

@@ -212,7 +212,7 @@ def install_aot(
     it when the bundle is this code's (``hit``) and a check verified the package;
     otherwise any package an earlier warm left there is removed, so a service never
     loads one that was not verified for this code."""
-    from .runtime import INFO, package_dir
+    from .runtime import INFO, MANIFEST, package_dir
 
     dest = package_dir(cache_dir, result.target)
     info = bundle.aot_info(manifest)
@@ -244,6 +244,7 @@ def install_aot(
             "verified": True,
             "check": check,
         }
+        (dest / MANIFEST).write_bytes(manifest.to_bytes())  # its signature, for load_aot
         (dest / INFO).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         result.aot = "served"
         return

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.factories import make_result
+from support.github_server import FakeGitHub
 from support.helpers import TINY_CONFIG, gk, write_project
 from support.stores import make_bundle
 
@@ -241,3 +242,36 @@ def test_signed_bundles_read_without_a_key_are_said(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in proc.stderr.splitlines() if "signatures are not checked" in ln]
     assert len(warnings) == 1 and "GATEKEEPER_SIGNING_KEY" in warnings[0]
+
+
+def test_numbers_that_mean_nothing_are_refused_before_any_work(
+    tmp_path: Path, github_api: FakeGitHub
+) -> None:
+    """`store prune --older-than nan` deleted nothing and said it had pruned; `comment
+    --pr -5` (or a --repo that is a path) reached the GitHub API. Each is one line, exit
+    2, and nothing is deleted or sent."""
+    store = Store(LocalBackend(tmp_path / "store"))
+    loc, archive, manifest = make_bundle(tmp_path, "old")
+    store.publish_bundle(loc, archive, archive.name, manifest)
+    before = sorted(p.name for p in (tmp_path / "store").rglob("*"))
+    for days in ("nan", "inf"):
+        proc = gk("store", "prune", "--older-than", days, "--store", str(store.uri), cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        expected = f"gatekeeper: error: --older-than must be a number of days, not {days}"
+        assert proc.stderr.strip() == expected
+    assert sorted(p.name for p in (tmp_path / "store").rglob("*")) == before
+
+    (tmp_path / "report.md").write_text("# report\n")
+    github_api.add_actions_token("ghs_comment_token", write=True)
+    env = {"GITHUB_TOKEN": "ghs_comment_token", "GITHUB_API_URL": github_api.url}
+    for flags, message in (
+        (("--pr", "-5"), "--pr must be a pull request number (1 or more), not -5"),
+        (("--pr", "0"), "--pr must be a pull request number (1 or more), not 0"),
+        (("--pr", "7", "--repo", "acme/models/../../x"), "--repo must be OWNER/NAME"),
+    ):
+        repo = () if "--repo" in flags else ("--repo", "acme/models")
+        proc = gk("comment", "--report", "report.md", *repo, *flags, cwd=tmp_path, env=env)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith(f"gatekeeper: error: {message}"), line
+    assert github_api.requests == []

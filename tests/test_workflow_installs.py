@@ -12,6 +12,7 @@ for both (the two steps are the same script), so pip downloads once per session.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,3 +139,27 @@ def test_dashboard_pages_builds_the_site(light_bin: Path, tmp_path: Path) -> Non
     proc = _run(step["run"], env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "gatekeeper-dashboard" / "index.html").is_file()
+
+
+def test_nothing_installs_into_a_self_hosted_runners_python() -> None:
+    """On a self-hosted runner the next job finds whatever a job left in its Python (a
+    `.pth` file runs in every later interpreter), so no step there installs into it: the
+    action installs into a venv of its own in the job's temp dir (action.yml), and the
+    light installs run only on GitHub-hosted runners, a fresh VM per job."""
+    pip = re.compile(r"\bpip3?\b[^\n]*\binstall\b|\bpip_install\b|\bsetup\.py\s+install\b")
+    installs = []
+    for path in sorted((ROOT / "workflows").glob("*.yml")):
+        for name, job in yaml.safe_load(path.read_text())["jobs"].items():
+            runs_on = job.get("runs-on")
+            labels = {runs_on} if isinstance(runs_on, str) else set(runs_on or ())
+            for step in job.get("steps", []):
+                if pip.search(step.get("run", "")):
+                    installs.append((path.name, name, "self-hosted" in labels))
+    assert {(w, j) for w, j, _ in installs} == {
+        ("fork-comment.yml", "comment"),
+        ("dashboard-pages.yml", "build"),
+    }
+    assert not [i for i in installs if i[2]], installs
+    setup = yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"][0]["run"]
+    assert '"$py" -I -m venv "$venv"' in setup and '"$venv/bin/python" -I -m pip' in setup
+    assert not re.search(r'"\$py" -I -m pip install', setup)  # never the runner's Python

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
+import re
 
 from ..errors import EXIT_OK, UsageError
 from ..github.comment import upsert_sticky_comment
 from ..github.event import pr_context_from_env
+from ..secrecy import secret
 from .common import Context, input_file
 
 HELP = "post the report as one sticky pull-request comment (updated in place)"
@@ -26,14 +27,23 @@ def register(sub, parents) -> None:
     )
 
 
+# a repository as GitHub names one: OWNER/NAME, never a path of more segments
+REPO_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/(?!\.\.?$)[A-Za-z0-9._-]{1,100}")
+
+
 def run(ctx: Context) -> int:
     args = ctx.args
-    token = os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
-    if not token:
-        raise UsageError("no GitHub token: set GITHUB_TOKEN (the action passes `github-token`)")
-    if args.pr is not None or args.repo:
+    if args.pr is not None or args.repo:  # the flags are checked before anything is sent
         if args.pr is None or not args.repo:
             raise UsageError("--repo and --pr go together")
+        if args.pr < 1:
+            raise UsageError(f"--pr must be a pull request number (1 or more), not {args.pr}")
+        if not REPO_NAME.fullmatch(args.repo):
+            raise UsageError(f"--repo must be OWNER/NAME, not {args.repo!r}")
+    token = secret("GITHUB_TOKEN") or secret("GH_TOKEN")
+    if not token:
+        raise UsageError("no GitHub token: set GITHUB_TOKEN (the action passes `github-token`)")
+    if args.pr is not None:
         repo, number = args.repo, args.pr
     else:
         pr = pr_context_from_env()

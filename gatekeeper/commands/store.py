@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 from ..errors import EXIT_FAILED, EXIT_OK, UsageError
 from ..store import maintenance
@@ -85,6 +86,8 @@ def prune(ctx: Context) -> int:
         raise UsageError("store prune needs --keep N and/or --older-than DAYS")
     if (a.keep is not None and a.keep < 1) or (a.older_than is not None and a.older_than < 0):
         raise UsageError("--keep must be at least 1 and --older-than not negative")
+    if a.older_than is not None and not math.isfinite(a.older_than):
+        raise UsageError(f"--older-than must be a number of days, not {a.older_than}")
     deleted = maintenance.prune(
         ctx.store, keep=a.keep, older_than_days=a.older_than, dry_run=a.dry_run
     )

@@ -268,9 +268,10 @@ class Store:
             return None
         return name if isinstance(name, str) else None
 
-    def download(self, key: str, dest: Path, *, max_bytes: int | None = None) -> None:
-        """The object into ``dest``; ``max_bytes``: what its record says it has (an
-        archive's manifest, a baseline's reference outputs), more is refused."""
+    def download(self, key: str, dest: Path, *, max_bytes: int) -> None:
+        """The object into ``dest``; ``max_bytes`` (required: every download is read
+        before it is verified): what its record says it has (an archive's manifest, a
+        baseline's reference outputs), more is refused unread."""
         if not self.backend.download(key, dest, max_bytes=max_bytes):
             raise StoreError(f"{key} is missing from store {self.uri}")
 

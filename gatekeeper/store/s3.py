@@ -47,6 +47,7 @@ from botocore.exceptions import (
 )
 
 from ..errors import AccessDenied, PreconditionFailed, StoreError, StoreUnavailable
+from ..secrecy import aws_credentials
 from .base import Backend, ObjectInfo, too_large
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,8 @@ class S3Backend(Backend):
             or None
         )
         try:
-            session = boto3.session.Session()
+            # the keys the gatekeeper program took out of its environment (secrecy.seal)
+            session = boto3.session.Session(**aws_credentials())
             config = Config(
                 region_name=region or session.region_name or DEFAULT_REGION,
                 retries={"mode": "standard", "total_max_attempts": self._max_attempts},

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import WorkerError
+from ..secrecy import seal
 from .protocol import Request, Response
 
 # What the worker never sees. It imports and runs the user's model code and whatever
@@ -30,23 +31,25 @@ SECRET_PREFIXES = (
     "GITHUB_",  # the token, and GITHUB_ENV / GITHUB_PATH: files that steer later steps
     "GIT_CONFIG_",  # an auth header passed to git through the environment
     "VAULT_",
+    "INPUT_",  # a JavaScript or Docker action's inputs: `signing-key`, `github-token`
 )
 SECRET_NAMES = frozenset({"GH_TOKEN", "GH_ENTERPRISE_TOKEN", "SSH_AUTH_SOCK", "KUBECONFIG"})
 _SECRET_WORD = re.compile(
-    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|API_?KEY|ACCESS_KEY|"
-    r"PRIVATE_KEY|AUTH)(_|$)",
+    r"(^|[_-])(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|API[_-]?KEY|ACCESS[_-]KEY|"
+    r"PRIVATE[_-]KEY|SIGNING[_-]KEY|AUTH)([_-]|$)",
     re.IGNORECASE,
 )
+
+
+def secret_word(name: str) -> bool:
+    """Whether ``name`` says it holds a credential (``HF_TOKEN``, ``MY_SIGNING_KEY``)."""
+    return _SECRET_WORD.search(name) is not None
 
 
 def is_secret(name: str) -> bool:
     """Whether the variable ``name`` stays out of the worker's environment."""
     upper = name.upper()
-    return (
-        upper.startswith(SECRET_PREFIXES)
-        or upper in SECRET_NAMES
-        or _SECRET_WORD.search(upper) is not None
-    )
+    return upper.startswith(SECRET_PREFIXES) or upper in SECRET_NAMES or secret_word(upper)
 
 
 def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -66,6 +69,37 @@ def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str,
     return env
 
 
+def protected_dirs(writable: list[Path]) -> list[str]:
+    """What no worker may write: this Python's installation, every folder on the parent's
+    import path and gatekeeper's package (code the parent, holding the signing key, may
+    import later, and the action's later steps run), but for a folder that holds one the
+    worker writes in (``writable``, the current directory, the temp dir)."""
+    here = Path(__file__).resolve().parents[1]
+    places = [Path(p).resolve() for p in [*writable, Path.cwd(), Path(tempfile.gettempdir())]]
+    found: list[Path] = []
+    for entry in sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, str(here), *sys.path}):
+        path = Path(entry).resolve() if entry else None
+        if path is None or not path.is_dir() or path == Path(path.anchor):
+            continue
+        if any(p == path or path in p.parents for p in places):
+            continue
+        found.append(path)
+    return [str(p) for p in found if not any(q in p.parents for q in found)]
+
+
+def worker_command(*args: str, writable: list[Path]) -> list[str]:
+    """``python -m gatekeeper.worker ARGS``; on Linux started confined (``confine.py``:
+    no capability or namespace to read its ancestors' memory, and the parent's code
+    read-only, before any code of the model or of its site-packages runs)."""
+    cmd = [sys.executable, "-m", "gatekeeper.worker", *args]
+    if sys.platform != "linux":
+        return cmd
+    confine = [sys.executable, "-I", "-S", str(Path(__file__).with_name("confine.py"))]
+    for path in protected_dirs(writable):
+        confine += ["--read-only", path]
+    return [*confine, *cmd]
+
+
 def run_worker(
     request: Request,
     *,
@@ -79,11 +113,13 @@ def run_worker(
 
     Raises WorkerError only when the process dies without answering (crash, timeout).
     """
+    seal()  # before the first worker: this process's secrets out of its reach
     with tempfile.TemporaryDirectory(prefix="gk-worker-") as tmp:
         req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
         log_path = Path(tmp, "worker.log")
         req_path.write_text(request.model_dump_json())
-        cmd = [sys.executable, "-m", "gatekeeper.worker", str(req_path), str(resp_path)]
+        writable = [cache_dir, Path(request.base_dir), Path(tmp)]
+        cmd = worker_command(str(req_path), str(resp_path), writable=writable)
         with open(log_path, "wb") as log:
             try:
                 proc = subprocess.run(

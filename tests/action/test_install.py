@@ -27,12 +27,23 @@ from support.helpers import TINY_MODEL, hash_pins, write_project
 
 
 def test_install_keeps_the_runners_torch(installed: Installed, tmp_path: Path) -> None:
+    """gatekeeper goes into a venv of the action's own in the job's temp dir, which sees
+    the runner's torch (the same files); the runner's Python is left as it was."""
     python = installed.bin / "python"
     install = installed.run.step("setup")
     assert install.outcome == "success", install.log
     assert "Successfully installed gatekeeper" in install.log
     assert f"torch: {installed.torch_before[0]}" in install.log
     assert _torch_of(python) == installed.torch_before  # same version, same files
+    runner_temp = Path(installed.run.step("setup").outputs["python"]).parents[3]
+    assert runner_temp.name == "runner-temp" and python.is_relative_to(runner_temp)
+    proc = subprocess.run(
+        [str(installed.runner / "python"), "-c", "import gatekeeper"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )  # the runner's shared Python never gets gatekeeper (nor anything else)
+    assert proc.returncode != 0 and "No module named 'gatekeeper'" in proc.stderr
     site = Path(
         subprocess.check_output(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -79,13 +90,14 @@ def _offer_pins_not_installed_here(pinned: Path, folder: Path) -> None:
     """The wheels of the pinned versions this interpreter does not have, put beside the
     bait: the step below may look nowhere else (no index), and this test's venv sees
     this interpreter's packages, which follow the newest releases (a pin one release
-    behind them would otherwise fail the step before it reaches torch)."""
+    behind them would otherwise fail the step before it reaches torch). setuptools'
+    too: the action's venv has the one ensurepip brings, which its pin replaces."""
     from importlib.metadata import PackageNotFoundError, version
 
     missing = []
     for name, (pin, _) in hash_pins(pinned).items():
-        try:
-            if version(name) == pin:
+        try:  # the action's new venv has ensurepip's own setuptools, never the pin
+            if version(name) == pin and name != "setuptools":
                 continue
         except PackageNotFoundError:
             pass

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-from support.helpers import TINY_MODEL, gk_json, parity_only_config, write_project
+from support.helpers import TINY_MODEL, gk, gk_json, parity_only_config, write_project
 
 from gatekeeper import bundle
 from gatekeeper.config import load_config
@@ -225,3 +226,37 @@ def test_a_guard_that_fails_after_loading_recompiles_and_computes_the_same(
     assert proc.returncode == 0, proc.stderr[-2000:]
     hits, graphs = map(int, proc.stdout.split()[-2:])
     assert hits == 1 and graphs == 1, proc.stdout  # batch 4 loaded, batch 3 recompiled
+
+
+def test_a_paired_check_never_loads_the_base_commits_package(verified, tmp_path: Path):
+    """A check measures the ordinary warm start, with no precompile package where it
+    measures: paired, the base commit's bundle is warmed into the same cache dir, and its
+    verified package must stay out of it too (the head's factory lists what is there)."""
+    root, _ = verified
+    project = copy_of(root, tmp_path)
+    (project / ".gitignore").write_text("store/\nout/\npaired/\npackages.json\n")
+    git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-qm", "base"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    # the control: at the base commit, its bundle is an exact hit whose package is served
+    cache = tmp_path / "deploy"
+    (w,) = gk_json("warm", "--cache-dir", str(cache), cwd=project, env=SIGNING)["targets"]
+    assert (w["status"], w["precompile"]) == ("hit", "served") and packages(cache), w
+
+    spy = MODEL.replace(
+        "def make():\n",
+        "def make():\n"
+        "    import json, os, pathlib\n"
+        "    cache = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+        "    found = sorted(p.parent.name for p in cache.glob('dynamo/*/entry'))\n"
+        "    pathlib.Path(__file__).with_name('packages.json').write_text(json.dumps(found))\n",
+    )
+    (project / "tinymodel.py").write_text(spy)  # the pull request: uncommitted
+    proc = gk(
+        "check", "--mode", "paired", "--base-ref", "main", "--out", "paired",
+        cwd=project, env=SIGNING,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (target,) = json.loads((project / "paired" / "results.json").read_text())["targets"]
+    assert target["paired"], target  # measured beside the base commit's model
+    assert json.loads((project / "packages.json").read_text()) == []

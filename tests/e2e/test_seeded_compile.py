@@ -10,11 +10,12 @@ and the bundle of that change must not carry the old second graph's entry.
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
-from support.helpers import gk_json, write_project
+from support.helpers import gk, gk_json, write_project
 
 MODEL = textwrap.dedent("""
     import torch
@@ -112,3 +113,24 @@ def test_cold_compiles_from_an_empty_cache(compiled: dict, tmp_path: Path):
     (entry,) = gk_json("compile", "--cold", "--store", str(store), cwd=root)["targets"]
     assert entry["status"] == "published" and "seed" not in entry, entry
     assert entry["counters"]["fxgraph_cache_hit"] == 0, entry
+
+
+def test_a_seed_larger_than_its_record_is_refused_unread(compiled: dict, tmp_path: Path):
+    """compile's seed download is capped at the size the seed's manifest records: an
+    archive grown past it (by anyone who can write one object to the store) is refused
+    before its bytes are written out, and the compile goes on cold."""
+    root = tmp_path / "project"
+    shutil.copytree(compiled["root"], root)
+    archives = list((root / "store" / "bundles").rglob("*.tar.zst"))
+    assert archives
+    for archive in archives:  # every bundle the lookup may pick as the seed
+        with archive.open("ab") as f:
+            f.write(b"\0" * (8 << 20))
+    model = root / "tinymodel.py"
+    model.write_text("# a change no bundle was built for\n" + model.read_text())
+    proc = gk("compile", "--json", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(proc.stdout)["targets"]
+    assert entry["status"] == "published" and "seed" not in entry, entry
+    (line,) = [ln for ln in proc.stderr.splitlines() if "not seeded from bundle" in ln]
+    assert "refused unread" in line and "more than the" in line, line

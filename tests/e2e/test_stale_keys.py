@@ -295,7 +295,8 @@ def test_force_replaces_atomically_under_a_concurrent_reader(project: Project, t
                 assert got is not None, "manifest missing"
                 m = bundle.verify_manifest(got[0], target=TARGET, signing_key=None)
                 shutil.rmtree(scratch, ignore_errors=True)
-                store.download(f"{loc_prefix}/{m.archive.name}", scratch / m.archive.name)
+                archive = scratch / m.archive.name
+                store.download(f"{loc_prefix}/{m.archive.name}", archive, max_bytes=m.archive.size)
                 bundle.extract(scratch / m.archive.name, m, scratch / "staging")
                 seen.add(m.archive.name)
                 reads += 1

@@ -12,15 +12,21 @@ model with a repeated block, with real compiles (each compiled once per session)
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
 from support.helpers import gk, gk_json, write_project
+
+from gatekeeper import bundle
+from gatekeeper.runtime import MANIFEST, package_dir
 
 MODEL = textwrap.dedent("""
     import torch
@@ -151,6 +157,65 @@ def test_the_aot_package_is_verified_served_and_loaded_without_inductor(
         [sys.executable, "-c", missing], cwd=shipped, capture_output=True, text=True, timeout=60
     )
     assert "no AOTInductor package installed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def _service_load(root: Path, deploy: Path, env: dict[str, str] | None = None) -> str:
+    """What a service's ``gatekeeper.load_aot`` of the aot target says: ``loaded`` (and
+    called), or why it refused."""
+    code = textwrap.dedent(f"""
+        import torch
+        import gatekeeper
+        from gatekeeper.runtime import AotUnavailable
+        try:
+            model = gatekeeper.load_aot("gatekeeper.toml", {AOT!r}, cache_dir={str(deploy)!r})
+            model(torch.randn(4, 16))
+            print("loaded")
+        except AotUnavailable as e:
+            print(e)
+    """)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env=clean | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_a_package_changed_after_warm_is_never_loaded(shipped: Path, tmp_path: Path):
+    """Loading an AOTInductor package runs its shared library: load_aot loads only the
+    file warm verified (its sha256), and where the service has the signing key, only
+    what the bundle's signed manifest records, whatever package.json says."""
+    deploy = tmp_path / "deploy"
+    (warmed,) = gk_json("warm", "--cache-dir", str(deploy), "--target", AOT, cwd=shipped)["targets"]
+    assert warmed["aot"] == "served", warmed
+    where = package_dir(deploy, AOT)
+    package, info_path = where / "model.pt2", where / "package.json"
+    original = package.read_bytes()
+    with zipfile.ZipFile(package, "a") as z:  # still a package torch loads, another file
+        z.writestr(z.namelist()[0].split("/")[0] + "/data/planted.txt", "changed after warm")
+    tampered = package.read_bytes()
+    assert "is not the package warm verified" in _service_load(shipped, deploy)
+
+    # a signed bundle: the manifest warm kept beside the package, signed (as main's are)
+    key = {"GATEKEEPER_SIGNING_KEY": "aot-load-test-key"}
+    manifest = bundle.Manifest.model_validate_json((where / MANIFEST).read_bytes())
+    signed = bundle.sign(manifest, key["GATEKEEPER_SIGNING_KEY"].encode())
+    (where / MANIFEST).write_bytes(signed.to_bytes())
+    package.write_bytes(original)
+    assert _service_load(shipped, deploy, key) == "loaded"  # the verified package loads
+
+    # package.json edited to the tampered file's sha256: the signed manifest says otherwise
+    package.write_bytes(tampered)
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps(info | {"sha256": hashlib.sha256(tampered).hexdigest()}))
+    assert "is not what its signed manifest says" in _service_load(shipped, deploy, key)
+    required = {"GATEKEEPER_REQUIRE_SIGNATURE": "true"}
+    assert "a signature is required" in _service_load(shipped, deploy, required)
 
 
 def test_a_head_only_change_still_hits_the_regional_blocks(shipped: Path, tmp_path: Path):

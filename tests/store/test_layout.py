@@ -87,12 +87,12 @@ def test_download(store, tmp_path):
     path, name, manifest = make_archive(tmp_path, b"payload")
     store.publish_bundle(loc, path, name, manifest)
     dest = tmp_path / "dl" / name
-    store.download(loc.key(name), dest)
+    store.download(loc.key(name), dest, max_bytes=len(b"payload"))
     assert dest.read_bytes() == b"payload"
     from gatekeeper.errors import StoreError
 
     with pytest.raises(StoreError, match="missing"):
-        store.download(loc.key("bundle-nope.tar.zst"), tmp_path / "dl" / "x")
+        store.download(loc.key("bundle-nope.tar.zst"), tmp_path / "dl" / "x", max_bytes=1)
 
 
 # -- find -----------------------------------------------------------------------------------

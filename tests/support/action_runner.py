@@ -10,15 +10,16 @@ cancelled()``), then runs the ``run:`` script with ``bash --noprofile --norc -eo
 in a workspace, with a fresh GITHUB_OUTPUT and GITHUB_STEP_SUMMARY per step and the job's
 GITHUB_ENV and GITHUB_PATH, and maps the action's outputs from the steps' outputs.
 
-The install step really runs (once per module, in the ``installed`` fixture, about 10 s):
-pip installs gatekeeper from a copy of this repository (the action's folder, as the
-runner downloads it) into a virtual environment layered on this one (a ``.pth`` line
-makes this venv's packages, torch among them, visible to it), so pip finds the runner's
-torch installed and must keep it. (Installing into this venv itself would replace the
-editable install of the code under test.) The later runs set
+The install step really runs (once per session, in the ``installed`` fixture, about
+15 s): the runner's Python is a virtual environment layered on this one (a ``.pth`` line
+makes this venv's packages, torch among them, visible to it: torch installed, gatekeeper
+not), and the action makes a venv of its own in the job's temp dir, sees the runner's
+torch through it, and pip installs gatekeeper there from a copy of this repository (the
+action's folder, as the runner downloads it). The later runs set
 GATEKEEPER_ACTION_SKIP_INSTALL=true, the switch action.yml documents for runner images
-that ship gatekeeper, and use what that install put there. A bait wheel ("torch 99")
-shows that the pip constraint, not luck, keeps the runner's torch.
+that ship gatekeeper, with the action's venv first on PATH: what that install made. A
+bait wheel ("torch 99") shows that the pip constraint, not luck, keeps the runner's
+torch.
 
 The flow test talks to moto's S3 server (``s3_bucket_uri``) and the fake GitHub API
 (``github_api``) and compiles a tiny model for real.
@@ -701,9 +702,12 @@ def _bucket_keys(s3_bucket_uri: Any) -> set[str]:
 
 @dataclass
 class Installed:
-    """The runner's Python after the action's install step ran in it once, for real."""
+    """The action's install step, run once for real: the venv it made in the job's temp
+    dir (``bin``: gatekeeper there, the runner's torch seen through it), the runner's
+    Python it left as it was (``runner``), and the run."""
 
     bin: Path
+    runner: Path
     torch_before: tuple[str, str]
     run: ActionRun
 
@@ -720,4 +724,6 @@ def installed(
         {"command": "compile", "config": "absent.toml", "comment": "false"},
         github={"event_name": "push", "repository": REPO, "token": ""},
     )
-    return Installed(runner_python, before, run)
+    python = run.step("setup").outputs.get("python")
+    assert python, run.log
+    return Installed(Path(python).parent, runner_python, before, run)
