@@ -180,6 +180,8 @@ def check_target(
         "code_hash": code,
         "device": key.device,
     }
+    if not resp.ok and resp.kind == "unavailable":  # this torch's AOTInductor, here
+        return TargetResult(**ident, status="unavailable", error=resp.error, measured_at=now_iso())
     if not resp.ok and resp.kind == "export":
         return TargetResult(
             **ident,
@@ -557,7 +559,7 @@ def _check_all(
                 paired=paired,
             )
             results.append(r)
-            if r.status == "not-exportable":
+            if r.status in ("not-exportable", "unavailable"):
                 step.done(str(r.error))
             elif r.latency is None or r.compile is None:
                 step.done(f"error: {r.error}")

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import steps
+
 if TYPE_CHECKING:
     from .protocol import Request, Response
 
@@ -38,9 +40,11 @@ def probe(req: Request) -> Response:
     from .model import make_inputs
 
     inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
+    steps.enter("load package")
     start = time.perf_counter()
     model = load_package(req.aot_in)
     loaded = time.perf_counter() - start
+    steps.enter("package first call")
     with torch.no_grad():
         inputs.call(model)
     first = time.perf_counter() - start
@@ -75,11 +79,12 @@ def verify(req: Request) -> Response:
     check_precision(req.device, req.precision)
     model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
     tol = parity_tolerance(req.parity.model_dump(), req.precision)
+    steps.enter("load package")
     start = time.perf_counter()
     package = load_package(req.aot_in)
     loaded = time.perf_counter() - start
     with torch.no_grad():
-        out, seconds = first_call(package, inputs, req.device)
+        out, seconds = first_call(package, inputs, req.device, "package first call")
         cand = Outputs.of(out)
         eager = Outputs.of(
             inputs.call(under_autocast(entry(model, req.model.call), req.device, req.precision))

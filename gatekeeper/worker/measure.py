@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
+from . import steps
 from .calls import Inputs, entry
 from .compile import compiled_for, snapshot_counters
 from .counters import (
@@ -106,6 +107,7 @@ def measure(req: Request) -> Response:
     paired: dict | None = None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
+    steps.enter("explain")
     graphs = _graphs(model, cfg, req, inputs, base_dir, amp)
     if base_dir_paired is not None:
         base_model, base_deps = build_base(cfg, req.shapes, base_dir_paired, device)
@@ -118,6 +120,7 @@ def measure(req: Request) -> Response:
     reset_inductor_metrics()
 
     before_compile = allocated(device)
+    steps.enter("compile")
     start = time.perf_counter()
     try:  # regional: a compiled copy; aot: the bundle's package (or export + build one)
         made, done = compiled_for(req, model, inputs, keep_eager=True)
@@ -138,7 +141,7 @@ def measure(req: Request) -> Response:
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
         # next call: keep a copy of what the first call returned (every leaf, a cache's
         # tensors included)
-        out_compiled, compile_seconds = first_call(compiled, inputs, device)
+        out_compiled, compile_seconds = first_call(compiled, inputs, device, _first(req))
         cand = Outputs.of(out_compiled).cloned()
         del out_compiled
         if req.strategy == "aot":
@@ -152,6 +155,7 @@ def measure(req: Request) -> Response:
             t.numel() * t.element_size() for t in cand.tensors() if t.device.type == "cuda"
         )
         held = allocated(device) - before_compile - copy_bytes
+        steps.enter("work counters")
         work = {
             # an aot package's kernels were counted where it was built, if at all
             **(inductor_metrics() if req.strategy != "aot" else {}),
@@ -165,6 +169,7 @@ def measure(req: Request) -> Response:
 
         if base_dir_paired is not None:
             fresh_frames()
+            steps.enter("base compile")
             base_req = req.model_copy(update={"aot_in": req.base_aot_in})
             try:
                 base_made, _ = compiled_for(base_req, base_model, inputs, keep_eager=True)
@@ -172,7 +177,9 @@ def measure(req: Request) -> Response:
                 base_dir_paired = None
         if base_dir_paired is not None and base_made is not None:
             base_compiled = under_autocast(base_made, device, req.precision)
-            base_first, base_seconds = first_call(base_compiled, inputs, device)
+            base_first, base_seconds = first_call(
+                base_compiled, inputs, device, f"base {_first(req)}"
+            )
             base_out = Outputs.of(base_first).cloned()
             del base_first
             inputs.call(base_compiled)
@@ -193,6 +200,7 @@ def measure(req: Request) -> Response:
                 },
             }
 
+        steps.enter("parity")
         ref64 = fp64_reference(model, inputs, cfg.call)
         ref64_leaves = ref64.leaves if ref64 is not None else None
         parity = {"vs_eager": check_parity(cand, Outputs.of(inputs.call(eager)), ref64_leaves, tol)}
@@ -204,6 +212,7 @@ def measure(req: Request) -> Response:
                 parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
         save_reference(req.reference_out, cand, ref64)
         start_counting()  # recompiles from here on: the measured calls
+        steps.enter("measure")
 
         memory, lat, prof = measure_calls(
             eager,
@@ -234,6 +243,11 @@ def measure(req: Request) -> Response:
         export=done.get("export"),
         aot=done.get("aot") or None,
     )
+
+
+def _first(req: Request) -> str:
+    """The step of a compiled model's first call: an aot target's is its package's."""
+    return "package first call" if req.strategy == "aot" else "first call"
 
 
 def _graphs(model, cfg, req: Request, inputs: Inputs, base_dir: Path, amp) -> dict:

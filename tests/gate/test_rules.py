@@ -309,3 +309,28 @@ def test_a_model_that_never_exported_is_not_a_regression():
         [not_exportable(base_exportable=False)], {}, lambda t: RULES, base_ref="main"
     )
     assert report.exit_code == 0
+
+
+def test_an_aot_package_unavailable_here_is_regressed_only_where_the_base_ran():
+    from gatekeeper.results import TargetResult
+
+    said = (
+        "unavailable: torch's AOTInductor killed the worker (SIGSEGV) in load package "
+        "with torch 2.11.0+cu130 on cuda; the target's other strategies are unaffected"
+    )
+    crashed = TargetResult(
+        target="m/b1/default+aot",
+        model="m",
+        env_key="env",
+        code_hash="c0de",
+        device="cuda",
+        status="unavailable",
+        error=said,
+    )
+    ran = make_baseline(make_result("m/b1/default+aot"))  # its package loaded and ran
+    v = gate.gate_target(crashed, ran, RULES)
+    assert v.verdict == "regressed" and v.reasons == [f"{said} (the base's ran)"], v
+    v = gate.gate_target(crashed, None, RULES)
+    assert v.verdict == "no-baseline" and v.notes == [said], v
+    report = gate.build_report([crashed], {}, lambda t: RULES, base_ref="main")
+    assert report.exit_code == 0
