@@ -70,9 +70,10 @@ def verify(req: Request) -> Response:
     from ..runtime import load_package
     from .calls import entry
     from .model import build_recorded
-    from .parity import Outputs, check_parity, fp64_reference, load_reference
+    from .parity import Outputs, check_parity, load_reference, vs_eager
     from .protocol import Response
     from .task import check_precision, parity_tolerance, under_autocast
+    from .tf32 import accuracy_settings, bakes_tf32
     from .timing import first_call
 
     assert req.parity is not None and req.aot_in is not None
@@ -83,14 +84,14 @@ def verify(req: Request) -> Response:
     start = time.perf_counter()
     package = load_package(req.aot_in)
     loaded = time.perf_counter() - start
-    with torch.no_grad():
+    baked = bakes_tf32(req.mode, req.model.options)
+    with torch.no_grad(), accuracy_settings(req.device, baked):
         out, seconds = first_call(package, inputs, req.device, "package first call")
         cand = Outputs.of(out)
-        eager = Outputs.of(
-            inputs.call(under_autocast(entry(model, req.model.call), req.device, req.precision))
-        )
-    ref64 = fp64_reference(model, inputs, req.model.call)
-    parity = {"vs_eager": check_parity(cand, eager, ref64.leaves if ref64 else None, tol)}
+    steps.enter("parity")
+    eager = under_autocast(entry(model, req.model.call), req.device, req.precision)
+    vs, _ = vs_eager(cand, eager, model, inputs, req.model.call, req.device, tol, baked)
+    parity = {"vs_eager": vs}
     if req.reference_in:
         ref, ref_64 = load_reference(req.reference_in)
         parity["vs_reference"] = check_parity(cand, ref, ref_64, tol)

@@ -25,7 +25,7 @@ from .counters import (
 from .graphs import graph_breaks
 from .memory import allocated
 from .model import build_base, build_recorded
-from .parity import Outputs, check_parity, fp64_reference, read_reference, save_reference
+from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
 from .protocol import Request, Response
 from .strategy import NotExportable, export, regional_graphs
 from .task import (
@@ -37,6 +37,7 @@ from .task import (
     start_counting,
     under_autocast,
 )
+from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
 
 
@@ -137,11 +138,13 @@ def measure(req: Request) -> Response:
         )
     prepared = time.perf_counter() - start  # aot: export, build and load the package
     compiled = under_autocast(made, device, req.precision)
+    baked = bakes_tf32(req.mode, cfg.options)
     with torch.no_grad():
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
         # next call: keep a copy of what the first call returned (every leaf, a cache's
-        # tensors included)
-        out_compiled, compile_seconds = first_call(compiled, inputs, device, _first(req))
+        # tensors included). Parity's settings for it (worker.tf32), the deploy's after.
+        with accuracy_settings(device, baked):
+            out_compiled, compile_seconds = first_call(compiled, inputs, device, _first(req))
         cand = Outputs.of(out_compiled).cloned()
         del out_compiled
         if req.strategy == "aot":
@@ -177,9 +180,10 @@ def measure(req: Request) -> Response:
                 base_dir_paired = None
         if base_dir_paired is not None and base_made is not None:
             base_compiled = under_autocast(base_made, device, req.precision)
-            base_first, base_seconds = first_call(
-                base_compiled, inputs, device, f"base {_first(req)}"
-            )
+            with accuracy_settings(device, baked):
+                base_first, base_seconds = first_call(
+                    base_compiled, inputs, device, f"base {_first(req)}"
+                )
             base_out = Outputs.of(base_first).cloned()
             del base_first
             inputs.call(base_compiled)
@@ -201,9 +205,8 @@ def measure(req: Request) -> Response:
             }
 
         steps.enter("parity")
-        ref64 = fp64_reference(model, inputs, cfg.call)
-        ref64_leaves = ref64.leaves if ref64 is not None else None
-        parity = {"vs_eager": check_parity(cand, Outputs.of(inputs.call(eager)), ref64_leaves, tol)}
+        vs, ref64 = vs_eager(cand, eager, model, inputs, cfg.call, device, tol, baked)
+        parity = {"vs_eager": vs}
         if base_dir_paired is not None:
             parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
         elif req.baseline_reference:
