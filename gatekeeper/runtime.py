@@ -147,19 +147,31 @@ class AotModel:
         return f"AotModel({str(self.path)!r})"
 
 
+# The C++ loader's constructor is no stable API; its arguments, newest first: (path, model
+# name, run single-threaded, runners, device index: -1 = as built), as torch 2.13 takes
+# them; without the device index, as releases before it did; (path, model name), as 2.6
+# does. pybind11 refuses the others with a TypeError before anything is loaded.
+LOADER_ARGS = (("model", False, 1, -1), ("model", False, 1), ("model",))
+
+
 def load_package(path: str | os.PathLike[str], info: dict | None = None) -> AotModel:
-    """Load a ``.pt2`` AOTInductor package with torch's C++ loader (falling back to
-    ``torch._inductor.aoti_load_package`` where torch has none)."""
+    """Load a ``.pt2`` AOTInductor package with torch's C++ loader, as this torch's
+    constructor takes it (falling back to ``torch._inductor.aoti_load_package`` where
+    torch has none)."""
     import torch
 
     aoti = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
     if aoti is None:  # pragma: no cover - every torch gatekeeper supports has it
         from torch._inductor import aoti_load_package
 
-        loader = aoti_load_package(str(path)).loader
-    else:
-        # (path, model name, run single-threaded, runners, device index: -1 = as built)
-        loader = aoti(str(path), "model", False, 1, -1)
+        return AotModel(aoti_load_package(str(path)).loader, Path(path), info)
+    for args in LOADER_ARGS:
+        try:
+            loader = aoti(str(path), *args)
+            break
+        except TypeError as e:  # pybind11: this torch has another constructor
+            if "incompatible constructor arguments" not in str(e) or args == LOADER_ARGS[-1]:
+                raise
     return AotModel(loader, Path(path), info)
 
 

@@ -184,8 +184,9 @@ def _compile(req: Request) -> Response:
         steps.enter("shape sweep")
         shape_sweep(req.model, req.base_path, req.device, run)
     megacache = None
-    if req.megacache_out:
-        megacache = torch.compiler.save_cache_artifacts()
+    save = getattr(torch.compiler, "save_cache_artifacts", None)  # torch >= 2.7
+    if req.megacache_out and save is not None:
+        megacache = save()
         if megacache is not None:
             Path(req.megacache_out).write_bytes(megacache[0])
     return resp.model_copy(

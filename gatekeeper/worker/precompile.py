@@ -100,6 +100,8 @@ def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]
 
     Returns ``{"status": "recorded", "entries": [...], "unguarded": [...]}`` or
     ``{"status": "unavailable", "reason": ...}``; never raises for the model's sake."""
+    if not hasattr(torch._dynamo.config, "caching_precompile"):  # an older torch
+        return {"status": "unavailable", "reason": f"torch {torch.__version__} cannot package"}
     shutil.copytree(cache_dir, out_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("locks"))
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(out_dir)  # inductor reads it per lookup
