@@ -111,16 +111,20 @@ STUDY = textwrap.dedent("""
             say("first call")
             got = m(ids)
         else:
-            from gatekeeper.runtime import LOADER_ARGS, AotModel
+            from gatekeeper.runtime import LOADER_ARGS, AotModel, load_package
             from pathlib import Path
-            args = LOADER_ARGS[0][:1] + (step == "single",) + LOADER_ARGS[0][2:]
-            say("C++ loader " + repr(args))
-            loader = torch._C._aoti.AOTIModelPackageLoader(pkg, *args)
+            say("C++ loader, as load_aot calls it")
+            model = load_package(pkg)
+            if step == "single":  # the same constructor, run single-threaded
+                args = next(a for a in LOADER_ARGS if len(a) >= 2)
+                args = args[:1] + (True,) + args[2:]
+                say("C++ loader " + repr(args))
+                model = AotModel(torch._C._aoti.AOTIModelPackageLoader(pkg, *args), Path(pkg))
             say("first call " + ("boxed_run" if step == "boxed" else "run"))
             if step == "boxed":
-                got = loader.boxed_run([ids])[0]
+                got = model._loader.boxed_run([ids])[0]
             else:
-                got = AotModel(loader, Path(pkg))(ids)
+                got = model(ids)
         if step != "build":
             torch.cuda.synchronize() if device == "cuda" else None
             err = (got.double() - want.double()).abs().max().item()
@@ -289,7 +293,10 @@ def paths(args: argparse.Namespace, work: Path) -> dict:
     (repo / "smoke_models.py").write_text((repo / "smoke_models.py").read_text() + "\n# pr\n")
     sh(["git", "-c", "user.name=s", "-c", "user.email=s@localhost", "commit", "-qam", "pr"], repo)
     rc, doc, err = gk(repo, "run", "--base-ref", "main", "--out", "out-pr", timeout=t)
-    out["pr"] = {x["target"]: x["verdict"] for x in doc.get("targets", [])} or {"error": err}
+    out["pr"] = {
+        x["target"]: x["verdict"] + (f": {x['error']}" if x.get("error") else "")
+        for x in doc.get("targets", [])
+    } or {"error": err}
     out["pr_exit"] = rc
     log(f"unchanged pull request, paired: exit {rc}")
     return out

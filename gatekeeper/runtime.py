@@ -136,7 +136,7 @@ class AotModel:
         import torch
         import torch.utils._pytree as pytree
 
-        kwargs_spec = self._in_spec.child(1) if self._in_spec.num_children == 2 else None
+        kwargs_spec = _child(self._in_spec, 1) if self._in_spec.num_children == 2 else None
         if kwargs and kwargs_spec is not None:  # in the order export saw them
             kwargs = {k: kwargs[k] for k in kwargs_spec.context if k in kwargs}
         flat = pytree.tree_leaves((args, kwargs))
@@ -152,6 +152,13 @@ class AotModel:
 # them; without the device index, as releases before it did; (path, model name), as 2.6
 # does. pybind11 refuses the others with a TypeError before anything is loaded.
 LOADER_ARGS = (("model", False, 1, -1), ("model", False, 1), ("model",))
+
+
+def _child(spec: Any, index: int) -> Any:
+    """A TreeSpec's child: ``child(i)`` in newer torch (``children_specs`` in older
+    releases, 2.6 among them; deprecated since)."""
+    child = getattr(spec, "child", None)
+    return child(index) if child is not None else spec.children_specs[index]
 
 
 def load_package(path: str | os.PathLike[str], info: dict | None = None) -> AotModel:

@@ -16,32 +16,16 @@ import re
 import textwrap
 
 import pytest
-from support.helpers import gk, write_project
+from support.helpers import TINY_MODEL, gk, write_project
 
-MODEL = textwrap.dedent("""
+MODEL = TINY_MODEL + textwrap.dedent("""
     import ctypes
-
-    import torch
-    from torch import nn
-
-
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(16, 4)
-
-        def forward(self, x):
-            return self.fc(x)
 
 
     class Poke(Tiny):
         def forward(self, x):
             ctypes.string_at(0)  # POKE
-            return self.fc(x)
-
-
-    def make():
-        return Tiny()
+            return super().forward(x)
 
 
     def make_boom():
@@ -65,7 +49,7 @@ MODEL = textwrap.dedent("""
 
     class WithOp(Tiny):
         def forward(self, x):
-            return torch.ops.gktest.poke(self.fc(x))
+            return torch.ops.gktest.poke(super().forward(x))
 
 
     def make_op():
@@ -80,28 +64,16 @@ CONFIG = textwrap.dedent("""
     [tool.gatekeeper.measure]
     warmup = 1
     min_time = 0.2
-
-    [[tool.gatekeeper.models]]
-    name = "boom"
-    factory = "tinymodel:make_boom"
-    inputs = [{ shape = [2, 16] }]
-
-    [[tool.gatekeeper.models]]
-    name = "poke"
-    factory = "tinymodel:make_poke"
-    inputs = [{ shape = [2, 16] }]
-
-    [[tool.gatekeeper.models]]
-    name = "tiny"
-    factory = "tinymodel:make"
-    inputs = [{ shape = [2, 16] }]
-
-    [[tool.gatekeeper.models]]
-    name = "op"
-    factory = "tinymodel:make_op"
-    inputs = [{ shape = [2, 16] }]
-    strategies = ["aot"]
-""")
+""") + "".join(
+    f'\n[[tool.gatekeeper.models]]\nname = "{name}"\nfactory = "tinymodel:{factory}"\n'
+    f"inputs = [{{ shape = [2, 16] }}]\n{extra}"
+    for name, factory, extra in (
+        ("boom", "make_boom", ""),
+        ("poke", "make_poke", ""),
+        ("tiny", "make", ""),
+        ("op", "make_op", 'strategies = ["aot"]\n'),
+    )
+)
 
 
 def _line(marker: str) -> int:
