@@ -88,8 +88,9 @@ ERRORS = textwrap.dedent("""
         "compiled, cuDNN TF32 on": rmse(with_tf32(True, lambda: compiled(x))),
         "compiled, cuDNN TF32 off": rmse(with_tf32(False, lambda: compiled(x))),
     }
-    emulated = tf32_eager(model, inputs, conv=True, matmul=False)
-    errors["eager at TF32 (emulated)"] = rmse(list(emulated.leaves.values())[0])
+    for nearest, how in ((False, "truncated, the rule's"), (True, "rounded to nearest")):
+        emulated = tf32_eager(model, inputs, conv=True, matmul=False, nearest=nearest)
+        errors[f"eager at TF32, operands {how}"] = rmse(list(emulated.leaves.values())[0])
     print(json.dumps(errors))
 """)
 

@@ -151,11 +151,13 @@ def tf32_in_force(device: str, baked: bool) -> tuple[bool, bool]:
     return conv, bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-def to_tf32(t: torch.Tensor) -> torch.Tensor:
+def to_tf32(t: torch.Tensor, nearest: bool = False) -> torch.Tensor:
     """A float32 tensor as a TF32 tensor core reads it: the first 10 of its 23 mantissa
-    bits (the low 13 dropped, toward zero); Inf and NaN as they are."""
-    truncated = (t.view(torch.int32) & -0x2000).view(torch.float32)
-    return torch.where(torch.isfinite(t), truncated, t)
+    bits (the low 13 dropped, toward zero), or ``nearest``: rounded to the nearest such
+    value, ties away from zero (what a kernel that converts first gets); Inf and NaN as
+    they are."""
+    bits = t.view(torch.int32) + (0x1000 if nearest else 0)
+    return torch.where(torch.isfinite(t), (bits & -0x2000).view(torch.float32), t)
 
 
 _CONV = {"convolution": (0, 1)}  # the operands a TF32 kernel reads so (not the bias)
@@ -172,15 +174,16 @@ _MATMUL = {
 class _TF32(TorchDispatchMode):
     """Eager with the float32 operands of convolutions and/or matmuls read as TF32."""
 
-    def __init__(self, conv: bool, matmul: bool) -> None:
+    def __init__(self, conv: bool, matmul: bool, nearest: bool = False) -> None:
         super().__init__()
         self.ops = {**(_CONV if conv else {}), **(_MATMUL if matmul else {})}
+        self.nearest = nearest
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         which = self.ops.get(func.overloadpacket.__name__)
         if which is not None:
             args = tuple(
-                to_tf32(a)
+                to_tf32(a, self.nearest)
                 if i in which and isinstance(a, torch.Tensor) and a.dtype == torch.float32
                 else a
                 for i, a in enumerate(args)
@@ -188,14 +191,16 @@ class _TF32(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def tf32_eager(fn: Callable, inputs: Inputs, conv: bool, matmul: bool) -> Outputs | None:
+def tf32_eager(
+    fn: Callable, inputs: Inputs, conv: bool, matmul: bool, nearest: bool = False
+) -> Outputs | None:
     """Eager's outputs with TF32 where the compiled model's kernels may use it
-    (``conv``, ``matmul``: :func:`tf32_in_force`), or None where they may not (or it
-    cannot run so)."""
+    (``conv``, ``matmul``: :func:`tf32_in_force`; ``nearest``: see :func:`to_tf32`), or
+    None where they may not (or it cannot run so)."""
     if not (conv or matmul):
         return None
     try:
-        with torch.no_grad(), _TF32(conv, matmul):
+        with torch.no_grad(), _TF32(conv, matmul, nearest):
             return Outputs.of(inputs.call(fn))
     except Exception:  # the rung is skipped, as without an fp64 reference
         return None

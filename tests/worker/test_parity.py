@@ -104,6 +104,8 @@ def test_tf32_keeps_the_first_ten_mantissa_bits_as_tensor_cores_read_them():
     got = to_tf32(x)
     assert got.tolist() == [1.0, 1.0, -(1 + ulp), 3.0, 0.0, -0.0]  # truncated toward zero
     assert (got.view(torch.int32) & 0x1FFF).eq(0).all()  # 13 low bits of 23 dropped
+    nearest = to_tf32(x, nearest=True)  # a kernel that converts first: ties away from zero
+    assert nearest.tolist() == [1 + ulp, 1 + ulp, -(1 + 2 * ulp), 3.0, 0.0, -0.0]
     special = to_tf32(torch.tensor([float("inf"), float("-inf"), float("nan")]))
     assert special[:2].tolist() == [float("inf"), float("-inf")] and special[2].isnan()
     rand = torch.randn(1000, generator=torch.Generator().manual_seed(1))
