@@ -91,6 +91,7 @@ def test_the_docs_part_between_the_markers_is_regenerated_from_the_json(tmp_path
         "| dec/b1-s64/default+aot | unavailable: torch's AOTInductor killed the worker",
         "| 0.500 ms | 2.00x |",  # p50 and speedup
         "| 10% | 1 | 1 | 0 | 0 | +11.0% | ±2.0% |",  # the detection table
+        "calls `regressed` here: about 6.5%",  # 5% + the unchanged run's half-width
         "| compiled, cuDNN TF32 on | 1.50e-04",  # the errors behind the TF32 rule
     ):
         assert shown in generated, (shown, generated)
