@@ -302,8 +302,8 @@ def main() -> None:
         "--budget",
         type=float,
         metavar="SECONDS",
-        help="start no trial after this many seconds (a lent GPU's call is limited); the "
-        "trials done are kept",
+        help="per level: start no trial after this many seconds of its trials (a lent "
+        "GPU's call is limited); the trials done are kept",
     )
     ap.add_argument(
         "--device",
@@ -356,14 +356,7 @@ def main() -> None:
     git(repo, "checkout", "-qb", "pr")
 
     trials: list[dict] = []
-    started = time.monotonic()
-
-    def out_of_time() -> bool:
-        return args.budget is not None and time.monotonic() - started > args.budget
-
     for pct, n_trials in counts.items():
-        if out_of_time():
-            break
         if args.knob == "compute":
             if pct and pct not in sines:  # sized right before its trials
                 sines[pct] = calibrate(pct, int(processes), float(seconds))
@@ -371,9 +364,10 @@ def main() -> None:
         set_slowdown(repo, pct, args.knob, sines.get(pct, 0))
         git(repo, "commit", "-qam", f"pr {pct}%", "--allow-empty")
         gk("compile", cwd=repo)  # each trial then starts warm, as a PR's CI does
+        deadline = time.monotonic() + (args.budget if args.budget is not None else math.inf)
         for mode in modes:
             for n in range(n_trials):
-                if out_of_time():
+                if time.monotonic() > deadline:
                     print(f"--budget {args.budget:.0f} s spent: no more trials", file=sys.stderr)
                     break
                 extra = ["--mode", "stored"] if mode == "stored" else []
