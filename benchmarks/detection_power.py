@@ -13,7 +13,11 @@ Two knobs make the model slower:
     compute  more elementwise work fused into one kernel: no more FLOPs and no more
              bytes accessed, so only timing can see it (the test of timing detection);
              a chain of sines, sized on this machine before each level (`calibrate`)
-             or given with --sines
+             or given with --sines. With --device cuda the chain runs over a buffer of
+             --work elements that base and head both read (on the model's 32x256
+             activations it would cost a GPU nothing next to a kernel launch), and
+             its mean joins the output scaled by 1e-12: below float32's resolution, so
+             the outputs stay as they were
     layers   more Linear+tanh layers (one of 20 per 5%): more FLOPs, which the
              deterministic work counters see without timing (stored mode, one run)
 
@@ -24,6 +28,7 @@ test measured, seconds of timed rounds per target, and seconds per trial. Usage:
     python benchmarks/detection_power.py [--levels 0:100,10:60,5:20,20:20]
         [--modes default,stored] [--knob compute|layers] [--baseline-runs 1] [--threads N]
         [--sines 5:14,10:23,20:42] [--calibration 3:8] [--json PATH]
+        [--device cpu|cuda] [--work 1048576]
     python benchmarks/detection_power.py --from-json PATH [PATH ...]
 
 `--json` writes every trial as it ends, so a run stopped early keeps what it measured;
@@ -57,24 +62,27 @@ MODEL = textwrap.dedent("""
     SLOWDOWN = {slowdown}  # percent
     KNOB = "{knob}"
     SINES = {sines}  # the compute knob's chain, calibrated to SLOWDOWN on this machine
+    WORK = {work}  # elements the chain runs over (0: the activations)
 
     class Net(nn.Module):
         def __init__(self, width=256, layers=20):
             super().__init__()
             self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
             self.extra = nn.Linear(width, width)
+            if WORK:
+                self.register_buffer("work", torch.linspace(-1, 1, WORK))
 
         def forward(self, x):
             for layer in self.layers:
                 x = torch.tanh(layer(x))
-            y = x
+            y = self.work if WORK else x
             if KNOB == "layers":  # one more layer per 5%: more FLOPs
                 for _ in range(round(SLOWDOWN * len(self.layers) / 100)):
                     y = torch.tanh(self.extra(y))
             else:  # elementwise work fused into one kernel: same FLOPs and bytes
                 for _ in range(SINES):
                     y = torch.sin(y) + 0.5
-            return x + 1e-12 * y
+            return x + 1e-12 * (y.mean() if WORK else y)
 
     def make():
         return Net()
@@ -89,6 +97,7 @@ CONFIG = textwrap.dedent("""
     factory = "knob_model:make"
     inputs = [{{ shape = ["batch", 256] }}]
     shapes = [{{ batch = 32 }}]
+    device = "{device}"
 """)
 
 
@@ -112,8 +121,15 @@ def git(repo: Path, *args: str) -> None:
     sh("git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *args, cwd=repo)
 
 
+DEVICE = {"device": "cpu", "work": 0}  # --device, --work
+
+
+def model_text(pct: int, knob: str, sines: int = 0) -> str:
+    return MODEL.format(slowdown=pct, knob=knob, sines=sines, work=DEVICE["work"])
+
+
 def set_slowdown(repo: Path, pct: int, knob: str, sines: int = 0) -> None:
-    (repo / "knob_model.py").write_text(MODEL.format(slowdown=pct, knob=knob, sines=sines))
+    (repo / "knob_model.py").write_text(model_text(pct, knob, sines))
 
 
 # The compute knob's cost per sine depends on the CPU, the thread count and the moment:
@@ -132,22 +148,29 @@ CALIBRATE = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     grid = [int(n) for n in sys.argv[2].split(",")]
     seconds = float(sys.argv[3]) / len(grid)
-    x = torch.randn(32, 256)
-    rx, rw = torch.randn(128, 128), torch.randn(128, 128) / 12
+    device = sys.argv[4]
+    x = torch.randn(32, 256).to(device)
+    rx, rw = torch.randn(128, 128).to(device), (torch.randn(128, 128) / 12).to(device)
 
     def make(n):
         torch.manual_seed(0)
-        return __import__(f"knob_{n}").make()
+        return __import__(f"knob_{n}").make().to(device)
 
     def reference():
         y = rx
         for _ in range(4):
             y = torch.tanh(y @ rw)
 
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     def sample(fn, loops=2):
+        sync()
         start = time.perf_counter()
         for _ in range(loops):
             fn()
+        sync()
         return time.perf_counter() - start
 
     with torch.no_grad():
@@ -170,6 +193,9 @@ CALIBRATE = textwrap.dedent("""
 """)
 
 GRID = (16, 32, 64, 128)  # sines; 128 read +27% to +60% on the machines we had
+# CUDA, over --work elements: a sine costs ~1 ns per 1k elements on an H100-class GPU,
+# against a 20-layer model that takes a few hundred microseconds (launch-bound)
+GRID_CUDA = (8, 32, 128, 512)
 
 
 def calibrate(level: int, processes: int, seconds: float) -> int:
@@ -178,19 +204,29 @@ def calibrate(level: int, processes: int, seconds: float) -> int:
     monotone, interpolated linearly (from 0 sines at 0%); a level beyond the grid's
     largest is extrapolated from its last two points, with a warning."""
     work = Path(tempfile.mkdtemp(prefix="gk-calibrate-"))
-    for n in (0, *GRID):
-        (work / f"knob_{n}.py").write_text(MODEL.format(slowdown=0, knob="compute", sines=n))
-    runs: dict[int, list[float]] = {n: [] for n in GRID}
-    grid = ",".join(map(str, GRID))
+    sizes = GRID_CUDA if DEVICE["device"] == "cuda" else GRID
+    for n in (0, *sizes):
+        (work / f"knob_{n}.py").write_text(model_text(0, "compute", n))
+    runs: dict[int, list[float]] = {n: [] for n in sizes}
+    grid = ",".join(map(str, sizes))
     for i in range(processes):
-        out = sh(sys.executable, "-c", CALIBRATE, str(work), grid, str(seconds), cwd=work)
+        out = sh(
+            sys.executable,
+            "-c",
+            CALIBRATE,
+            str(work),
+            grid,
+            str(seconds),
+            DEVICE["device"],
+            cwd=work,
+        )
         for line in out.stdout.splitlines():
             n, pct = line.split()
             runs[int(n)].append(float(pct))
-        read = ", ".join(f"{n} sines {runs[n][-1]:+.1f}%" for n in GRID)
+        read = ", ".join(f"{n} sines {runs[n][-1]:+.1f}%" for n in sizes)
         print(f"calibration {i + 1}/{processes}: {read}", file=sys.stderr)
     points = [(0, 0.0)]
-    for n in GRID:
+    for n in sizes:
         points.append((n, max(points[-1][1], statistics.median(runs[n]))))
     (n0, p0), (n1, p1) = next(
         (pair for pair in itertools.pairwise(points) if pair[1][1] >= level), points[-2:]
@@ -263,6 +299,25 @@ def main() -> None:
     )
     ap.add_argument("--json", metavar="PATH", help="also write every trial here, as each one ends")
     ap.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="per level: start no trial after this many seconds of its trials (a lent "
+        "GPU's call is limited); the trials done are kept",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the model runs (the config's device)",
+    )
+    ap.add_argument(
+        "--work",
+        type=int,
+        help="elements of the buffer the compute knob's sines run over (default: 0 on "
+        "cpu, the activations; 1048576 on cuda)",
+    )
+    ap.add_argument(
         "--from-json",
         metavar="PATH",
         nargs="+",
@@ -276,6 +331,10 @@ def main() -> None:
         return
     if args.threads:
         ENV["OMP_NUM_THREADS"] = str(args.threads)
+    DEVICE.update(
+        device=args.device,
+        work=args.work if args.work is not None else (1 << 20 if args.device == "cuda" else 0),
+    )
     counts = level_map(args.levels, args.trials)
     modes = args.modes.split(",")
     sines = level_map(args.sines, 0) if args.sines else {}
@@ -283,7 +342,7 @@ def main() -> None:
 
     repo = Path(tempfile.mkdtemp(prefix="gk-detect-"))
     measure = f"[tool.gatekeeper.measure]\nmin_time = {args.min_time}\n" if args.min_time else ""
-    (repo / "gatekeeper.toml").write_text(CONFIG.format(measure=measure))
+    (repo / "gatekeeper.toml").write_text(CONFIG.format(measure=measure, device=args.device))
     (repo / ".gitignore").write_text("store/\nbase/\ntrial/\n")
     set_slowdown(repo, 0, args.knob)
     git(repo, "init", "-q", "-b", "main")
@@ -305,8 +364,12 @@ def main() -> None:
         set_slowdown(repo, pct, args.knob, sines.get(pct, 0))
         git(repo, "commit", "-qam", f"pr {pct}%", "--allow-empty")
         gk("compile", cwd=repo)  # each trial then starts warm, as a PR's CI does
+        deadline = time.monotonic() + (args.budget if args.budget is not None else math.inf)
         for mode in modes:
             for n in range(n_trials):
+                if time.monotonic() > deadline:
+                    print(f"--budget {args.budget:.0f} s spent: no more trials", file=sys.stderr)
+                    break
                 extra = ["--mode", "stored"] if mode == "stored" else []
                 start = time.monotonic()
                 proc = gk(
@@ -327,6 +390,7 @@ def main() -> None:
                 disturbance = (r.get("latency") or {}).get("disturbance") or {}
                 runs = (r.get("latency") or {}).get("runs") or [1]
                 trial = {
+                    "device": args.device,
                     "threads": args.threads,  # None: torch's own default
                     "knob": args.knob,
                     "mode": mode,
@@ -336,6 +400,7 @@ def main() -> None:
                     "trial": n,
                     "verdict": t["verdict"],
                     "delta": lat.get("delta"),
+                    "ci": [lat.get("ci_lo"), lat.get("ci_hi")],
                     "latency_verdict": lat.get("verdict"),
                     "by_latency": any(
                         x.startswith("latency") and "(significant" in x for x in t["reasons"]
@@ -358,8 +423,10 @@ def main() -> None:
                 )
 
     print_table(trials)
+    over = f" over {DEVICE['work']} elements" if DEVICE["work"] else ""
     print(
-        f"\nknob: {args.knob}; measure.min_time = {args.min_time or 'default'}; "
+        f"\nknob: {args.knob} on {args.device}{over}; "
+        f"measure.min_time = {args.min_time or 'default'}; "
         f"threads: {args.threads or 'torch default'}; "
         f"{args.baseline_runs} baseline run(s) of main; torch via {sys.executable}"
     )

@@ -252,6 +252,8 @@ def check_target(
         "definition": target.definition(),
         "base_target": recorded,
     }
+    if not resp.ok and resp.kind == "unavailable":  # this torch's AOTInductor, here
+        return TargetResult(**ident, status="unavailable", error=resp.error, measured_at=now_iso())
     if not resp.ok and resp.kind == "export":
         return TargetResult(
             **ident,
@@ -470,7 +472,7 @@ def _check_all(
                 paired=paired,
             )
             results.append(r)
-            if r.status == "not-exportable":
+            if r.status in ("not-exportable", "unavailable"):
                 step.done(str(r.error))
             elif r.latency is None or r.compile is None:
                 step.done(f"error: {r.error}")

@@ -57,7 +57,7 @@ def _usable(store: Store, loc: BundleLocation) -> bool:
 @dataclass
 class CompileResult:
     target: str
-    status: str  # published | replaced | exists | skipped | error | not-exportable
+    status: str  # published | replaced | exists | skipped | error | not-exportable | unavailable
     env_key: str | None = None
     code_hash: str | None = None
     compile_seconds: float | None = None
@@ -257,8 +257,9 @@ def compile_target(
             label=target.id,
         )
         result.export = resp.export
-        if not resp.ok and resp.kind == "export":  # a result of its own, not an error
-            result.status, result.error = "not-exportable", resp.error
+        if not resp.ok and resp.kind in ("export", "unavailable"):  # a result, not an error
+            result.status = "not-exportable" if resp.kind == "export" else "unavailable"
+            result.error = resp.error
             return result
         if not resp.ok:
             result.error, result.error_kind = resp.error, resp.kind
@@ -361,7 +362,7 @@ def compile_all(
         with progress.step(target.id, "compiling") as step:
             r = compile_target(target, config, store, force=force, verbose=verbose, cold=cold)
             results.append(r)
-            if r.status in ("error", "not-exportable"):
+            if r.status in ("error", "not-exportable", "unavailable"):
                 step.done(f"error: {r.error}" if r.status == "error" else str(r.error))
             else:
                 took = f", {r.compile_seconds:.1f} s" if r.compile_seconds else ""

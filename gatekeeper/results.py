@@ -77,8 +77,10 @@ Verdict = Literal[
     "no-baseline",
 ]
 # a target's measurement: "not-exportable" is an +aot target whose model torch.export
-# refuses (TargetResult.export says why)
-Status = Literal["ok", "error", "not-exportable"]
+# refuses (TargetResult.export says why); "unavailable" one whose AOTInductor package
+# took its worker down inside torch (a signal while building, loading or calling it:
+# TargetResult.error says which, with torch's version and the device)
+Status = Literal["ok", "error", "not-exportable", "unavailable"]
 # how the cache dir a compile ran against was found: the bundle of this code ("hit"), of
 # other code of the same target ("partial"), none ("miss"), not looked up ("cold"), or a
 # hit whose every FX graph missed ("stale")

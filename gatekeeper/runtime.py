@@ -137,7 +137,7 @@ class AotModel:
         import torch
         import torch.utils._pytree as pytree
 
-        kwargs_spec = self._in_spec.child(1) if self._in_spec.num_children == 2 else None
+        kwargs_spec = _child(self._in_spec, 1) if self._in_spec.num_children == 2 else None
         if kwargs and kwargs_spec is not None:  # in the order export saw them
             kwargs = {k: kwargs[k] for k in kwargs_spec.context if k in kwargs}
         flat = pytree.tree_leaves((args, kwargs))
@@ -148,19 +148,38 @@ class AotModel:
         return f"AotModel({str(self.path)!r})"
 
 
+# The C++ loader's constructor is no stable API; its arguments, newest first: (path, model
+# name, run single-threaded, runners, device index: -1 = as built), as torch 2.13 takes
+# them; without the device index, as releases before it did; (path, model name), as 2.6
+# does. pybind11 refuses the others with a TypeError before anything is loaded.
+LOADER_ARGS = (("model", False, 1, -1), ("model", False, 1), ("model",))
+
+
+def _child(spec: Any, index: int) -> Any:
+    """A TreeSpec's child: ``child(i)`` in newer torch (``children_specs`` in older
+    releases, 2.6 among them; deprecated since)."""
+    child = getattr(spec, "child", None)
+    return child(index) if child is not None else spec.children_specs[index]
+
+
 def load_package(path: str | os.PathLike[str], info: dict | None = None) -> AotModel:
-    """Load a ``.pt2`` AOTInductor package with torch's C++ loader (falling back to
-    ``torch._inductor.aoti_load_package`` where torch has none)."""
+    """Load a ``.pt2`` AOTInductor package with torch's C++ loader, as this torch's
+    constructor takes it (falling back to ``torch._inductor.aoti_load_package`` where
+    torch has none)."""
     import torch
 
     aoti = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
     if aoti is None:  # pragma: no cover - every torch gatekeeper supports has it
         from torch._inductor import aoti_load_package
 
-        loader = aoti_load_package(str(path)).loader
-    else:
-        # (path, model name, run single-threaded, runners, device index: -1 = as built)
-        loader = aoti(str(path), "model", False, 1, -1)
+        return AotModel(aoti_load_package(str(path)).loader, Path(path), info)
+    for args in LOADER_ARGS:
+        try:
+            loader = aoti(str(path), *args)
+            break
+        except TypeError as e:  # pybind11: this torch has another constructor
+            if "incompatible constructor arguments" not in str(e) or args == LOADER_ARGS[-1]:
+                raise
     return AotModel(loader, Path(path), info)
 
 

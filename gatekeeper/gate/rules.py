@@ -44,6 +44,9 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
   baseline, which only an exported, measured package has) is ``regressed``, naming
   torch's reason and the line: a PR that breaks the deploy path fails. Not exportable on
   the base either: ``pass``, with the reason as a note; nothing to tell: ``no-baseline``.
+  An ``+aot`` target whose package took its worker down inside torch's AOTInductor
+  (``unavailable``) is judged the same way: ``regressed`` when the baseline's package
+  ran (same torch and device: the env key), else a note.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def gate_target(
     if result.status == "error":
         v.verdict, v.reasons = "error", [result.error or "measurement failed"]
         return v
-    if result.status == "not-exportable":
+    if result.status in ("not-exportable", "unavailable"):
         return _not_exportable(v, result, baseline, accept)
     found: set[Verdict] = set()
     base = baseline.result if baseline is not None else None
@@ -128,13 +131,15 @@ def gate_target(
 def _not_exportable(
     v: TargetVerdict, result: TargetResult, baseline: Baseline | None, accept: bool
 ) -> TargetVerdict:
-    """An ``+aot`` target torch.export refused: regressed when the base exported."""
-    said = result.export.says() if result.export else (result.error or "not exportable")
+    """An ``+aot`` target torch.export refused, or whose package took its worker down
+    (``unavailable``): regressed when the base exported (and its package ran)."""
+    said = result.export.says() if result.export else (result.error or result.status)
     base = result.export.base_exportable if result.export else None
     if base is None and baseline is not None:
         base = baseline.result.status == "ok"  # published: exported, packaged, measured
     if base:
-        v.reasons.append(f"{said} (the base exported)")
+        ran = "the base exported" if result.status == "not-exportable" else "the base's ran"
+        v.reasons.append(f"{said} ({ran})")
         v.verdict = _finish(v, {"regressed"}, accept)
     elif base is False:
         v.notes.append(f"{said}, as on the base")

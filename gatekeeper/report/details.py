@@ -333,6 +333,8 @@ def details_section(row: GateRow, everything: bool = False) -> str:
                 r.error if len(r.error) <= MAX_ERROR_CHARS else "…\n" + r.error[-MAX_ERROR_CHARS:]
             )
             parts += [code_block(text), ""]
+    if r.status == "unavailable":
+        parts += [f"**AOTInductor:** {md_text(r.error or r.status, MAX_REASON_CHARS)}", ""]
     if r.export is not None and not r.export.exportable:
         how = "strict" if r.export.strict else "non-strict"
         parts += [

@@ -3,11 +3,14 @@
 Started by :mod:`gatekeeper.worker.launch` with a fresh, isolated inductor cache dir.
 It always writes a response: ``ok`` true with the action's fields, or ``ok`` false with
 ``kind`` (``config``: the user's factory or inputs; ``compile``: torch failed) and a
-one-line ``error``: torch's message and where in the model's code it happened.
+one-line ``error``: torch's message and where in the model's code it happened. Killed
+by a signal, it cannot: the step it was in (:mod:`gatekeeper.worker.steps`) and
+faulthandler's stack in its log tell the parent where.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import sys
@@ -15,6 +18,7 @@ import traceback
 from pathlib import Path
 
 from ..errors import ConfigError, first_line
+from . import steps
 from .protocol import Request, Response
 
 
@@ -89,6 +93,10 @@ def describe(e: BaseException, base_dir: Path) -> str:
 
 def main(argv: list[str]) -> int:
     request_path, response_path = Path(argv[0]), Path(argv[1])
+    # a worker killed by a signal leaves its step (and, from faulthandler, the Python
+    # stack that crashed) for the parent: see gatekeeper.worker.steps
+    steps.begin(response_path)
+    faulthandler.enable(all_threads=False)
     req = Request.model_validate_json(request_path.read_text())
     try:
         resp = handle(req)

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import steps
+
 if TYPE_CHECKING:
     from .protocol import Request, Response
 
@@ -38,9 +40,11 @@ def probe(req: Request) -> Response:
     from .model import make_inputs
 
     inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
+    steps.enter("load package")
     start = time.perf_counter()
     model = load_package(req.aot_in)
     loaded = time.perf_counter() - start
+    steps.enter("package first call")
     with torch.no_grad():
         inputs.call(model)
     first = time.perf_counter() - start
@@ -66,26 +70,28 @@ def verify(req: Request) -> Response:
     from ..runtime import load_package
     from .calls import entry
     from .model import build_recorded
-    from .parity import Outputs, check_parity, fp64_reference, load_reference
+    from .parity import Outputs, check_parity, load_reference, vs_eager
     from .protocol import Response
     from .task import check_precision, parity_tolerance, under_autocast
+    from .tf32 import accuracy_settings, bakes_tf32
     from .timing import first_call
 
     assert req.parity is not None and req.aot_in is not None
     check_precision(req.device, req.precision)
     model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
     tol = parity_tolerance(req.parity.model_dump(), req.precision)
+    steps.enter("load package")
     start = time.perf_counter()
     package = load_package(req.aot_in)
     loaded = time.perf_counter() - start
-    with torch.no_grad():
-        out, seconds = first_call(package, inputs, req.device)
+    baked = bakes_tf32(req.mode, req.model.options)
+    with torch.no_grad(), accuracy_settings(req.device, baked):
+        out, seconds = first_call(package, inputs, req.device, "package first call")
         cand = Outputs.of(out)
-        eager = Outputs.of(
-            inputs.call(under_autocast(entry(model, req.model.call), req.device, req.precision))
-        )
-    ref64 = fp64_reference(model, inputs, req.model.call)
-    parity = {"vs_eager": check_parity(cand, eager, ref64.leaves if ref64 else None, tol)}
+    steps.enter("parity")
+    eager = under_autocast(entry(model, req.model.call), req.device, req.precision)
+    vs, _ = vs_eager(cand, eager, model, inputs, req.model.call, req.device, tol, baked)
+    parity = {"vs_eager": vs}
     if req.reference_in:
         ref, ref_64 = load_reference(req.reference_in)
         parity["vs_reference"] = check_parity(cand, ref, ref_64, tol)

@@ -11,6 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ..config import ModelConfig
+from . import steps
 from .calls import Inputs, entry
 from .counters import record_inductor_metrics
 from .deps import watching_cache
@@ -141,6 +142,7 @@ def _compile(req: Request) -> Response:
         model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
         check_precision(req.device, req.precision)
         imports = _import_inductor()
+        steps.enter("compile")
         start = time.perf_counter()  # torch.compile() itself: a package loads in there
         try:  # an aot target exports and builds its package in here
             fn, done = compiled_for(req, model, inputs, aot_out=req.aot_out)
@@ -156,9 +158,10 @@ def _compile(req: Request) -> Response:
         compiled = under_autocast(fn, req.device, req.precision)
         wrap = time.perf_counter() - start
         calls = []
+        step = "package first call" if req.strategy == "aot" else "first call"
         with torch.no_grad():
             for _ in range(3):  # cudagraph trees record on a later call; run until settled
-                calls.append(first_call(compiled, inputs, req.device)[1])
+                calls.append(first_call(compiled, inputs, req.device, step)[1])
         calls[0] += wrap + imports
         resp = Response(
             ok=True,
@@ -178,10 +181,12 @@ def _compile(req: Request) -> Response:
 
     if req.action == "compile" and req.dynamic:
         # one bundle serves every shape set: whatever else they compile goes in it too
+        steps.enter("shape sweep")
         shape_sweep(req.model, req.base_path, req.device, run)
     megacache = None
-    if req.megacache_out:
-        megacache = torch.compiler.save_cache_artifacts()
+    save = getattr(torch.compiler, "save_cache_artifacts", None)  # torch >= 2.7
+    if req.megacache_out and save is not None:
+        megacache = save()
         if megacache is not None:
             Path(req.megacache_out).write_bytes(megacache[0])
     return resp.model_copy(
@@ -217,6 +222,8 @@ def _record_precompile(req: Request) -> dict:
     """Dynamo's package of the inference model, recorded into ``precompile_out`` (a
     copy of this compile's cache dir: see :mod:`gatekeeper.worker.precompile`)."""
     from .precompile import record
+
+    steps.enter("record precompile package")
 
     def build():
         model, inputs, _ = build_recorded(req.model, req.shapes, req.base_path, req.device)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import WorkerError
 from ..secrecy import seal
+from . import steps
 from .protocol import Request, Response
 
 # What the worker never sees. It imports and runs the user's model code and whatever
@@ -111,7 +112,8 @@ def run_worker(
 ) -> Response:
     """Run ``request`` in a subprocess; returns its response (``ok`` true or false).
 
-    Raises WorkerError only when the process dies without answering (crash, timeout).
+    Raises WorkerError only when the process dies without answering: a timeout, or
+    :class:`WorkerDied` (a signal or an exit), naming the step the worker was in.
     """
     seal()  # before the first worker: this process's secrets out of its reach
     with tempfile.TemporaryDirectory(prefix="gk-worker-") as tmp:
@@ -131,12 +133,25 @@ def run_worker(
                     stderr=None if verbose else subprocess.STDOUT,
                 )
             except subprocess.TimeoutExpired:
-                raise WorkerError(f"{label}: worker timed out after {timeout:.0f} s") from None
+                step = steps.read(resp_path, 0).step
+                during = f" in {step}" if step else ""
+                raise WorkerError(
+                    f"{label}: worker timed out after {timeout:.0f} s{during}"
+                ) from None
         if resp_path.is_file():
             return Response.model_validate_json(resp_path.read_text())
-        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        last = tail[-1] if tail else "no output"
-        raise WorkerError(f"{label}: worker exited with code {proc.returncode}: {last}")
+        text = log_path.read_text(errors="replace")  # empty when it went to the terminal
+        death = steps.read(resp_path, proc.returncode, text, request.base_path)
+        raise WorkerDied(label, death, text)
+
+
+class WorkerDied(WorkerError):
+    """The worker ended without answering: a signal (``death.signal``) or an exit."""
+
+    def __init__(self, label: str, death: steps.Death, log: str = "") -> None:
+        tail = [ln for ln in log.splitlines() if ln.strip()]
+        super().__init__(f"{label}: {steps.describe(death, tail[-1] if tail else 'no output')}")
+        self.death = death
 
 
 def run_or_fail(
@@ -153,5 +168,9 @@ def run_or_fail(
         return run_worker(
             request, cache_dir=cache_dir, timeout=timeout, verbose=verbose, label=label, env=env
         )
+    except WorkerDied as e:
+        if request.strategy == "aot" and e.death.in_aot:  # torch's package, on this machine
+            return Response.failure("unavailable", steps.unavailable(e.death, request.device))
+        return Response.failure("compile", str(e))
     except WorkerError as e:
         return Response.failure("compile", str(e))

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
+from . import steps
 from .calls import Inputs, entry
 from .compile import compiled_for, snapshot_counters
 from .counters import (
@@ -24,7 +25,7 @@ from .counters import (
 from .graphs import graph_breaks
 from .memory import allocated
 from .model import build_base, build_recorded, same_inputs
-from .parity import Outputs, check_parity, fp64_reference, read_reference, save_reference
+from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
 from .protocol import Request, Response
 from .strategy import NotExportable, export, regional_graphs
 from .task import (
@@ -36,6 +37,7 @@ from .task import (
     start_counting,
     under_autocast,
 )
+from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
 
 
@@ -108,6 +110,7 @@ def measure(req: Request) -> Response:
     paired: dict | None = None
 
     # explain() resets dynamo, so every model is explained before anything is compiled
+    steps.enter("explain")
     graphs = _graphs(model, cfg, req, inputs, base_dir, amp)
     if base_req is not None and base_dir_paired is not None:
         base_cfg = base_req.model
@@ -126,6 +129,7 @@ def measure(req: Request) -> Response:
     reset_inductor_metrics()
 
     before_compile = allocated(device)
+    steps.enter("compile")
     start = time.perf_counter()
     try:  # regional: a compiled copy; aot: the bundle's package (or export + build one)
         made, done = compiled_for(req, model, inputs, keep_eager=True)
@@ -142,11 +146,13 @@ def measure(req: Request) -> Response:
         )
     prepared = time.perf_counter() - start  # aot: export, build and load the package
     compiled = under_autocast(made, device, req.precision)
+    baked = bakes_tf32(req.mode, cfg.options)
     with torch.no_grad():
         # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
         # next call: keep a copy of what the first call returned (every leaf, a cache's
-        # tensors included)
-        out_compiled, compile_seconds = first_call(compiled, inputs, device)
+        # tensors included). Parity's settings for it (worker.tf32), the deploy's after.
+        with accuracy_settings(device, baked):
+            out_compiled, compile_seconds = first_call(compiled, inputs, device, _first(req))
         cand = Outputs.of(out_compiled).cloned()
         del out_compiled
         if req.strategy == "aot":
@@ -160,6 +166,7 @@ def measure(req: Request) -> Response:
             t.numel() * t.element_size() for t in cand.tensors() if t.device.type == "cuda"
         )
         held = allocated(device) - before_compile - copy_bytes
+        steps.enter("work counters")
         work = {
             # an aot package's kernels were counted where it was built, if at all
             **(inductor_metrics() if req.strategy != "aot" else {}),
@@ -173,13 +180,17 @@ def measure(req: Request) -> Response:
 
         if base_req is not None:
             fresh_frames()
+            steps.enter("base compile")
             try:
                 base_made, _ = compiled_for(base_req, base_model, base_inputs, keep_eager=True)
             except NotExportable:  # this change makes it export: no base to time it with
                 base_dir_paired = None
         if base_dir_paired is not None and base_made is not None:
             base_compiled = under_autocast(base_made, device, req.precision)
-            base_first, base_seconds = first_call(base_compiled, base_inputs, device)
+            with accuracy_settings(device, baked):
+                base_first, base_seconds = first_call(
+                    base_compiled, base_inputs, device, f"base {_first(req)}"
+                )
             base_out = Outputs.of(base_first).cloned()
             del base_first
             base_inputs.call(base_compiled)
@@ -203,9 +214,9 @@ def measure(req: Request) -> Response:
                 },
             }
 
-        ref64 = fp64_reference(model, inputs, cfg.call)
-        ref64_leaves = ref64.leaves if ref64 is not None else None
-        parity = {"vs_eager": check_parity(cand, Outputs.of(inputs.call(eager)), ref64_leaves, tol)}
+        steps.enter("parity")
+        vs, ref64 = vs_eager(cand, eager, model, inputs, cfg.call, device, tol, baked)
+        parity = {"vs_eager": vs}
         if paired is not None:
             if comparable:  # other inputs give other outputs: nothing to compare
                 parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
@@ -215,6 +226,7 @@ def measure(req: Request) -> Response:
                 parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
         save_reference(req.reference_out, cand, ref64)
         start_counting()  # recompiles from here on: the measured calls
+        steps.enter("measure")
 
         memory, lat, prof = measure_calls(
             eager,
@@ -245,6 +257,11 @@ def measure(req: Request) -> Response:
         export=done.get("export"),
         aot=done.get("aot") or None,
     )
+
+
+def _first(req: Request) -> str:
+    """The step of a compiled model's first call: an aot target's is its package's."""
+    return "package first call" if req.strategy == "aot" else "first call"
 
 
 def _graphs(model, cfg, req: Request, inputs: Inputs, base_dir: Path, amp) -> dict:

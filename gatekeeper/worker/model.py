@@ -15,6 +15,7 @@ import torch
 
 from ..config import InputSpec, ModelConfig
 from ..errors import ConfigError
+from . import steps
 from .calls import Inputs
 from .deps import recording
 
@@ -167,6 +168,7 @@ def build_recorded(
     """The model (or function), its inputs, and what they were built from (the key's
     dependencies)."""
     refs = [cfg.builder] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
+    steps.enter("build model")
     with recording(base_dir) as rec:
         model = build_model(cfg, base_dir, device)
         inputs = make_inputs(cfg, shape_set, base_dir, device)

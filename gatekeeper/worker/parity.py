@@ -2,10 +2,16 @@
 
 First the structure: the output tree (container types, dict keys as a set, sequence
 lengths) and each leaf's dtype and shape must match, or the check fails naming the leaf.
-Then the numbers, leaf by leaf (dict keys matched by name, so their order is free): a
-tensor passes by allclose, else by the fp64-reference RMSE test (no further from the
-float64 eager output than RMSE_MULTIPLIER times the comparand is), else, for fp16/bf16
-leaves only, by cosine similarity. NaN/Inf always fails.
+Then the numbers, leaf by leaf (dict keys matched by name, so their order is free), as
+PyTorch's accuracy checks judge a compiled model (``torch._dynamo.utils.same``): a tensor
+passes by allclose; else by the fp64-reference RMSE test: no further from the float64
+eager output than RMSE_MULTIPLIER times eager's own error (the comparand's); else, for
+fp16/bf16 leaves only, by cosine similarity. NaN/Inf always fails.
+
+On a GPU with TF32 tensor cores, :mod:`gatekeeper.worker.tf32` says under which settings
+the calls compared run (cuDNN's TF32 off, as in PyTorch's accuracy runs, where that does
+not change the compiled model) and, where the compiled model's kernels may still use
+TF32, eager's own error is also taken at TF32 (the ``tf32-rmse`` rung).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,12 +27,22 @@ import torch
 from ..errors import first_line
 from .calls import Inputs, entry
 from .outputs import Outputs, UnreadableOutput
+from .tf32 import accuracy_settings, precise, tf32_eager, tf32_in_force
 
-__all__ = ["Outputs", "UnreadableOutput", "check_parity", "load_reference", "save_reference"]
+__all__ = [
+    "Outputs",
+    "UnreadableOutput",
+    "check_parity",
+    "load_reference",
+    "save_reference",
+    "vs_eager",
+]
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 MAX_NAMED = 8  # leaves named in a failure's detail besides the first
-RMSE_MULTIPLIER = 3.0  # compiled may be this many times further from fp64 than eager is
+# compiled may be this many times further from fp64 than eager is (PyTorch's same(): 3 for
+# fp16/bf16 and small tensors, 2 for larger fp32 ones)
+RMSE_MULTIPLIER = 3.0
 REFERENCE_FORMAT = 2  # reference files: {"format", "structure", "leaves", "fp64"}
 
 
@@ -71,13 +88,37 @@ def read_reference(path: str) -> tuple[Outputs, dict[str, Any] | None] | None:
 
 def fp64_reference(model: Any, inputs: Inputs, call: str | None = None) -> Outputs | None:
     """The eager model's outputs (its method ``call``'s; a plain function's) computed in
-    float64, or None where it cannot run so."""
+    float64, under :func:`precise` (for whatever a model computes in another dtype
+    inside), or None where it cannot run so."""
     try:
         m64 = copy.deepcopy(model).double() if isinstance(model, torch.nn.Module) else model
-        with torch.no_grad():
+        with torch.no_grad(), precise():
             return Outputs.of(inputs.double().call(entry(m64, call)))
     except Exception:  # a model with fp32-only kernels: the RMSE test is skipped
         return None
+
+
+def vs_eager(
+    candidate: Outputs,
+    eager: Callable,
+    model: Any,
+    inputs: Inputs,
+    call: str | None,
+    device: str,
+    tol: dict,
+    baked: bool = False,
+) -> tuple[dict, Outputs | None]:
+    """The compiled outputs ``candidate`` against ``eager``'s, computed under the same
+    :func:`~gatekeeper.worker.tf32.accuracy_settings` (``baked``: the compiled model's
+    convolutions read cuDNN's TF32 flag when compiled), eager's own error measured from
+    the fp64 reference and, where the compiled kernels may use TF32, at TF32 too; and
+    that fp64 reference (None where the model cannot run in float64)."""
+    with torch.no_grad(), accuracy_settings(device, baked):
+        out = Outputs.of(inputs.call(eager))
+        tf32 = tf32_eager(eager, inputs, *tf32_in_force(device, baked))
+    ref64 = fp64_reference(model, inputs, call)
+    leaves = (ref64.leaves if ref64 is not None else None, tf32.leaves if tf32 else None)
+    return check_parity(candidate, out, leaves[0], tol, leaves[1]), ref64
 
 
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -110,14 +151,41 @@ def _pairs(candidate: Outputs, other: Outputs) -> list[tuple[str, Any, Any, str]
     return [(p, c, other.leaves[p], p) for p, c in candidate.leaves.items()]
 
 
+def within_error(c: torch.Tensor, o: torch.Tensor, ref: Any, tf32: Any) -> str | None:
+    """The RMSE rungs for one leaf that allclose refused: ``fp64-rmse`` when ``c`` is no
+    further from the fp64 reference ``ref`` than RMSE_MULTIPLIER times eager's own
+    error (``o``'s, or at TF32 ``tf32``'s where that is larger); ``tf32-rmse`` when only
+    eager's TF32 error admits it (measured from ``ref``, else from ``o`` itself where no
+    fp64 reference could be computed); None when neither does."""
+    shaped = [
+        x.cpu() if isinstance(x, torch.Tensor) and x.shape == c.shape else None for x in (ref, tf32)
+    ]
+    ref, tf32 = shaped
+    if ref is not None:
+        own = _rmse(o, ref)
+        if _rmse(c, ref) <= RMSE_MULTIPLIER * own + 1e-12:
+            return "fp64-rmse"
+        if tf32 is not None and _rmse(c, ref) <= RMSE_MULTIPLIER * _rmse(tf32, ref) + 1e-12:
+            return "tf32-rmse"
+        return None
+    if tf32 is not None and _rmse(c, o) <= RMSE_MULTIPLIER * _rmse(tf32, o) + 1e-12:
+        return "tf32-rmse"
+    return None
+
+
 def check_parity(
-    candidate: Outputs, other: Outputs, ref64: dict[str, Any] | None, tol: dict
+    candidate: Outputs,
+    other: Outputs,
+    ref64: dict[str, Any] | None,
+    tol: dict,
+    tf32: dict[str, Any] | None = None,
 ) -> dict:
-    """Is ``candidate`` the same computation as ``other`` (see the module docstring)?"""
+    """Is ``candidate`` the same computation as ``other`` (see the module docstring)?
+    ``tf32``: eager's outputs at TF32 (:func:`tf32_eager`), where the device runs so."""
     pairs = _pairs(candidate, other)
     if isinstance(pairs, dict):
         return pairs
-    order = ["allclose", "fp64-rmse", "cosine"]
+    order = ["allclose", "fp64-rmse", "tf32-rmse", "cosine"]
     method, max_abs, worst_rmse, min_cos = "allclose", 0.0, 0.0, 1.0
     failed: list[tuple[str, str]] = []  # (path, why): every leaf that differs is named
     for path, c, o, key in pairs:
@@ -159,12 +227,10 @@ def check_parity(
         min_cos = min(min_cos, cos)
         if torch.allclose(c.float(), o.float(), atol=tol["atol"], rtol=tol["rtol"]):
             continue
-        ref = (ref64 or {}).get(key)
-        if isinstance(ref, torch.Tensor) and ref.shape == c.shape:
-            ref = ref.cpu()
-            if _rmse(c, ref) <= RMSE_MULTIPLIER * _rmse(o, ref) + 1e-12:
-                method = max(method, "fp64-rmse", key=order.index)
-                continue
+        rung = within_error(c, o, (ref64 or {}).get(key), (tf32 or {}).get(key))
+        if rung is not None:
+            method = max(method, rung, key=order.index)
+            continue
         if c.dtype in LOW_PRECISION and cos >= tol["cosine"]:
             method = "cosine"
             continue

@@ -100,6 +100,8 @@ def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]
 
     Returns ``{"status": "recorded", "entries": [...], "unguarded": [...]}`` or
     ``{"status": "unavailable", "reason": ...}``; never raises for the model's sake."""
+    if not hasattr(torch._dynamo.config, "caching_precompile"):  # an older torch
+        return {"status": "unavailable", "reason": f"torch {torch.__version__} cannot package"}
     shutil.copytree(cache_dir, out_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("locks"))
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(out_dir)  # inductor reads it per lookup
@@ -147,9 +149,10 @@ def verify(req: Request) -> Response:
     from .calls import entry
     from .compile import compile_model, snapshot_counters
     from .model import build_recorded
-    from .parity import Outputs, check_parity, fp64_reference, read_reference
+    from .parity import Outputs, check_parity, read_reference, vs_eager
     from .protocol import Response, dynamo_skipped
     from .task import check_precision, parity_tolerance, under_autocast
+    from .tf32 import accuracy_settings, bakes_tf32
     from .timing import first_call
 
     assert req.parity is not None
@@ -166,18 +169,16 @@ def verify(req: Request) -> Response:
             req.precision,
         )
         wrap = time.perf_counter() - start
-        with torch.no_grad():
+        baked = bakes_tf32(req.mode, req.model.options)
+        with torch.no_grad(), accuracy_settings(req.device, baked):
             out, seconds = first_call(compiled, inputs, req.device)
             seconds += wrap
             cand = Outputs.of(out)
     counts = snapshot_counters()
     skipped = dynamo_skipped(counts)
-    with torch.no_grad():
-        eager = Outputs.of(
-            inputs.call(under_autocast(entry(model, req.model.call), req.device, req.precision))
-        )
-    ref64 = fp64_reference(model, inputs, req.model.call)
-    parity = {"vs_eager": check_parity(cand, eager, ref64.leaves if ref64 else None, tol)}
+    eager = under_autocast(entry(model, req.model.call), req.device, req.precision)
+    vs, _ = vs_eager(cand, eager, model, inputs, req.model.call, req.device, tol, baked)
+    parity = {"vs_eager": vs}
     if req.reference_in:
         loaded = read_reference(req.reference_in)
         if loaded is not None:

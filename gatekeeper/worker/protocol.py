@@ -176,13 +176,15 @@ class PackageParity(BaseModel):
 
 class Response(_Msg):
     """A worker's answer. ``ok`` false: ``kind`` is ``config`` (the user's factory or
-    inputs are wrong), ``compile`` (torch failed) or ``export`` (an ``+aot`` target's
-    model does not export: ``export`` says torch's reason and the user's line), ``error``
-    one line. ``ok`` true: the fields of the action that ran; nested documents match
+    inputs are wrong), ``compile`` (torch failed), ``export`` (an ``+aot`` target's
+    model does not export: ``export`` says torch's reason and the user's line) or
+    ``unavailable`` (an ``+aot`` target whose package took its worker down inside
+    torch's AOTInductor: :func:`gatekeeper.worker.launch.run_or_fail`), ``error`` one
+    line. ``ok`` true: the fields of the action that ran; nested documents match
     :mod:`gatekeeper.results`."""
 
     ok: bool
-    kind: Literal["config", "compile", "export"] | None = None
+    kind: Literal["config", "compile", "export", "unavailable"] | None = None
     error: str | None = None
     torch: str | None = None
     compile_seconds: float | None = None  # first compiled call, wall time

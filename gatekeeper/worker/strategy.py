@@ -34,6 +34,7 @@ import torch
 
 from ..config import ExportConfig, ModelConfig
 from ..errors import ConfigError
+from . import steps
 from .calls import Inputs, entry
 from .deps import is_stdlib
 
@@ -261,6 +262,7 @@ def export(
 ) -> tuple[Any, dict]:
     """``torch.export.export`` of the target (NotExportable when torch refuses it)."""
     strict = (cfg.export or ExportConfig()).strict
+    steps.enter("export")
     start = time.perf_counter()
     module = exported_module(model, cfg)
     try:
@@ -305,6 +307,7 @@ def aot_package(program: Any, cfg: ModelConfig, mode: str, out: Path) -> float:
     """Build the AOTInductor package of ``program`` at ``out``; seconds it took."""
     from torch._inductor import aoti_compile_and_package
 
+    steps.enter("aoti_compile_and_package")
     start = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     aoti_compile_and_package(
@@ -317,6 +320,7 @@ def load(path: str | Path) -> tuple[Callable[..., Any], float]:
     """The package loaded as a deploy loads it (:func:`gatekeeper.runtime.load_package`)."""
     from ..runtime import load_package
 
+    steps.enter("load package")
     start = time.perf_counter()
     model = load_package(path)
     return model, time.perf_counter() - start

@@ -292,12 +292,19 @@ def recompiles() -> tuple[int, list[str]]:
     from torch._dynamo.utils import get_compilation_metrics
 
     skip = {id(m) for m in _ON_PURPOSE}
-    reasons = [
-        m.recompile_reason
-        for m in get_compilation_metrics()
-        if m.recompile_reason and id(m) not in skip
-    ]
-    return len(reasons), [" ".join(r.split())[:300] for r in reasons]
+    reasons = [_recompile_reason(m) for m in get_compilation_metrics() if id(m) not in skip]
+    said = [" ".join(r.split())[:300] for r in reasons if r]
+    return len(said), said
+
+
+def _recompile_reason(m: Any) -> str | None:
+    """Why torch recompiled a frame (None: it was a first compile). A torch whose
+    metrics name no reason (2.6) says a recompile by the frame's earlier entries."""
+    if hasattr(m, "recompile_reason"):
+        return m.recompile_reason
+    if getattr(m, "cache_size", 0):
+        return f"a guard failed in {m.co_name} (torch {torch.__version__} names no reason)"
+    return None
 
 
 def shape_sweep(

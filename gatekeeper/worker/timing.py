@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..gate import stats
+from . import steps
 from .calls import Inputs
 
 SAMPLE_SECONDS = 0.002  # aim for at least this much work in one timing sample
@@ -24,9 +25,12 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def first_call(compiled: Callable, inputs: Inputs, device: str) -> tuple[Any, float]:
+def first_call(
+    compiled: Callable, inputs: Inputs, device: str, step: str = "first call"
+) -> tuple[Any, float]:
     """One call's output and wall time (the first call of a compiled model is its
-    compile)."""
+    compile); ``step``: what the worker is doing, should it die in there."""
+    steps.enter(step)
     sync(device)
     start = time.perf_counter()
     out = inputs.call(compiled)

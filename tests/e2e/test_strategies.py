@@ -218,6 +218,47 @@ def test_a_package_changed_after_warm_is_never_loaded(shipped: Path, tmp_path: P
     assert "a signature is required" in _service_load(shipped, deploy, required)
 
 
+def test_load_aot_takes_the_loader_constructor_of_an_older_torch(shipped: Path, tmp_path: Path):
+    """torch's C++ loader is no stable API: torch 2.6 takes (path, model name) and refuses
+    torch 2.13's five arguments with pybind11's TypeError. A stand-in with 2.6's
+    constructor around the real loader: load_aot still loads and runs the package."""
+    deploy = tmp_path / "deploy"
+    gk("warm", "--cache-dir", str(deploy), "--target", AOT, cwd=shipped, check=True)
+    service = textwrap.dedent(f"""
+        import torch
+        import gatekeeper
+
+        Real = torch._C._aoti.AOTIModelPackageLoader
+        made = []
+
+        class Loader26:  # torch 2.6's constructor: (path, model name) only
+            def __init__(self, *args):
+                if len(args) != 2:
+                    raise TypeError("__init__(): incompatible constructor arguments. "
+                                    "The following argument types are supported: ...")
+                made.append(args)
+                self._real = Real(*args, False, 1, -1)
+
+            def __getattr__(self, name):
+                return getattr(self._real, name)
+
+        torch._C._aoti.AOTIModelPackageLoader = Loader26
+        model = gatekeeper.load_aot("gatekeeper.toml", {AOT!r}, cache_dir={str(deploy)!r})
+        x = torch.randn(4, 16)
+        import tinymodel
+
+        torch.manual_seed(0)
+        with torch.no_grad():
+            eager = tinymodel.make().eval()(x)
+        assert torch.allclose(model(x), eager, atol=1e-5) and made[0][1] == "model", made
+        print("ok")
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", service], cwd=shipped, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
 def test_a_head_only_change_still_hits_the_regional_blocks(shipped: Path, tmp_path: Path):
     regional = results(shipped)[REGIONAL]
     assert regional["status"] == "ok" and regional["parity"]["vs_eager"]["passed"], regional

@@ -264,8 +264,24 @@ def test_baseline_from_before_the_sweep_is_not_compared():
 
 
 # -- exportability (issue 23) ------------------------------------------------------------------
+def aot_outcome(status: str, error: str, export=None, device: str = "cpu"):
+    """An +aot target's result without measurements: not exportable, or unavailable."""
+    from gatekeeper.results import TargetResult
+
+    return TargetResult(
+        target="m/b1/default+aot",
+        model="m",
+        env_key="env",
+        code_hash="c0de",
+        device=device,
+        status=status,
+        error=error,
+        export=export,
+    )
+
+
 def not_exportable(base_exportable=None):
-    from gatekeeper.results import Export, TargetResult
+    from gatekeeper.results import Export
 
     export = Export(
         exportable=False,
@@ -274,16 +290,7 @@ def not_exportable(base_exportable=None):
         line=12,
         base_exportable=base_exportable,
     )
-    return TargetResult(
-        target="m/b1/default+aot",
-        model="m",
-        env_key="env",
-        code_hash="c0de",
-        device="cpu",
-        status="not-exportable",
-        error=export.says(),
-        export=export,
-    )
+    return aot_outcome("not-exportable", export.says(), export)
 
 
 def test_a_pr_that_breaks_export_is_regressed_naming_torchs_reason_and_the_line():
@@ -308,4 +315,19 @@ def test_a_model_that_never_exported_is_not_a_regression():
     report = gate.build_report(
         [not_exportable(base_exportable=False)], {}, lambda t: RULES, base_ref="main"
     )
+    assert report.exit_code == 0
+
+
+def test_an_aot_package_unavailable_here_is_regressed_only_where_the_base_ran():
+    said = (
+        "unavailable: torch's AOTInductor killed the worker (SIGSEGV) in load package "
+        "with torch 2.11.0+cu130 on cuda; the target's other strategies are unaffected"
+    )
+    crashed = aot_outcome("unavailable", said, device="cuda")
+    ran = make_baseline(make_result("m/b1/default+aot"))  # its package loaded and ran
+    v = gate.gate_target(crashed, ran, RULES)
+    assert v.verdict == "regressed" and v.reasons == [f"{said} (the base's ran)"], v
+    v = gate.gate_target(crashed, None, RULES)
+    assert v.verdict == "no-baseline" and v.notes == [said], v
+    report = gate.build_report([crashed], {}, lambda t: RULES, base_ref="main")
     assert report.exit_code == 0

@@ -3,12 +3,32 @@ sequence lengths and each leaf's dtype and shape, naming the leaf that differs."
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 
 import pytest
 import torch
 
-from gatekeeper.worker.parity import Outputs, check_parity, load_reference, save_reference
+from gatekeeper.worker.calls import Inputs
+from gatekeeper.worker.parity import (
+    Outputs,
+    check_parity,
+    fp64_reference,
+    load_reference,
+    save_reference,
+    vs_eager,
+)
+from gatekeeper.worker.tf32 import (
+    accuracy_settings,
+    bakes_tf32,
+    precise,
+    restore,
+    settings,
+    tf32_capable,
+    tf32_eager,
+    tf32_in_force,
+    to_tf32,
+)
 
 TOL = {"atol": 1e-4, "rtol": 1e-4, "cosine": 0.99}
 A, B = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)), torch.arange(6)
@@ -75,3 +95,160 @@ def test_an_old_flat_reference_still_loads_and_checks_dtypes(tmp_path):
     assert loaded.structure is None
     assert check_parity(Outputs.of((A, B)), loaded, fp64, TOL)["passed"]
     assert check_parity(Outputs.of((A.half(), B)), loaded, fp64, TOL)["method"] == "dtype"
+
+
+# -- the rule on CUDA: TF32, as PyTorch's accuracy checks take it into account ------------
+def test_tf32_keeps_the_first_ten_mantissa_bits_as_tensor_cores_read_them():
+    ulp = 2.0**-10  # TF32's unit in the last place at 1
+    x = torch.tensor([1 + ulp / 2, 1 + 0.99 * ulp, -(1 + 1.5 * ulp), 3.0, 0.0, -0.0])
+    got = to_tf32(x)
+    assert got.tolist() == [1.0, 1.0, -(1 + ulp), 3.0, 0.0, -0.0]  # truncated toward zero
+    assert (got.view(torch.int32) & 0x1FFF).eq(0).all()  # 13 low bits of 23 dropped
+    nearest = to_tf32(x, nearest=True)  # a kernel that converts first: ties away from zero
+    assert nearest.tolist() == [1 + ulp, 1 + ulp, -(1 + 2 * ulp), 3.0, 0.0, -0.0]
+    special = to_tf32(torch.tensor([float("inf"), float("-inf"), float("nan")]))
+    assert special[:2].tolist() == [float("inf"), float("-inf")] and special[2].isnan()
+    rand = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    rel = ((to_tf32(rand) - rand) / rand).abs()
+    assert rel.max().item() < 2.0**-10 and rel.mean().item() > 2.0**-13  # really dropped
+
+
+def test_tf32_eager_reads_the_operands_of_matmuls_and_convolutions_only():
+    gen = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64, generator=gen)
+    (got,) = tf32_eager(lin, Inputs((x,)), conv=False, matmul=True).leaves.values()
+    want = to_tf32(x).double() @ to_tf32(lin.weight).double().T + lin.bias.double()
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(got, lin(x), atol=1e-6)  # it did read them so
+    conv = torch.nn.Conv2d(3, 4, 3)
+    img = torch.randn(1, 3, 8, 8, generator=gen)
+    with torch.no_grad():
+        plain = conv(img)
+    (conv_tf32,) = tf32_eager(conv, Inputs((img,)), conv=True, matmul=False).leaves.values()
+    (conv_mm,) = tf32_eager(conv, Inputs((img,)), conv=False, matmul=True).leaves.values()
+    assert not torch.equal(conv_tf32, plain) and torch.equal(conv_mm, plain)
+    assert tf32_eager(lin, Inputs((x,)), conv=False, matmul=False) is None
+
+
+class Convnet(torch.nn.Module):
+    """A small residual convolution stack (the stock ResNet's parity failure on CUDA was
+    its convolutions): ``scale`` multiplies one block's output, ``act`` is the activation."""
+
+    def __init__(self, scale: float = 1.0, act=torch.nn.GELU) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(16, 16, 3, padding=1) for _ in range(6))
+        self.head = torch.nn.Linear(16, 10)
+        for p in self.parameters():
+            torch.nn.init.normal_(
+                p, std=(2 / p[0].numel()) ** 0.5 if p.dim() > 1 else 0.1, generator=gen
+            )
+        self.act, self.scale = act(), scale
+
+    def forward(self, x):
+        h = self.act(self.stem(x))
+        for i, c in enumerate(self.convs):
+            h = h + self.act(c(h)) * (self.scale if i == 3 else 1.0)
+        return self.head(h.mean((2, 3)))
+
+
+INPUTS = Inputs((torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2)),))
+EXACT = {**TOL, "atol": 1e-7, "rtol": 1e-7}  # so that allclose alone decides nothing
+
+
+def compiled_like(model, tf32: bool):
+    """What a compiled model returns: its own layout (channels-last, as inductor lays
+    out convolutions) and summation order, with TF32 convolutions or without."""
+    m = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    img = INPUTS.args[0].contiguous(memory_format=torch.channels_last)
+    if tf32:
+        return tf32_eager(m, Inputs((img,)), conv=True, matmul=False)
+    with torch.no_grad():
+        return Outputs.of(m(img))
+
+
+def planted(model, **change):
+    changed = Convnet(**change).eval()
+    changed.load_state_dict(model.state_dict())
+    return changed
+
+
+def test_with_cudnns_tf32_off_as_in_pytorchs_accuracy_runs_planted_changes_fail():
+    model = Convnet().eval()
+    with torch.no_grad():
+        eager = Outputs.of(model(*INPUTS.args))
+    ref64 = fp64_reference(model, INPUTS).leaves
+    got = check_parity(compiled_like(model, tf32=False), eager, ref64, EXACT)
+    assert got["passed"] and got["method"] == "fp64-rmse", got
+    for change in ({"scale": 1.01}, {"act": torch.nn.ReLU}):
+        failed = check_parity(compiled_like(planted(model, **change), False), eager, ref64, EXACT)
+        assert not failed["passed"] and failed["method"] == "failed", (change, failed)
+
+
+def test_where_the_compiled_kernels_keep_tf32_eagers_own_error_is_taken_at_tf32():
+    model = Convnet().eval()
+    with torch.no_grad():
+        eager = Outputs.of(model(*INPUTS.args))
+    ref64 = fp64_reference(model, INPUTS).leaves
+    at_tf32 = tf32_eager(model, INPUTS, conv=True, matmul=False).leaves
+    compiled = compiled_like(model, tf32=True)
+    # eager at float32 cannot account for TF32 kernels' error: the false failure
+    assert not check_parity(compiled, eager, ref64, EXACT)["passed"]
+    got = check_parity(compiled, eager, ref64, EXACT, at_tf32)
+    assert got["passed"] and got["method"] == "tf32-rmse", got
+    # without an fp64 reference, eager's TF32 error is measured from eager itself
+    assert check_parity(compiled, eager, None, EXACT, at_tf32)["method"] == "tf32-rmse"
+    failed = check_parity(
+        compiled_like(planted(model, act=torch.nn.ReLU), True), eager, ref64, EXACT, at_tf32
+    )
+    assert not failed["passed"], failed
+
+
+def test_on_cpu_nothing_changes_the_ladder():
+    assert tf32_in_force("cpu", baked=True) == (False, False)
+    assert not tf32_capable("cpu")
+    before = settings()
+    with accuracy_settings("cpu", baked=False):
+        assert settings() == before  # no TF32 on a CPU: nothing to turn off
+    model = torch.nn.Linear(16, 4)
+    with torch.no_grad():
+        out = model(*INPUTS_LINEAR.args)
+    got, ref64 = vs_eager(Outputs.of(out * 1.01), model, model, INPUTS_LINEAR, None, "cpu", TOL)
+    assert not got["passed"] and ref64 is not None
+    same = vs_eager(Outputs.of(out), model, model, INPUTS_LINEAR, None, "cpu", TOL)[0]
+    assert same["method"] == "allclose"
+
+
+INPUTS_LINEAR = Inputs((torch.randn(2, 16, generator=torch.Generator().manual_seed(4)),))
+
+
+def test_max_autotune_bakes_cudnns_flag_into_its_convolutions():
+    assert bakes_tf32("max-autotune", None) and bakes_tf32("max-autotune-no-cudagraphs", None)
+    assert not bakes_tf32("default", None) and not bakes_tf32("reduce-overhead", None)
+    assert bakes_tf32("default", {"max_autotune": True})
+    assert not bakes_tf32("max-autotune", {"triton.cudagraphs": False})  # options win
+
+
+def test_precise_turns_tf32_and_reductions_off_and_puts_every_setting_back():
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = settings()
+    guard = torch._C._dynamo.guards.GlobalStateGuard()  # what Dynamo's guards compare
+    try:
+        # a deploy that asked for TF32 everywhere and no fp16 reduced-precision reductions
+        matmul.allow_tf32, cudnn.allow_tf32 = True, True
+        matmul.allow_fp16_reduced_precision_reduction = False
+        chosen, chosen_guard = settings(), torch._C._dynamo.guards.GlobalStateGuard()
+        with precise():
+            assert not matmul.allow_tf32 and not cudnn.allow_tf32
+            assert not matmul.allow_fp16_reduced_precision_reduction
+            assert not matmul.allow_bf16_reduced_precision_reduction
+            assert not chosen_guard.check()  # the positive control: the guard sees it
+        assert settings() == chosen and chosen_guard.check()
+    finally:
+        restore(before)
+    with precise():
+        pass
+    assert settings() == before and guard.check()
