@@ -80,7 +80,7 @@ def check_clean(root: Path) -> None:
     tree, and a user who edited one would expect it measured."""
     dirty = try_git(root, "status", "--porcelain", "--untracked-files=no")
     if dirty:
-        first = dirty.splitlines()[0][3:]
+        first = dirty.splitlines()[0].split(maxsplit=1)[-1]  # " M path", stripped
         raise UsageError(
             f"the working tree has uncommitted changes ({first}"
             f"{' and more' if len(dirty.splitlines()) > 1 else ''}): commit or stash them "
