@@ -96,9 +96,7 @@ def test_wrong_hints_cost_measurements_never_the_answer():
     for _ in range(300):
         n = rng.randint(2, 40)
         step = rng.randint(1, n)
-        hints = {
-            i: rng.choice(("good", "bad")) for i in rng.sample(range(1, n), k=min(n - 1, 4))
-        }
+        hints = {i: rng.choice(("good", "bad")) for i in rng.sample(range(1, n), k=min(n - 1, 4))}
         _, found = run(n, lambda i, s=step: "bad" if i >= s else "good", hints)
         assert found == Conclusion("found", culprit=step, last_good=step - 1), (n, step, hints)
 

@@ -119,12 +119,14 @@ def bisect_history(
     slower: int | None = None,
     numerics: int | None = None,
     broken: int | None = None,
+    every_model: bool = False,
 ) -> list[str]:
     """A git repository of the base model: commit 0, then ``commits`` more, each
-    changing a notes file, except: at ``slower`` the forward does a layer more work
-    (same outputs); at ``numerics`` its outputs are scaled by 1.5; at ``broken`` the
-    model file does not parse, and the commit after it repairs it. Returns the shas,
-    oldest first."""
+    changing a notes file (``every_model``: a comment at the end of the model's file
+    too, so that each commit has a code hash and a bundle of its own), except: at
+    ``slower`` the forward does a layer more work (same outputs); at ``numerics`` its
+    outputs are scaled by 1.5; at ``broken`` the model file does not parse, and the
+    commit after it repairs it. Returns the shas, oldest first."""
     write_project(root, BASE_MODEL, BISECT_CONFIG)
     (root / ".gitignore").write_text("store/\n")
     git(root, "init", "-q", "-b", "main")
@@ -138,6 +140,8 @@ def bisect_history(
         model = model.replace("return self.fc2(h)\n", f"return self.fc2(h){scale}\n")
         if i == broken:
             model = model.replace("def forward(self, x):", "def forward(self, x:")
+        if every_model:
+            model += f"# commit {i}\n"
         (root / "tinymodel.py").write_text(model)
         (root / "NOTES").write_text(f"commit {i}\n")
         git(root, "add", "-A")
