@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -183,18 +184,22 @@ def worktrees(root: Path, folder: Path) -> Iterator[Worktrees]:
     def stop(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    # signal handlers belong to the main thread (the CLI); elsewhere only finally cleans
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
         yield trees
     finally:
         # a second signal must not cut the cleanup short
-        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
+        sigs = (signal.SIGTERM, signal.SIGINT) if main else ()
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
         try:
             trees.close()
         finally:
             for s, handler in held.items():
                 signal.signal(s, handler)
-            signal.signal(signal.SIGTERM, previous)
+            if main:
+                signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager

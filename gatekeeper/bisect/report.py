@@ -80,11 +80,13 @@ def _headline(tb: TargetBisect) -> list[str]:
             f"{md_text(effect.get('text', 'not measured'))}",
             f"- against good {md_code(tb.range.good.short)}: {md_text(vs_good.get('text', ''))}",
         ]
-        if not effect.get("confirmed"):
+        if effect.get("outcome") == "good":
             lines.append(
                 "- alone, this commit's change is not past the threshold: it is the first "
-                "commit past it, and the change may build up over several commits before it"
+                "commit past it, and the change built up over the commits before it"
             )
+        elif not effect.get("confirmed"):
+            lines.append("- against its parent alone, the change was not decided")
         lines += ["", f"Reproduce: {md_code(tb.reproduce())}", ""]
         return lines
     if c.status == "ambiguous":

@@ -39,10 +39,12 @@ def repo(tmp_path_factory) -> tuple[Path, list[str]]:
     return root, shas
 
 
-def bisect(root: Path, out: Path, *args: str) -> tuple[int, dict, str]:
+def bisect(
+    root: Path, out: Path, *args: str, good: str = "HEAD~9", bad: str = "HEAD"
+) -> tuple[int, dict, str]:
     before = state(root)
     proc = gk(
-        "bisect", "--good", "HEAD~9", "--bad", "HEAD", "--out", str(out), "--json", *args,
+        "bisect", "--good", good, "--bad", bad, "--out", str(out), "--json", *args,
         cwd=root, env=QUIET,
     )  # fmt: skip
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -100,8 +102,8 @@ def test_stored_baselines_narrow_the_range_to_the_commits_in_doubt(repo, parity,
     from gatekeeper.store import baselines, open_store
 
     root, shas = repo
-    env_key = json.loads(gk("key", "--json", cwd=root, env=QUIET, check=True).stdout)
-    env_key = env_key["targets"][0]["env_key"]
+    measured = json.loads(Path(parity[1]["targets"][0]["tested"][0]["results"]).read_text())
+    env_key = measured["targets"][0]["env_key"]  # this machine's, as bisect computes it
     store = open_store(str(tmp_path / "store"))
     for i, sha in enumerate(shas):
         result = make_result(TARGET)
@@ -118,6 +120,19 @@ def test_stored_baselines_narrow_the_range_to_the_commits_in_doubt(repo, parity,
     assert [m["sha"] for m in t["tested"]] == [shas[-1], shas[NUMERICS], shas[7]]
     assert len(t["range"]["stored_baselines"]) == 10
     assert t["range"]["hints"][shas[7]] == "good" and t["range"]["hints"][shas[8]] == "bad"
+
+
+def test_no_change_between_good_and_bad_is_exit_1_with_the_figures(repo, parity, tmp_path):
+    """c5 has c0's outputs: nothing to bisect, and no culprit made up."""
+    root, shas = repo
+    out = bundles_of(parity, tmp_path / "out")
+    code, doc, err = bisect(root, out, "--metric", "parity", bad="HEAD~4")
+    assert code == 1, err
+    (t,) = doc["targets"]
+    assert t["status"] == "not-reproducible" and t["culprit"] is None and t["effect"] is None
+    assert [m["sha"] for m in t["tested"]] == [shas[5]]
+    assert t["tested"][0]["figure"]["text"].startswith("parity: outputs match")
+    assert "**Not reproducible**" in (out / "report.md").read_text()
 
 
 @pytest.mark.serial  # a latency verdict: run alone
