@@ -13,10 +13,8 @@ from ..gate.rules import build_report
 from ..progress import Progress
 from ..report import write_report
 from ..store import Store
-from ..store.local import LocalBackend
-from ..store.overlay import OverlayBackend
 from .history import Commit, Range, worktrees
-from .measure import Measurement, Measurer
+from .measure import Measurement, Measurer, ScratchStore
 from .metrics import Metric
 from .search import Conclusion, Search, bound
 from .stored import hints, stored_baselines
@@ -126,7 +124,7 @@ def run(
     verbose: bool = False,
 ) -> list[TargetBisect]:
     """Bisect every target in turn, sharing worktrees and the scratch store."""
-    scratch = Store(OverlayBackend(LocalBackend(out / "store"), store.backend))
+    scratch = ScratchStore.over(store, out / "store")
     with worktrees(root, out / "worktrees") as trees:
         measurer = Measurer(
             trees, config_path, scratch, out, metric, threshold, base_ref, verbose=verbose

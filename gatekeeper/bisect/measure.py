@@ -6,10 +6,10 @@ paired with the base commit through the gate's own machinery
   model code; the commit is skipped, with why, when it has no such config or target,
   or its model does not build, compile or export (``git bisect skip``).
 * Bundles: a commit's bundle in the store warm-starts it; otherwise it is compiled
-  seeded from the newest bundle of the target, which is the one bisect compiled last
-  (a neighbour in the range) or the store's newest, and kept in a scratch store under
-  ``--out`` (:mod:`gatekeeper.store.overlay`) for the measurements after it. The store
-  itself is only read.
+  seeded from the bundle of the nearest commit in the range that has one (its
+  neighbour: most likely the same graphs, which then hit), and kept in a scratch store
+  under ``--out`` (:mod:`gatekeeper.store.overlay`) for the measurements after it. The
+  store itself is only read.
 * An undecided latency is measured again, at most :data:`AGAIN` more times: a
   borderline one pooled with the new rounds (as ``run`` re-measures), a disturbed one
   replaced by them.
@@ -29,8 +29,10 @@ from ..gate.drift import disturbance, merge_latency
 from ..key import target_key
 from ..paired import Mode
 from ..results import Results, TargetResult, write_results
-from ..store import Store
+from ..store import BundleLocation, Store
 from ..store.base import store_error
+from ..store.local import LocalBackend
+from ..store.overlay import OverlayBackend
 from ..targets import Target, expand
 from .history import Commit, Worktrees
 from .metrics import ALONE, Figure, Metric, classify, default_threshold
@@ -67,6 +69,24 @@ class Measurement:
         }
 
 
+@dataclass
+class ScratchStore(Store):
+    """The scratch store over the user's, listing the bundles of the commits nearest the
+    one compiled next first: the compile path seeds from the first bundle it finds
+    that is not this code's (:func:`gatekeeper.key.find_bundle`), else the newest."""
+
+    prefer: list[str] = field(default_factory=list)  # code hashes, the nearest first
+
+    @classmethod
+    def over(cls, store: Store, folder: Path) -> ScratchStore:
+        return cls(OverlayBackend(LocalBackend(folder), store.backend))
+
+    def manifests(self, target_id: str, env_key: str) -> list[BundleLocation]:
+        rank = {h: n for n, h in enumerate(self.prefer)}
+        found = super().manifests(target_id, env_key)
+        return sorted(found, key=lambda loc: rank.get(loc.code_hash, len(rank)))
+
+
 def slug(target_id: str) -> str:
     return target_id.replace("/", "__")
 
@@ -90,13 +110,14 @@ def for_bisect(config: Config, metric: Metric) -> Config:
 class Measurer:
     trees: Worktrees
     config_path: str  # the config, relative to the repository's root
-    store: Store  # the scratch store over the user's
+    store: ScratchStore  # over the user's
     out: Path
     metric: Metric
     threshold: float | None
     base_ref: str  # whose stored baselines check reads (paired mode measures beside)
     verbose: bool = False
     references: dict[tuple[str, str], TargetResult] = field(default_factory=dict)
+    built: dict[tuple[int, str], str] = field(default_factory=dict)  # (index, target): code
 
     def target(self, commit: Commit, target_id: str) -> tuple[Config, Target] | str:
         """The commit's config and target, or why it has none."""
@@ -121,7 +142,7 @@ class Measurer:
         compile time its own measurement; a good commit that cannot be measured is an
         error (exit 2)."""
         if self.metric != "compile":
-            why = self._build(good, target_id)
+            why = self._build(good, 0, target_id)
             if why:
                 raise UsageError(f"--good {good.short}: {why}")
         self.reference(good, target_id)
@@ -143,14 +164,20 @@ class Measurer:
             self.references[(commit.sha, target_id)] = r
         return self.references[(commit.sha, target_id)]
 
-    def _build(self, commit: Commit, target_id: str) -> str | None:
+    def _build(self, commit: Commit, index: int, target_id: str) -> str | None:
         """The commit's bundle, compiled into the scratch store unless one is there;
         why not, when it cannot be built."""
         got = self.target(commit, target_id)
         if isinstance(got, str):
             return got
         config, target = got
+        near = sorted(
+            (abs(i - index), code) for (i, t), code in self.built.items() if t == target_id
+        )
+        self.store.prefer = [code for _, code in near]
         built = compile_target(target, config, self.store, verbose=self.verbose)
+        if built.code_hash:
+            self.built[(index, target_id)] = built.code_hash
         if built.error_kind == "store":
             raise store_error(self.store.uri, StoreError(built.error or "failed"), target_id)
         if built.status == "not-exportable":
@@ -185,7 +212,7 @@ class Measurer:
     ) -> Measurement:
         """``commit`` paired with ``base``, measured again while undecided (bounded)."""
         m = Measurement(commit, index, "skip")
-        if self.metric != "compile" and (why := self._build(commit, target_id)):
+        if self.metric != "compile" and (why := self._build(commit, index, target_id)):
             m.why = why
             return m
         got = self.target(commit, target_id)
