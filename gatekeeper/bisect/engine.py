@@ -16,7 +16,7 @@ from ..store import Store
 from .history import Commit, Range, worktrees
 from .measure import Measurement, Measurer, ScratchStore
 from .metrics import Metric
-from .search import Conclusion, Search, bound
+from .search import Conclusion, Hint, Search, bound
 from .stored import hints, stored_baselines
 
 
@@ -28,7 +28,7 @@ class TargetBisect:
     steps: list[Measurement] = field(default_factory=list)
     conclusion: Conclusion = Conclusion("not-reproducible")
     stored: list[int] = field(default_factory=list)  # commits with a stored baseline
-    hints: dict[int, str] = field(default_factory=dict)  # the hints the search used
+    hints: dict[int, Hint] = field(default_factory=dict)  # the hints the search used
     confirm: Measurement | None = None  # the culprit against its parent
     confirm_report: Path | None = None
     config_flag: str = ""  # `--config PATH` for the reproducing command, when given
@@ -144,13 +144,13 @@ def _narrow(tb: TargetBisect, store: Store, measurer: Measurer, base_ref: str) -
     env_key = measurer.env_key(tb.range.good, tb.target)
     found = stored_baselines(store, tb.target, env_key, base_ref, tb.range.commits)
     tb.stored = sorted(found)
-    tb.hints = dict(hints(tb.metric, found, tb.range.size))
+    tb.hints = hints(tb.metric, found, tb.range.size)
 
 
 def _search(tb: TargetBisect, measurer: Measurer) -> None:
     rng = tb.range
     measurer.prepare(rng.good, tb.target)
-    search = Search(rng.size, tb.hints)  # type: ignore[arg-type]
+    search = Search(rng.size, tb.hints)
     tb.hints = dict(search.hints)  # what it kept
     sys.stderr.write(
         f"gatekeeper: bisect {tb.target} ({tb.metric}): {rng.size} commits after "
