@@ -12,6 +12,7 @@ import traceback
 from . import __version__, secrecy
 from .commands import (
     baseline,
+    bisect,
     check,
     comment,
     common,
@@ -38,6 +39,7 @@ COMMANDS = {
     "merge": merge,
     "store": store,
     "dashboard": dashboard,
+    "bisect": bisect,
 }
 
 

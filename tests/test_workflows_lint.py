@@ -31,9 +31,11 @@ EXPECTED = {
     "fork-comment.yml",
     "matrix-gate.yml",
     "dashboard-pages.yml",
+    "bisect.yml",
 }
-# what a workflow may write beyond the PR comment: deploying Pages needs these two
-MAY_WRITE = {"dashboard-pages.yml": {"pages", "id-token"}}
+# what a workflow may write beyond the PR comment: deploying Pages needs these two, and
+# bisect's comment job the issue it posts on
+MAY_WRITE = {"dashboard-pages.yml": {"pages", "id-token"}, "bisect.yml": {"issues"}}
 
 
 def _tool(name: str) -> str:

@@ -1,4 +1,5 @@
-"""One contract for every store backend: the local directory and S3 (moto's server).
+"""One contract for every store backend: the local directory and S3 (moto's server), and
+bisect's scratch store over a store (empty here: tests/store/test_overlay.py fills it).
 
 The shared tests run against both; the S3-only ones at the end cover what only a network
 store has: multipart uploads, retries through a faulty network, and its failure messages.
@@ -31,6 +32,7 @@ from gatekeeper.errors import (
 )
 from gatekeeper.store.base import Backend
 from gatekeeper.store.local import LocalBackend
+from gatekeeper.store.overlay import OverlayBackend
 from gatekeeper.store.s3 import S3Backend
 
 MiB = 1024 * 1024
@@ -44,10 +46,13 @@ def make_s3(uri: str, **kwargs: Any) -> S3Backend:
     return S3Backend(uri, **(options | kwargs))
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "overlay"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "local":
         yield LocalBackend(tmp_path / "store")
+        return
+    if request.param == "overlay":
+        yield OverlayBackend(LocalBackend(tmp_path / "scratch"), LocalBackend(tmp_path / "store"))
         return
     store = make_s3(request.getfixturevalue("s3_bucket_uri"))
     yield store

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
 from pathlib import Path
 
-from support.helpers import gk
+from support.helpers import gk, write_project
 
 BASE_MODEL = textwrap.dedent("""
     import torch
@@ -86,3 +87,65 @@ def measure_main_again(root: Path, runs: int = 2) -> None:
         for verb in (["check"], ["baseline", "--ref", "main"]):
             proc = gk(*verb, cwd=root, env=QUIET)
             assert proc.returncode == 0, proc.stderr
+
+
+# -- a branch's history for bisect: a planted slowdown, numerics change, broken commit --
+
+# the base model's timed rounds, short: the planted slowdown is large and clean
+BISECT_CONFIG = CONFIG.replace("min_time = 1.0", "warmup = 2\nmin_time = 0.5")
+# one more layer of work, the outputs the same (within any tolerance): +50-60% on 1 thread
+SLOWER_STEP = """
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        h = h + 1e-9 * torch.tanh(self.extra(h))
+        return self.fc2(h)
+"""
+
+
+def git(root: Path, *args: str) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return proc.stdout.strip()
+
+
+def bisect_history(
+    root: Path,
+    commits: int,
+    *,
+    slower: int | None = None,
+    numerics: int | None = None,
+    broken: int | None = None,
+    every_model: bool = False,
+) -> list[str]:
+    """A git repository of the base model: commit 0, then ``commits`` more, each
+    changing a notes file (``every_model``: a comment at the end of the model's file
+    too, so that each commit has a code hash and a bundle of its own), except: at
+    ``slower`` the forward does a layer more work (same outputs); at ``numerics`` its
+    outputs are scaled by 1.5; at ``broken`` the model file does not parse, and the
+    commit after it repairs it. Returns the shas, oldest first."""
+    write_project(root, BASE_MODEL, BISECT_CONFIG)
+    (root / ".gitignore").write_text("store/\n")
+    git(root, "init", "-q", "-b", "main")
+    body, scale, shas = "", "", []
+    for i in range(commits + 1):
+        if i == slower:
+            body = SLOWER_STEP
+        if i == numerics:
+            scale = " * 1.5"
+        model = pr_version(body) if body else BASE_MODEL
+        model = model.replace("return self.fc2(h)\n", f"return self.fc2(h){scale}\n")
+        if i == broken:
+            model = model.replace("def forward(self, x):", "def forward(self, x:")
+        if every_model:
+            model += f"# commit {i}\n"
+        (root / "tinymodel.py").write_text(model)
+        (root / "NOTES").write_text(f"commit {i}\n")
+        git(root, "add", "-A")
+        what = {slower: "slower", numerics: "numerics", broken: "broken"}.get(i, "notes")
+        git(root, "commit", "-qm", f"c{i} {what}")
+        shas.append(git(root, "rev-parse", "HEAD"))
+    return shas
