@@ -147,19 +147,32 @@ def test_nothing_installs_into_a_self_hosted_runners_python() -> None:
     action installs into a venv of its own in the job's temp dir (action.yml), and the
     light installs run only on GitHub-hosted runners, a fresh VM per job."""
     pip = re.compile(r"\bpip3?\b[^\n]*\binstall\b|\bpip_install\b|\bsetup\.py\s+install\b")
-    installs = []
+    # on a self-hosted runner, pip runs only as a venv's own, made in the job's temp dir
+    into_venv = re.compile(r'^\s*"\$VENV/bin/python" -I -m pip install\b')
+    installs, into_runner = [], []
     for path in sorted((ROOT / "workflows").glob("*.yml")):
         for name, job in yaml.safe_load(path.read_text())["jobs"].items():
             runs_on = job.get("runs-on")
             labels = {runs_on} if isinstance(runs_on, str) else set(runs_on or ())
             for step in job.get("steps", []):
-                if pip.search(step.get("run", "")):
-                    installs.append((path.name, name, "self-hosted" in labels))
-    assert {(w, j) for w, j, _ in installs} == {
+                run = step.get("run", "")
+                if pip.search(run):
+                    installs.append((path.name, name))
+                if "self-hosted" not in labels:
+                    continue
+                for line in run.splitlines():
+                    if pip.search(line) and not into_venv.match(line):
+                        into_runner.append((path.name, name, line.strip()))
+                if pip.search(run):
+                    venv = step.get("env", {}).get("VENV", "")
+                    assert venv.startswith("${{ runner.temp }}/"), (path.name, name)
+                    assert '-I -m venv "$VENV"' in run, (path.name, name)
+    assert set(installs) == {
         ("fork-comment.yml", "comment"),
         ("dashboard-pages.yml", "build"),
+        ("bisect.yml", "bisect"),
     }
-    assert not [i for i in installs if i[2]], installs
+    assert not into_runner, into_runner
     setup = yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"][0]["run"]
     assert '"$py" -I -m venv "$venv"' in setup and '"$venv/bin/python" -I -m pip' in setup
     assert not re.search(r'"\$py" -I -m pip install', setup)  # never the runner's Python
