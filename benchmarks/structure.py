@@ -1,0 +1,213 @@
+"""The structure figures of ``gatekeeper/``: comparisons against an artifact kind's name
+outside ``gatekeeper/kinds/``, import cycles (imports inside functions counted), modules
+over 500 lines, functions over 80 lines, the parent's imports of ``worker/``, and the
+path one ``gatekeeper check`` takes from the CLI to the worker. Usage, from the repo
+root:
+
+    python benchmarks/structure.py              # the static figures (no torch, instant)
+    python benchmarks/structure.py --check-path # and the path (compiles a tiny model, ~1 min)
+
+The static figures read the source with ``ast`` (``tests/support/structure.py``, which
+``tests/test_structure.py`` holds to zero). The path is traced: a tiny model is
+compiled into a scratch store, then ``gatekeeper check`` runs in this process under
+``sys.setprofile`` from ``commands/check.py``'s ``run`` until the parent starts its
+first worker; at every call and return the module of the innermost gatekeeper frame is
+noted (module bodies an import runs are skipped), and consecutive repeats are folded.
+It counts the modules visited and the returns to one visited before (in all, and as
+distinct pairs of from and to), at two grains: modules, and rooms (a package such as
+``store/`` or ``worker/`` is one room).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support import structure  # noqa: E402 - tests/support, the analyses themselves
+
+# the kinds' names before gatekeeper/kinds/ existed (after: its registry's)
+KINDS = ("whole", "regional", "aot", "precompile")
+
+
+def kind_names() -> list[str]:
+    try:
+        from gatekeeper import kinds
+    except ImportError:
+        return list(KINDS)
+    return [*kinds.names(), *kinds.package_names()]
+
+
+def static() -> None:
+    outside = [
+        c
+        for c in structure.kind_comparisons(kind_names())
+        if not c.module.startswith(("gatekeeper.kinds", "gatekeeper.worker.kinds"))
+    ]
+    files = sorted({c.module for c in outside})
+    print(f"modules comparing a kind's name outside the kinds: {len(files)}")
+    for c in outside:
+        print(f"  {c.module}:{c.line}  {c.code}")
+    found = structure.cycles(structure.import_graph())
+    print(f"import cycles (modules importing each other in a circle): {len(found)}")
+    for c in found:
+        print(f"  {' '.join(c)}")
+    big = structure.long_modules()
+    print(f"modules over {structure.MAX_MODULE_LINES} lines: {len(big)}")
+    for name, n in big:
+        print(f"  {n} {name}")
+    longf = structure.long_functions()
+    print(f"functions over {structure.MAX_FUNCTION_LINES} lines: {len(longf)}")
+    for name, n in longf:
+        print(f"  {n} {name}")
+    door = ("gatekeeper.worker.protocol", "gatekeeper.worker.launch")
+    reach = {m: sorted(w - set(door)) for m, w in structure.worker_imports().items()}
+    reach = {m: w for m, w in reach.items() if w}
+    print(f"parent modules importing worker/ past protocol and launch: {len(reach)}")
+    for m, w in sorted(reach.items()):
+        print(f"  {m}: {' '.join(w)}")
+
+
+PROJECT_MODEL = """
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def make():
+    return Tiny()
+"""
+PROJECT_CONFIG = """
+[tool.gatekeeper]
+store = "store"
+precompile = "off"
+
+[tool.gatekeeper.measure]
+warmup = 2
+min_time = 0.3
+
+[[tool.gatekeeper.models]]
+name = "tiny"
+factory = "tinymodel:make"
+inputs = [{ shape = ["batch", 16] }]
+shapes = [{ batch = 4 }]
+"""
+
+
+def trace_check(project: Path) -> list[str]:
+    """The modules ``gatekeeper check`` passes through in this process, from commands/
+    check.py's ``run`` to the first worker it starts (see the module doc)."""
+    seq: list[str] = []
+    state = {"on": False, "off": False}
+
+    def gk_module(frame) -> str | None:
+        while frame is not None:
+            name = frame.f_globals.get("__name__", "")
+            if name.split(".")[0] == "gatekeeper" and frame.f_code.co_name != "<module>":
+                return name
+            frame = frame.f_back
+        return None
+
+    real_run = subprocess.run
+
+    def run(*args, **kwargs):
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("gatekeeper.worker"):
+            state["off"] = True
+        return real_run(*args, **kwargs)
+
+    def profile(frame, event, arg) -> None:
+        if state["off"] or event not in ("call", "return"):
+            return
+        if not state["on"]:
+            name = frame.f_globals.get("__name__")
+            if event != "call" or (name, frame.f_code.co_name) != (
+                "gatekeeper.commands.check",
+                "run",
+            ):
+                return
+            state["on"] = True
+        module = gk_module(frame if event == "call" else frame.f_back)
+        if module and (not seq or seq[-1] != module):
+            seq.append(module)
+
+    os.chdir(project)
+    from gatekeeper.cli import main
+
+    subprocess.run = run  # type: ignore[assignment]
+    sys.setprofile(profile)
+    try:
+        main(["check", "--out", "traced"])
+    except SystemExit:
+        pass
+    finally:
+        sys.setprofile(None)
+        subprocess.run = real_run
+    return seq
+
+
+def walk_figures(walk: list[str]) -> tuple[list[str], int, int]:
+    """(the places in order of first visit, returns to an earlier one, distinct returns)."""
+    walk = [m for i, m in enumerate(walk) if i == 0 or walk[i - 1] != m]
+    seen: list[str] = []
+    back, pairs = 0, set()
+    for prev, here in zip([None, *walk[:-1]], walk, strict=True):
+        if here in seen:
+            back += 1
+            pairs.add((prev, here))
+        else:
+            seen.append(here)
+    return seen, back, len(pairs)
+
+
+def check_path() -> None:
+    with tempfile.TemporaryDirectory(prefix="gk-structure-") as tmp:
+        project = Path(tmp)
+        (project / "tinymodel.py").write_text(PROJECT_MODEL)
+        (project / "gatekeeper.toml").write_text(PROJECT_CONFIG)
+        subprocess.run(
+            [sys.executable, "-m", "gatekeeper", "compile"],
+            cwd=project,
+            check=True,
+            capture_output=True,
+        )
+        path = trace_check(project)
+
+    def room(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 else ".".join(parts[1:]) or module
+
+    for grain, walk in (("modules", path), ("rooms", [room(m) for m in path])):
+        seen, back, pairs = walk_figures(walk)
+        print(
+            f"check's path, {grain}: {len(seen)} visited; {back} returns to an earlier "
+            f"one ({pairs} distinct)"
+        )
+        print("  first visits:", " ".join(s.removeprefix("gatekeeper.") for s in seen))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check-path", action="store_true", help="also trace check's path")
+    args = p.parse_args()
+    static()
+    if args.check_path:
+        check_path()
+
+
+if __name__ == "__main__":
+    main()

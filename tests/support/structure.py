@@ -1,0 +1,209 @@
+"""The shape of the package, read from its source with ``ast`` (nothing is imported):
+the import graph and its cycles, modules and functions by length, comparisons against
+an artifact kind's name, and which worker modules the parent imports.
+
+``tests/test_structure.py`` holds the lines these draw; ``benchmarks/structure.py``
+prints the figures.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import gatekeeper
+
+ROOT = Path(gatekeeper.__file__).parent  # the package's folder
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """``gatekeeper/store/local.py`` -> ``gatekeeper.store.local`` (a package: its name)."""
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the package by dotted name."""
+    return {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+
+
+@cache
+def parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """The nodes inside ``if TYPE_CHECKING:`` blocks: imports that never run."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                skip.update(id(n) for n in ast.walk(child))
+    return skip
+
+
+def _known(name: str, known: dict[str, Path]) -> str:
+    """The module ``name`` is, or the closest enclosing one (an attribute's module)."""
+    while name not in known and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def imports(name: str, root: Path = ROOT) -> set[str]:
+    """The package's modules that module ``name`` imports: at module level and inside
+    functions alike, relative imports resolved, ``from pkg import mod`` as ``pkg.mod``;
+    those under ``if TYPE_CHECKING:`` never run and do not count. A package's
+    ``__init__`` that Python runs on the way to a submodule is not counted: only what
+    the code names."""
+    known = modules(root)
+    path = known[name]
+    tree = parse(path)
+    skip = _type_checking_only(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    top = root.name
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {_known(a.name, known) for a in node.names if a.name.split(".")[0] == top}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != top:
+                continue
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                found.add(sub if sub in known else _known(source, known))
+    found.discard(name)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    return {name: imports(name, root) for name in modules(root)}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's
+    algorithm, iterative): each is a set of modules that import each other in a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            nxt = next((e for e in edges if e in graph), None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def long_modules(root: Path = ROOT, limit: int = MAX_MODULE_LINES) -> list[tuple[str, int]]:
+    """Modules of more than ``limit`` lines, longest first."""
+    sizes = [(n, len(p.read_text().splitlines())) for n, p in modules(root).items()]
+    return sorted(((n, s) for n, s in sizes if s > limit), key=lambda x: -x[1])
+
+
+def long_functions(root: Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """Functions and methods of more than ``limit`` lines (decorators aside, docstring
+    included), longest first."""
+    found = []
+    for name, path in modules(root).items():
+        for node in ast.walk(parse(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    found.append((f"{name}.{node.name}", length))
+    return sorted(found, key=lambda x: -x[1])
+
+
+@dataclass(frozen=True)
+class KindComparison:
+    module: str
+    line: int
+    code: str
+
+
+def _names_a_kind(node: ast.AST, names: set[str]) -> bool:
+    """A string constant that is a kind's name or its variant part (``"aot"``,
+    ``"+aot"``), or a tuple, list or set holding one."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.removeprefix("+") in names
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_kind(e, names) for e in node.elts)
+    return False
+
+
+def kind_comparisons(names: Iterable[str], root: Path = ROOT) -> list[KindComparison]:
+    """Where code branches on a kind's name: a comparison (``==``, ``!=``, ``in``) with
+    it, a ``match`` case on it, or a test of an id's end or start for it
+    (``endswith("+aot")``)."""
+    wanted = set(names)
+    found = []
+    for name, path in modules(root).items():
+        for node in ast.walk(parse(path)):
+            operands: list[ast.AST] = []
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+            elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
+                operands = [node.pattern.value]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("endswith", "startswith", "removesuffix")
+            ):
+                operands = list(node.args)
+            if any(_names_a_kind(o, wanted) for o in operands):
+                code = ast.get_source_segment(path.read_text(), node) or ""
+                line = getattr(node, "lineno", 0) or getattr(node.pattern, "lineno", 0)
+                found.append(KindComparison(name, line, " ".join(code.split())[:80]))
+    return found
+
+
+def worker_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """The modules of ``worker/`` each module outside it imports (the parent's side)."""
+    worker = f"{root.name}.worker"
+    graph = import_graph(root)
+    return {
+        name: {m for m in targets if m == worker or m.startswith(worker + ".")}
+        for name, targets in graph.items()
+        if not (name == worker or name.startswith(worker + "."))
+    }
