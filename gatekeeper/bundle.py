@@ -5,13 +5,11 @@ Archive members::
     cache/...        the whole inductor cache dir of the compile (C++ .so files, Triton
                      kernels, FX graph and AOTAutograd entries), minus its lock files
     megacache.bin    torch.compiler.save_cache_artifacts(), portable across cache paths
-    precompile/...   what recording torch's caching-precompile package added to a copy of
-                     that cache dir (``dynamo/<key>/entry`` and its AOT/FX entries);
-                     installed into the cache dir only once ``check`` verified it
-                     (``compile.precompile.verified`` in the manifest)
-    aot/model.pt2    an ``+aot`` target's AOTInductor package (torch.export, then
-                     aoti_compile_and_package); installed for a deploy only once ``check``
-                     verified it (``compile.aot.verified``), see :mod:`gatekeeper.runtime`
+    <package>/...    each package's own members, under its name (``precompile/...``,
+                     ``aot/model.pt2``); a deploy gets them only once ``check`` verified
+                     the package (``compile.<package>.verified`` in the manifest): what
+                     each holds and how it is installed is its kind's
+                     (:mod:`gatekeeper.kinds.precompile`, :mod:`gatekeeper.kinds.aot`)
 
 The manifest (JSON, stored beside the archive, never inside it) lists every member's
 sha256 and size and the archive's own sha256; when a signing key is set it carries an
@@ -47,8 +45,6 @@ log = logging.getLogger("gatekeeper.bundle")
 FORMAT = 1
 MEGACACHE = "megacache.bin"
 CACHE_PREFIX = "cache/"
-PRECOMPILE_PREFIX = "precompile/"
-AOT_PACKAGE = "aot/model.pt2"
 SKIP_DIRS = {"locks"}
 ARCHIVE_NAME = re.compile(
     r"bundle-[0-9a-f]{16}\.tar\.zst"
@@ -190,28 +186,25 @@ def pack(
     creator: dict,
     version: str,
     signing_key: bytes | None,
-    precompile: dict[str, Path] | None = None,
+    members: dict[str, Path] | None = None,
     only: set[str] | None = None,
-    aot: Path | None = None,
 ) -> tuple[Path, Manifest]:
-    """Pack a compile's cache dir (and Mega-Cache blob, and precompile files by their
-    path in the cache dir) into ``dest_dir``; ``only``: just these files of the cache
+    """Pack a compile's cache dir (and Mega-Cache blob, and the packages' ``members``,
+    archive name -> file) into ``dest_dir``; ``only``: just these files of the cache
     dir, by relative path (what a seeded compile used or wrote).
 
     Returns the archive path (``bundle-<sha16>.tar.zst``) and its manifest.
     """
-    members = _members(cache_dir, megacache)
+    found = _members(cache_dir, megacache)
     if only is not None:
-        members = {
+        found = {
             name: path
-            for name, path in members.items()
+            for name, path in found.items()
             if not name.startswith(CACHE_PREFIX) or name[len(CACHE_PREFIX) :] in only
         }
-    members.update({PRECOMPILE_PREFIX + rel: p for rel, p in (precompile or {}).items()})
-    if aot is not None:
-        members[AOT_PACKAGE] = aot
+    found.update(members or {})
     files = {
-        name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size) for name, p in members.items()
+        name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size) for name, p in found.items()
     }
     tmp = dest_dir / "bundle.tar.zst.part"
     cctx = zstandard.ZstdCompressor(level=3, threads=-1)
@@ -220,7 +213,7 @@ def pack(
         cctx.stream_writer(raw) as zw,
         tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar,
     ):
-        for name, path in members.items():
+        for name, path in found.items():
             info = tarfile.TarInfo(name)
             info.size = files[name].size
             info.mode = 0o644
@@ -251,20 +244,6 @@ def sign(manifest: Manifest, signing_key: bytes | None) -> Manifest:
     return manifest.model_copy(update={"signature": signature})
 
 
-def precompile_info(manifest: Manifest) -> dict:
-    """What the bundle's compile said of its precompile package (``{}`` for bundles
-    from before packages, or compiled with ``precompile = "off"``)."""
-    info = manifest.compile.get("precompile")
-    return info if isinstance(info, dict) else {}
-
-
-def aot_info(manifest: Manifest) -> dict:
-    """What the bundle's compile said of its AOTInductor package (``{}``: not an
-    ``+aot`` bundle); ``verified`` is null until a ``check`` loaded it and compared."""
-    info = manifest.compile.get("aot")
-    return info if isinstance(info, dict) else {}
-
-
 def cold_seconds(manifest: Manifest) -> float | None:
     """The cold compile time of the bundle's graphs: a compile seeded with an earlier
     bundle records its ``state`` and the cold figure it knows (None when it compiled
@@ -272,15 +251,6 @@ def cold_seconds(manifest: Manifest) -> float | None:
     info = manifest.compile
     value = info.get("cold_seconds") if "state" in info else info.get("seconds")
     return value if isinstance(value, (int, float)) else None
-
-
-def precompile_entries(manifest: Manifest) -> set[str]:
-    """The ``dynamo/<key>`` folders the bundle's package would install."""
-    return {
-        "/".join(name.split("/")[1:3])
-        for name in manifest.files
-        if name.startswith(PRECOMPILE_PREFIX + "dynamo/") and name.count("/") >= 3
-    }
 
 
 # -- verifying and extracting ----------------------------------------------------------
@@ -412,20 +382,19 @@ def extract(archive: Path, manifest: Manifest, staging: Path) -> None:
         raise
 
 
-def install_cache(staging: Path, cache_dir: Path, *, precompile: bool = False) -> int:
-    """Copy a verified ``staging/cache`` tree (and with ``precompile`` the package's
-    ``staging/precompile`` files) into ``cache_dir``; returns files written.
+def install_cache(staging: Path, cache_dir: Path) -> int:
+    """Copy a verified ``staging/cache`` tree into ``cache_dir``; returns files written
+    (a package's members: :func:`install_tree`)."""
+    return install_tree(staging / CACHE_PREFIX.rstrip("/"), cache_dir)
+
+
+def install_tree(src_root: Path, cache_dir: Path) -> int:
+    """Copy every file under ``src_root`` (a verified, extracted tree) to the same
+    relative path in ``cache_dir``; returns files written.
 
     Each file lands by ``os.replace`` from a temporary name beside it, so a process
     reading the cache concurrently never sees a torn file.
     """
-    written = _install(staging / CACHE_PREFIX.rstrip("/"), cache_dir)
-    if precompile:
-        written += _install(staging / PRECOMPILE_PREFIX.rstrip("/"), cache_dir)
-    return written
-
-
-def _install(src_root: Path, cache_dir: Path) -> int:
     written = 0
     for src in sorted(p for p in src_root.rglob("*") if p.is_file()):
         dest = cache_dir / src.relative_to(src_root)

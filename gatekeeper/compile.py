@@ -23,17 +23,17 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, bundle
+from . import __version__, bundle, kinds
 from .bundle import signing_key
 from .config import Config
 from .errors import BundleError, ObjectTooLarge, StoreError
-from .key import Match, check_location, find_bundle, target_key
+from .key import CacheKey, Match, check_location, find_bundle, target_key
 from .progress import Progress
 from .provenance import creator
 from .store import BundleLocation, Store
 from .targets import Target, one_per_bundle
 from .worker.launch import run_or_fail
-from .worker.protocol import Request
+from .worker.protocol import CompileRequest, PackageRef, Response
 
 log = logging.getLogger("gatekeeper.compile")
 
@@ -63,51 +63,23 @@ class CompileResult:
     compile_seconds: float | None = None
     bundle_bytes: int | None = None
     counters: dict = field(default_factory=dict)
-    precompile: dict | None = None  # recorded (entries, unguarded globals) or why not
+    # by package name: its manifest section (precompile: recorded, entries and unguarded
+    # globals, or why not; aot: packaged)
+    packages: dict[str, dict] = field(default_factory=dict)
     # the bundle whose cache dir the compile started from, and what it reused of it
     seed: dict | None = None
-    export: dict | None = None  # aot: torch.export's outcome
+    export: dict | None = None  # a kind that exports: torch.export's outcome
     error: str | None = None
     error_kind: str | None = None  # config | compile | store
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None and v != {}}
-
-
-def _cannot_package(target: Target) -> str | None:
-    """Why torch (2.13) cannot give ``target`` a package that loads; None when it can."""
-    if target.task != "infer":
-        return (
-            "a training step cannot be packaged (torch bypasses packaging for the "
-            "optimizer step's graph)"
-        )
-    if target.precision != "fp32":
-        # measured: the package loads, and its guards fail on every call under autocast
-        return (
-            "a package recorded under autocast never loads (torch records its input "
-            "guards without the Autocast dispatch key, so every call misses them)"
-        )
-    if target.strategy == "regional":
-        return "a regional target compiles its blocks, and torch packages a whole forward"
-    if target.strategy == "aot":
-        return "an aot target ships its own AOTInductor package instead"
-    return None
-
-
-def _precompile(
-    target: Target, config: Config, recorded: dict | None, cache_dir: Path, precompile_dir: Path
-) -> tuple[dict | None, dict[str, Path]]:
-    """The manifest's ``precompile`` section and the files the package adds to the
-    cache dir. ``verified`` stays null until a ``check`` has loaded it and compared."""
-    if not config.precompile_for(target.model):
-        return None, {}
-    if reason := _cannot_package(target):
-        return {"status": "unavailable", "reason": reason}, {}
-    if not recorded or recorded.get("status") != "recorded":
-        reason = (recorded or {}).get("reason") or "the worker recorded no package"
-        return {"status": "unavailable", "reason": reason}, {}
-    files = bundle.changed_files(cache_dir, precompile_dir)
-    return {**recorded, "files": len(files), "verified": None}, files
+        out = {}
+        for k, v in self.__dict__.items():
+            if k == "packages":
+                out.update(v)  # each under its name, as the manifest's compile section
+            elif v is not None and v != {}:
+                out[k] = v
+        return out
 
 
 @dataclass
@@ -136,8 +108,8 @@ def _snapshot(cache_dir: Path) -> dict[str, tuple[int, int]]:
 
 
 def _seed(target: Target, store: Store, match: Match, cache_dir: Path, tmp: Path) -> Seed | None:
-    """Restore ``match``'s bundle (verified, its precompile package left out) into the
-    empty ``cache_dir``; None, with a warning, when it cannot be: the compile is cold."""
+    """Restore ``match``'s bundle (verified, its packages left out) into the empty
+    ``cache_dir``; None, with a warning, when it cannot be: the compile is cold."""
     manifest = match.manifest
     staging = tmp / "seed"
     try:
@@ -147,7 +119,7 @@ def _seed(target: Target, store: Store, match: Match, cache_dir: Path, tmp: Path
         )
         bundle.extract(archive, manifest, staging)
         archive.unlink()
-        bundle.install_cache(staging, cache_dir, precompile=False)
+        bundle.install_cache(staging, cache_dir)
     except (StoreError, BundleError, OSError) as e:
         log.warning(
             "%s: not seeded from bundle %s (%s); compiling cold",
@@ -218,7 +190,8 @@ def compile_target(
     cold: bool = False,
 ) -> CompileResult:
     """Compile and publish one target's bundle. Seeded from the newest bundle of the
-    same target and env (other code) unless ``force`` or ``cold``."""
+    same target and env (other code) unless ``force`` or ``cold``, or its kind ships a
+    package instead of the cache dir (built from scratch)."""
     key = target_key(target, config.base_dir)
     result = CompileResult(target.id, "error", key.env_key)
     match = None
@@ -231,23 +204,21 @@ def compile_target(
     except StoreError as e:
         result.error, result.error_kind = str(e), "store"
         return result
+    kind = kinds.of(target)
     with tempfile.TemporaryDirectory(prefix="gk-compile-") as tmp:
-        cache_dir, megacache = Path(tmp, "cache"), Path(tmp, "megacache.bin")
+        cache_dir = Path(tmp, "cache")
         seed = None
-        # an aot package is built from the exported program, not from the cache dir
-        if match is not None and not cold and target.strategy != "aot":
+        if match is not None and not cold and kind.ships_cache:
             seed = _seed(target, store, match, cache_dir, Path(tmp))
-        record = config.precompile_for(target.model) and _cannot_package(target) is None
-        precompile_dir = Path(tmp, "precompile")
-        aot = Path(tmp, "model.pt2") if target.strategy == "aot" else None
-        request = Request.for_target(
-            "compile",
+        packages = kinds.packages_of(target, config)
+        outs = {p.name: p.out(Path(tmp)) for p in packages if p.refusal(target) is None}
+        request = CompileRequest.of(
             target,
             config,
             key.device,
-            megacache_out=str(megacache) if aot is None else None,
-            precompile_out=str(precompile_dir) if record else None,
-            aot_out=str(aot) if aot is not None else None,
+            # a package a deploy loads instead: the cache dir (and its blob) stays here
+            megacache_out=str(Path(tmp, "megacache.bin")) if kind.package is None else None,
+            packages=[PackageRef.of(p, outs[p.name]) for p in packages if p.name in outs],
         )
         resp = run_or_fail(
             request,
@@ -266,61 +237,70 @@ def compile_target(
             return result
         key = key.with_deps(resp.deps or {})  # the code hash of what was compiled
         result.code_hash = key.code_hash
-        loc = key.location()
         result.compile_seconds = resp.compile_seconds
         result.counters = resp.counters or {}
-        precompile, package = _precompile(
-            target, config, resp.precompile, cache_dir, precompile_dir
-        )
-        result.precompile = precompile
-        if record and precompile and precompile.get("reason"):  # it tried and failed
-            log.warning("%s: no precompile package: %s", target.id, precompile["reason"])
+        members: dict[str, Path] = {}
+        for p in packages:
+            result.packages[p.name], files = p.pack(target, resp, outs.get(p.name), cache_dir)
+            members.update(files)
+            if p.name in outs and (reason := result.packages[p.name].get("reason")):
+                log.warning("%s: no %s package: %s", target.id, p.title, reason)  # it tried
         only = None
         if seed is not None:
             only, result.seed = _shipped(cache_dir, seed, resp.cache_used, result.counters)
-        aot_doc = None
-        if aot is not None:  # the package is what deploys load: the cache dir stays here
+        if kind.package is not None:  # the package is what deploys load
             only = set()
-            aot_doc = {
-                "status": "packaged",
-                "export": resp.export,
-                "bytes": aot.stat().st_size,
-                "verified": None,
-            }
-        archive, manifest = bundle.pack(
-            cache_dir,
-            megacache if megacache.is_file() else None,
-            Path(tmp),
-            target=key.target_id,
-            key=key.as_dict(),
-            compile_info={
-                "seconds": resp.compile_seconds,
-                "counters": resp.counters,
-                "torch": resp.torch,
-                **_cold_figure(resp.compile_seconds, result.counters, seed),
-                **({"seed": result.seed} if result.seed else {}),
-                **({"precompile": precompile} if precompile else {}),
-                **({"aot": aot_doc} if aot_doc else {}),
-            },
-            creator=creator(),
-            version=__version__,
-            signing_key=signing_key(config.require_signature),
-            precompile=package,
-            only=only,
-            aot=aot,
-        )
-        result.bundle_bytes = manifest.archive.size
-        try:
-            result.status = store.publish_bundle(
-                loc, archive, archive.name, manifest.to_bytes(), replace=force
-            )
-            if result.status == "exists" and not _usable(store, loc):
-                result.status = store.publish_bundle(
-                    loc, archive, archive.name, manifest.to_bytes(), replace=True
-                )
-        except StoreError as e:
-            result.status, result.error, result.error_kind = "error", str(e), "store"
+        _publish(result, store, key, resp, Path(tmp), members, only, seed, config, force)
     return result
+
+
+def _publish(
+    result: CompileResult,
+    store: Store,
+    key: CacheKey,
+    resp: Response,
+    tmp: Path,
+    members: dict[str, Path],
+    only: set[str] | None,
+    seed: Seed | None,
+    config: Config,
+    force: bool,
+) -> None:
+    """Pack the compile's bundle and publish it at its key (a manifest already there
+    that does not verify is replaced)."""
+    megacache = tmp / "megacache.bin"
+    archive, manifest = bundle.pack(
+        tmp / "cache",
+        megacache if megacache.is_file() else None,
+        tmp,
+        target=key.target_id,
+        key=key.as_dict(),
+        compile_info={
+            "seconds": resp.compile_seconds,
+            "counters": resp.counters,
+            "torch": resp.torch,
+            **_cold_figure(resp.compile_seconds, result.counters, seed),
+            **({"seed": result.seed} if result.seed else {}),
+            **result.packages,
+        },
+        creator=creator(),
+        version=__version__,
+        signing_key=signing_key(config.require_signature),
+        members=members,
+        only=only,
+    )
+    result.bundle_bytes = manifest.archive.size
+    loc = key.location()
+    try:
+        result.status = store.publish_bundle(
+            loc, archive, archive.name, manifest.to_bytes(), replace=force
+        )
+        if result.status == "exists" and not _usable(store, loc):
+            result.status = store.publish_bundle(
+                loc, archive, archive.name, manifest.to_bytes(), replace=True
+            )
+    except StoreError as e:
+        result.status, result.error, result.error_kind = "error", str(e), "store"
 
 
 def _cold_figure(seconds: float | None, counters: dict, seed: Seed | None) -> dict:
@@ -367,7 +347,8 @@ def compile_all(
             else:
                 took = f", {r.compile_seconds:.1f} s" if r.compile_seconds else ""
                 took += reuse_note(r.seed)
-                if (r.precompile or {}).get("status") == "recorded":
-                    took += ", precompile package recorded"
+                for p in kinds.packages():  # an add-on the target might have gone without
+                    if not p.standalone and (r.packages.get(p.name) or {}).get("status") == p.ready:
+                        took += f", {p.name} package {p.ready}"
                 step.done(f"{r.status}{took}")
     return results

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -24,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import kinds
 from .errors import ConfigError
 
 DEFAULT_STORE = ".gatekeeper/store"
@@ -35,15 +37,11 @@ Task = Literal["infer", "train"]
 # record torch's caching-precompile package with each bundle
 Precompile = Literal["auto", "off"]
 Precision = Literal["fp32", "bf16", "fp16"]  # fp32: no autocast; bf16/fp16: torch.autocast
-# how a model is compiled: whole (torch.compile of the model), regional (each repeated
-# block compiled, the rest eager), aot (torch.export, then an AOTInductor package)
-Strategy = Literal["whole", "regional", "aot"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 MODES: tuple[Mode, ...] = get_args(Mode)
 TASKS: tuple[Task, ...] = get_args(Task)
 PRECOMPILE: tuple[Precompile, ...] = get_args(Precompile)
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
-STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 # torch.optim classes a training step can use by name (LBFGS needs a closure, SparseAdam
@@ -63,6 +61,21 @@ OPTIMIZERS = (
     "Rprop",
     "SGD",
 )
+
+
+def _kind(name: str) -> str:
+    known = kinds.names()
+    if name not in known:
+        quoted = [repr(k) for k in known]
+        listed = ", ".join(quoted[:-1]) + f" or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+        raise ValueError(f"expected {listed}")
+    return name
+
+
+# how a model is compiled: an artifact kind's name (gatekeeper.kinds): whole
+# (torch.compile of the model), regional (each repeated block compiled, the rest
+# eager), aot (torch.export, then an AOTInductor package), or an installed kind's
+Strategy = Annotated[str, AfterValidator(_kind)]
 
 
 class _Strict(BaseModel):
@@ -213,7 +226,7 @@ class ModelConfig(_Strict):
     # regional: the blocks to compile, as globs over submodule names ("layers.*");
     # default: the children of each nn.ModuleList that share a class
     regions: list[str] | None = None
-    export: ExportConfig | None = None  # aot: how torch.export runs
+    export: ExportConfig | None = None  # aot: how torch.export runs (export_settings)
     train: TrainConfig | None = None
     dynamic: bool = False
     fullgraph: bool = False
@@ -230,6 +243,11 @@ class ModelConfig(_Strict):
         return self.train or TrainConfig()
 
     @property
+    def export_settings(self) -> ExportConfig:
+        """How torch.export runs (the defaults when ``export`` is not given)."""
+        return self.export or ExportConfig()
+
+    @property
     def builder(self) -> str:
         """The reference that builds what is compiled (``factory`` or ``function``)."""
         ref = self.factory or self.function
@@ -243,6 +261,14 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
+        self._check_callable()
+        self._check_axes()
+        self._check_kinds()
+        self._check_shapes()
+        return self
+
+    def _check_callable(self) -> None:
+        """What is compiled, and the inputs it is called with."""
         if (self.factory is None) == (self.function is None):
             raise ValueError("give exactly one of 'factory' (a module) or 'function'")
         if self.function is not None:
@@ -256,17 +282,15 @@ class ModelConfig(_Strict):
                     "tasks: \"train\" needs a module's parameters; a 'function' model "
                     "has none (use a factory)"
                 )
-            if "regional" in self.strategies:
-                raise ValueError(
-                    "'strategies': \"regional\" compiles a module's repeated blocks; a "
-                    "'function' model has none (use whole or aot)"
-                )
         if isinstance(self.inputs, dict):
             for k in self.inputs:
                 if not re.fullmatch(r"[A-Za-z_]\w*", k):
                     raise ValueError(f"inputs: keyword {k!r} is not an identifier")
         if (self.inputs is None) == (self.inputs_factory is None):
             raise ValueError("give exactly one of 'inputs' or 'inputs_factory'")
+
+    def _check_axes(self) -> None:
+        """The lists that make targets: distinct values, at least one each."""
         if not self.shapes:
             raise ValueError("'shapes' needs at least one shape set (use [{}] for none)")
         if len(set(self.modes)) != len(self.modes) or not self.modes:
@@ -279,37 +303,35 @@ class ModelConfig(_Strict):
             raise ValueError(
                 '\'train\' is set but \'tasks\' has no "train" (add it: tasks = ["infer", "train"])'
             )
-        if self.regions is not None:
-            if "regional" not in self.strategies:
-                raise ValueError(
-                    "'regions' is set but 'strategies' has no \"regional\" "
-                    '(add it: strategies = ["whole", "regional"])'
-                )
-            if not self.regions or not all(re.fullmatch(r"[\w.*?\[\]-]+", r) for r in self.regions):
-                raise ValueError(
-                    "'regions' must list submodule names or globs, e.g. [\"layers.*\"]"
-                )
-        if self.export is not None and "aot" not in self.strategies:
-            raise ValueError(
-                "'export' is set but 'strategies' has no \"aot\" "
-                '(add it: strategies = ["whole", "aot"])'
-            )
-        if "aot" in self.strategies and self.backend != "inductor":
-            raise ValueError(
-                f"'strategies': \"aot\" builds an AOTInductor package and needs "
-                f'backend = "inductor", not {self.backend!r}'
-            )
-        if self.tasks == ["train"] and self.strategies != ["whole"]:
-            other = ", ".join(s for s in self.strategies if s != "whole")
-            raise ValueError(
-                f"'strategies': a training step is compiled whole; {other} applies to "
-                'inference targets only (add "infer" to tasks, or drop it)'
-            )
         if self.options and self.modes != ["default"]:
             raise ValueError(
                 "'options' cannot be combined with modes other than 'default' "
                 "(torch.compile takes either mode or options)"
             )
+
+    def _check_kinds(self) -> None:
+        """Each kind's own fields only with that kind, and what each kind asks of the
+        model (gatekeeper.kinds)."""
+        for name in kinds.names():
+            for field in kinds.get(name).owns:
+                if getattr(self, field) is not None and name not in self.strategies:
+                    raise ValueError(
+                        f"'{field}' is set but 'strategies' has no \"{name}\" "
+                        f'(add it: strategies = ["{kinds.DEFAULT}", "{name}"])'
+                    )
+        for name in self.strategies:
+            if why := kinds.get(name).check_model(self):
+                raise ValueError(why)
+        if self.tasks == ["train"]:
+            other = [s for s in self.strategies if not kinds.get(s).applies(self, "train", "fp32")]
+            if other:
+                raise ValueError(
+                    f"'strategies': a training step is compiled whole; {', '.join(other)} "
+                    'applies to inference targets only (add "infer" to tasks, or drop it)'
+                )
+
+    def _check_shapes(self) -> None:
+        """Every shape set binds exactly the dimensions the inputs name."""
         used = set().union(*(i.names() for i in self.input_specs()))
         for n, shape_set in enumerate(self.shapes):
             for k, v in shape_set.items():
@@ -324,7 +346,6 @@ class ModelConfig(_Strict):
                     raise ValueError(
                         f"shapes[{n}] binds {', '.join(sorted(unused))}, which no input uses"
                     )
-        return self
 
 
 class MeasureConfig(_Strict):

@@ -50,13 +50,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from . import bundle
-from .config import ExportConfig, InputSpec, ModelConfig
+from . import bundle, kinds
+from .config import InputSpec, ModelConfig
 from .errors import AccessDenied, BundleError, GatekeeperError, StoreUnavailable
 from .hashing import sha256_bytes, sha256_file
+from .sources import locate, search_path
 from .store.layout import BundleLocation, Store
 from .targets import Target
-from .worker.deps import locate, search_path
 
 log = logging.getLogger("gatekeeper.key")
 
@@ -223,12 +223,8 @@ def compile_spec(target: Target) -> dict:
         spec_doc["train"] = m.training.spec()
     if target.precision != "fp32":
         spec_doc["precision"] = target.precision
-    if target.strategy == "regional":
-        spec_doc["strategy"] = "regional"
-        spec_doc["regions"] = m.regions  # None: every ModuleList's shared-class children
-    elif target.strategy == "aot":
-        spec_doc["strategy"] = "aot"
-        spec_doc["export"] = (m.export or ExportConfig()).model_dump()
+    # what the artifact kind adds (the default kind nothing: those keys stay as they were)
+    spec_doc.update(kinds.of(target).spec(m))
     return spec_doc
 
 

@@ -8,7 +8,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .check import check_all
+from .check.paired import Mode, choose_mode
+from .check.run import check_all
 from .compile import compile_all
 from .config import Config
 from .errors import StoreError
@@ -16,7 +17,6 @@ from .gate import GateReport
 from .gate.baseline import publish_results
 from .gate.drift import merge_latency
 from .gate.judge import judge
-from .paired import Mode, choose_mode
 from .results import Results, TargetResult, contained, write_results
 from .store import Store
 from .store.base import store_error

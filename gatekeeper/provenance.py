@@ -19,11 +19,6 @@ def current_ref() -> str:
     )
 
 
-def base_ref() -> str:
-    """The branch a pull request is gated against (its base), else ``main``."""
-    return os.environ.get("GITHUB_BASE_REF") or "main"
-
-
 def creator() -> dict:
     env = os.environ
     run_url = None

@@ -1,7 +1,8 @@
 """The parent's one door to torch: the facts of this machine's torch that key a bundle
 (:func:`torch_facts`, :func:`resolve_device`), the inductor cache dir and Mega-Cache
-blobs a warm start fills (:func:`default_cache_dir`, :func:`load_megacache`), and the
-AOTInductor package a deploy loads (:func:`load_aot`). The rest of the parent (CLI,
+blobs a warm start fills (:func:`default_cache_dir`, :func:`load_megacache`), loading
+verified precompile packages in this process (:func:`enable_precompile_loading`), and
+the AOTInductor package a deploy loads (:func:`load_aot`). The rest of the parent (CLI,
 store, gate, report, GitHub, dashboard) asks these functions and never imports torch;
 only the worker subprocess compiles (``tests/test_runtime.py`` holds the line).
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 AOT_HOME = Path("gatekeeper", "aot")  # inside the inductor cache dir
 PACKAGE = "model.pt2"
+AOT_MEMBER = f"aot/{PACKAGE}"  # the package in an aot bundle's archive
 INFO = "package.json"  # what warm installed: target, code hash, sha256, the check's verdict
 MANIFEST = "manifest.json"  # the bundle's signed manifest, as warm verified it
 
@@ -92,6 +94,36 @@ def load_megacache(blob: bytes) -> None:
     import torch
 
     torch.compiler.load_cache_artifacts(blob)
+
+
+# the environment of a service that loads precompile packages
+# (gatekeeper.kinds.precompile): torch loads packages inside torch.compile
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
+# inductor trusts the CPU's flags for its vector ISA (the key pins them) instead of
+# building and loading a probe library in a subprocess (about 0.5 s per process)
+ISA_ENV = "TORCHINDUCTOR_VEC_ISA_OK"
+
+
+def enable_precompile_loading(skip_isa_probe: bool = False) -> None:
+    """Load precompile packages in this process from now on (call before
+    ``torch.compile``). A guard that fails after a load then recompiles cleanly.
+
+    ``skip_isa_probe``: trust the CPU's flags for inductor's vector ISA instead of
+    building and loading a probe library in a subprocess (~0.5 s per process): the key
+    pins those flags, and a served package's kernels are built already. Only for a
+    process whose every warm target is served from its package: the setting is part of
+    inductor's FX graph key, so an FX cache entry compiled without it misses."""
+    import torch
+    import torch._dynamo.bytecode_transformation as bt
+
+    torch._dynamo.config.caching_precompile = True
+    if skip_isa_probe and os.environ.get(ISA_ENV) is None:  # the user's own word wins
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.vec_isa_ok = True
+    # torch 2.13 installs the package's __builtins_dict___0 into the module's globals;
+    # a recompile in the same module would claim that name again and assert
+    bt.unique_id("__gatekeeper_precompile")
 
 
 class AotUnavailable(GatekeeperError):
@@ -202,7 +234,9 @@ def load_aot(
     then compiles as before); the config (a path or a loaded Config) is read only
     then, to tell a target that does not exist (UsageError) from a missing package.
     Imports torch, not inductor."""
-    wanted = target if target.endswith("+aot") else f"{target}+aot"
+    from .kinds import get
+
+    wanted = get("aot").target_id(target)
     where = package_dir(Path(cache_dir) if cache_dir else inductor_cache_dir(), wanted)
     try:  # the config is read only to say what is wrong: a deploy's load stays light
         info = json.loads((where / INFO).read_text())
@@ -251,7 +285,7 @@ def _check_package(wanted: str, where: Path, info: dict) -> None:
                 f"{wanted}: no signed manifest verifies the package in {where} ({e}); "
                 "run gatekeeper warm again"
             ) from None
-        entry = manifest.files.get(bundle.AOT_PACKAGE)
+        entry = manifest.files.get(AOT_MEMBER)
         if entry is None or entry.sha256 != recorded or manifest.code_hash != info.get("code_hash"):
             raise AotUnavailable(f"{wanted}: {where / INFO} is not what its signed manifest says")
     actual = sha256_file(where / PACKAGE)
@@ -264,15 +298,16 @@ def _check_package(wanted: str, where: Path, info: dict) -> None:
 
 def _aot_target(config: Config | str | os.PathLike[str] | None, wanted: str) -> None:
     """A UsageError unless ``wanted`` is an aot target of the config."""
+    from . import kinds
     from .config import Config, load_config
     from .errors import UsageError
     from .targets import expand
 
     cfg = config if isinstance(config, Config) else load_config(config)
-    ids = [t.id for t in expand(cfg)]
-    if wanted in ids:
+    found = expand(cfg)
+    if wanted in [t.id for t in found]:
         return
-    aot = ", ".join(i for i in ids if i.endswith("+aot"))
+    aot = ", ".join(t.id for t in found if kinds.of(t) is kinds.get("aot"))
     hint = aot or 'none: add "aot" to a model\'s strategies'
     raise UsageError(
         f"{wanted}: not an aot target of {cfg.path or 'the config'} (aot targets: {hint})"

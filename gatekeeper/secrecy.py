@@ -1,9 +1,10 @@
 """The secrets of the gatekeeper process (the signing key, the store's credentials, the
 job's tokens), kept where the model code its workers run cannot read them.
 
-A worker's own environment never holds a secret (:func:`gatekeeper.worker.launch.cache_env`).
-Its ancestors do: gatekeeper itself, and whatever started it. On Linux, before any worker
-starts, :func:`seal` makes this process a dead end for model code:
+A worker's own environment never holds a secret (:func:`gatekeeper.worker.launch.cache_env`
+drops every variable :func:`is_secret` names). Its ancestors do: gatekeeper itself, and
+whatever started it. On Linux, before any worker starts, :func:`seal` makes this process
+a dead end for model code:
 
 * **the environment block is overwritten.** ``/proc/<pid>/environ`` shows the block the
   process was started with (``env_start``..``env_end`` of ``/proc/self/stat``), whatever
@@ -30,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -49,6 +51,43 @@ HELD = (
 )
 # a value this short is no credential of its own (and would match half the environment)
 MIN_SECRET_LEN = 8
+
+# What the worker never sees. It imports and runs the user's model code and whatever
+# that imports, while the parent may hold the store's write credentials, the signing
+# key and the job's tokens; the worker needs none of them (the parent fetches and
+# publishes). Dropped by prefix, by name, and by a secret-sounding word in the name.
+SECRET_PREFIXES = (
+    "GATEKEEPER_",  # the signing key, and any future secret of ours
+    "AWS_",  # the store's credentials and their files (torch and inductor read none)
+    "GOOGLE_",
+    "GCLOUD_",
+    "CLOUDSDK_",
+    "AZURE_",
+    "ARM_",
+    "ACTIONS_",  # the runner's runtime and OIDC request tokens and URLs
+    "GITHUB_",  # the token, and GITHUB_ENV / GITHUB_PATH: files that steer later steps
+    "GIT_CONFIG_",  # an auth header passed to git through the environment
+    "VAULT_",
+    "INPUT_",  # a JavaScript or Docker action's inputs: `signing-key`, `github-token`
+)
+SECRET_NAMES = frozenset({"GH_TOKEN", "GH_ENTERPRISE_TOKEN", "SSH_AUTH_SOCK", "KUBECONFIG"})
+_SECRET_WORD = re.compile(
+    r"(^|[_-])(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|API[_-]?KEY|ACCESS[_-]KEY|"
+    r"PRIVATE[_-]KEY|SIGNING[_-]KEY|AUTH)([_-]|$)",
+    re.IGNORECASE,
+)
+
+
+def secret_word(name: str) -> bool:
+    """Whether ``name`` says it holds a credential (``HF_TOKEN``, ``MY_SIGNING_KEY``)."""
+    return _SECRET_WORD.search(name) is not None
+
+
+def is_secret(name: str) -> bool:
+    """Whether the variable ``name`` stays out of the worker's environment."""
+    upper = name.upper()
+    return upper.startswith(SECRET_PREFIXES) or upper in SECRET_NAMES or secret_word(upper)
+
 
 _vault: dict[str, str] = {}
 _sealed = False
@@ -79,8 +118,6 @@ def aws_credentials() -> dict[str, str]:
 def is_credential(name: str) -> bool:
     """A variable whose value is a credential (a key, a token, a password), not a setting
     such as ``AWS_REGION`` or ``GITHUB_EVENT_PATH``."""
-    from .worker.launch import SECRET_NAMES, secret_word
-
     upper = name.upper()
     return (
         upper in HELD
@@ -103,8 +140,6 @@ def seal(*, drop: bool = False) -> None:
     ``drop``: also take the credentials out of ``os.environ`` (the gatekeeper program).
     Safe to call again: later variables are sealed too."""
     global _sealed
-    from .worker.launch import is_secret
-
     names = {n for n in os.environ if is_secret(n)}
     values = {os.environ[n] for n in names if is_credential(n)} | set(_vault.values())
     if drop:
@@ -140,8 +175,6 @@ def _scrub_block(values: set[str]) -> set[str]:
     """Overwrite, in place, the value of every entry of the environment block that the
     worker is denied (whether ``os.environ`` still has it or not) or that holds one of
     ``values`` or another such entry's credential; returns the names overwritten."""
-    from .worker.launch import is_secret
-
     where = _environ_block()
     if where is None:
         log.debug("no environment block to scrub")

@@ -4,12 +4,12 @@ stable readable id.
 The id has exactly three '/'-separated parts — ``<model>/<shapes>/<variant>`` — e.g.
 ``mlp/b8/default``, ``gpt-block/b2-s64/max-autotune+dynamic``,
 ``gpt2/b4/default+train+bf16`` or ``gpt12/b1-s128/default+regional``: the training task,
-an autocast precision and a compile strategy join the third part with ``+`` so every
-store path keeps its depth. Inference, float32 and the ``whole`` strategy are implicit,
-so the ids (and store paths) of targets from before they existed are unchanged. A
-training step is always compiled whole: a model's other strategies give inference
-targets only, and ``aot`` float32 ones only. The device is not in the id: it is part of
-the env key.
+an autocast precision and a compile strategy (an artifact kind, :mod:`gatekeeper.kinds`)
+join the third part with ``+`` so every store path keeps its depth. Inference, float32
+and the default kind (``whole``) are implicit, so the ids (and store paths) of targets
+from before they existed are unchanged. Each kind says which (task, precision) of a
+model it applies to (a training step is always compiled whole). The device is not in
+the id: it is part of the env key.
 
 A ``dynamic`` model compiles once for all its shape sets: its targets share one bundle,
 stored under :attr:`Target.bundle_id` (``<model>/dynamic/<variant>``), while each shape
@@ -22,6 +22,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from . import kinds
 from .config import Config, ModelConfig
 from .errors import UsageError
 
@@ -47,7 +48,7 @@ class Target:
     dynamic: bool
     task: str = "infer"  # infer | train
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast)
-    strategy: str = "whole"  # whole | regional | aot
+    strategy: str = kinds.DEFAULT  # the artifact kind's name (gatekeeper.kinds)
 
     @property
     def shape_set(self) -> dict[str, int]:
@@ -60,7 +61,7 @@ class Target:
             + ("+dynamic" if self.dynamic else "")
             + ("+train" if self.task == "train" else "")
             + (f"+{self.precision}" if self.precision != "fp32" else "")
-            + (f"+{self.strategy}" if self.strategy != "whole" else "")
+            + (f"+{self.strategy}" if self.strategy != kinds.DEFAULT else "")
         )
 
     @property
@@ -93,7 +94,7 @@ class Target:
             d["task"] = self.task
         if self.precision != "fp32":
             d["precision"] = self.precision
-        if self.strategy != "whole":
+        if self.strategy != kinds.DEFAULT:
             d["strategy"] = self.strategy
         return d
 
@@ -103,8 +104,8 @@ class Target:
         targets, or its gate overrides, which are rules) and this target's shape set.
         A pull request that changes one of them changes the target (gate.governing)."""
         skip = {"name", "gate", "shapes", "modes", "tasks", "precisions", "strategies"}
-        skip |= {"regions"} if self.strategy != "regional" else set()
-        skip |= {"export"} if self.strategy != "aot" else set()
+        # the fields another kind owns (regions, export) are not this target's
+        skip |= {f for n in kinds.names() if n != self.strategy for f in kinds.get(n).owns}
         skip |= {"train"} if self.task != "train" else set()
         return {**self.model.model_dump(mode="json", exclude=skip), "shape_set": self.shape_set}
 
@@ -128,12 +129,12 @@ def expand(config: Config) -> list[Target]:
 
 
 def strategies(model: ModelConfig, task: str, precision: str = "fp32") -> list[str]:
-    """The strategies of a model's ``task`` and ``precision``: a training step is
-    compiled whole, and ``aot`` exports the float32 forward (an AOTInductor package runs
-    its own kernels, which a caller's autocast cannot change)."""
-    if task != "infer":
-        return ["whole"]
-    return [s for s in model.strategies if s != "aot" or precision == "fp32"] or ["whole"]
+    """The strategies of a model's ``task`` and ``precision``: those whose kind applies
+    (a training step is compiled whole; ``aot`` exports the float32 forward: an
+    AOTInductor package runs its own kernels, which a caller's autocast cannot change),
+    else the default kind."""
+    found = [s for s in model.strategies if kinds.get(s).applies(model, task, precision)]
+    return found or [kinds.DEFAULT]
 
 
 def one_per_bundle(targets: list[Target]) -> list[Target]:

@@ -10,36 +10,44 @@ A ``hit`` is a bundle whose recorded dependencies all still match this checkout
 is refused. ``--probe`` (and ``check``) then see whether inductor agrees: a key hit
 whose FX graphs all miss is ``stale``, never a hit.
 
-A bundle's precompile package (Dynamo's own, see :mod:`gatekeeper.worker.precompile`)
-is installed only when the bundle is an exact ``hit`` and a ``check`` verified the
-package; otherwise the plain cache is installed and any package a previous warm left at
-the same place is removed, so the deploy can never load one that was not verified.
+A bundle's packages (a precompile package, an aot target's AOTInductor package) are each
+installed by their kind (:meth:`gatekeeper.kinds.Package.warm`): for a deploy only when
+the bundle is an exact ``hit`` and a ``check`` verified the package; otherwise any
+package a previous warm left at the same place is removed, so the deploy can never load
+one that was not verified.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from . import bundle
+from . import bundle, kinds
 from .bundle import signing_key
 from .config import Config, load_config
 from .errors import BundleError, StoreError
 from .key import CacheKey, find_bundle, target_key
 from .results import CacheStatus
-from .runtime import default_cache_dir, load_megacache, resolve_device
+from .runtime import default_cache_dir, load_megacache
 from .store import Store, open_store
 from .targets import Target, expand, select
-from .worker.protocol import ISA_ENV, PRECOMPILE_ENV
 
 log = logging.getLogger("gatekeeper.warm")
+
+
+@dataclass
+class PackageState:
+    """A package of a warmed bundle: ``served`` (installed for a deploy), ``installed``
+    (not loaded: see the precompile kind's ``hold``), ``unverified``, ``rejected``,
+    ``shadowed``, ``unavailable``, ``missing``; and why."""
+
+    status: str | None = None
+    reason: str | None = None
 
 
 @dataclass
@@ -54,23 +62,34 @@ class WarmResult:
     cold_compile_seconds: float | None = None  # what the bundle's compile took, cold
     bundle_bytes: int | None = None
     reason: str | None = None
-    # served | installed (not loaded: see hold_packages) | unverified | rejected |
-    # unavailable | shadowed (None: the bundle has none)
-    precompile: str | None = None
-    precompile_reason: str | None = None
-    # an +aot target's AOTInductor package: served (installed for gatekeeper.load_aot) |
-    # unverified | rejected | missing (the bundle has none)
-    aot: str | None = None
-    aot_reason: str | None = None
+    # by package name; read as ``precompile`` / ``precompile_reason`` (``aot``, ...)
+    packages: dict[str, PackageState] = field(default_factory=dict)
+    probe: Any = None  # what ``warm --probe`` saw (gatekeeper.warm.Probe), not a field
     manifest: Any = field(default=None, repr=False)  # the verified manifest, not output
     location: Any = field(default=None, repr=False)  # where it was found, not output
 
+    def package(self, name: str) -> PackageState:
+        return self.packages.setdefault(name, PackageState())
+
+    def __getattr__(self, name: str) -> Any:
+        """``r.precompile``, ``r.aot_reason``: a package's status and reason."""
+        base = name.removesuffix("_reason")
+        if name.startswith("__") or base not in kinds.package_names():
+            raise AttributeError(name)
+        state = self.__dict__.get("packages", {}).get(base) or PackageState()
+        return state.reason if base != name else state.status
+
     def as_dict(self) -> dict:
-        return {
-            k: v
-            for k, v in self.__dict__.items()
-            if v is not None and k not in ("manifest", "location")
-        }
+        out: dict[str, Any] = {}
+        for k, v in self.__dict__.items():
+            if k == "packages":
+                for name, state in v.items():
+                    out.update({name: state.status, f"{name}_reason": state.reason})
+            elif k == "probe" and v is not None:
+                out.update(v.as_dict())  # the probe's figures, besides the warm's
+            elif k not in ("manifest", "location"):
+                out[k] = v
+        return {k: v for k, v in out.items() if v is not None}
 
 
 def settle(status: CacheStatus, counters: dict | None) -> CacheStatus:
@@ -85,46 +104,6 @@ def settle(status: CacheStatus, counters: dict | None) -> CacheStatus:
     return status
 
 
-Precompile = Literal["verified", "any", "never"]
-
-
-def _precompile(
-    result: WarmResult,
-    manifest: bundle.Manifest,
-    entries: set[str],
-    hit: bool,
-    want: Precompile,
-    served: set[str],
-) -> bool:
-    """Whether to install the bundle's precompile package (its ``entries``, the
-    ``dynamo/<key>`` folders); says why in ``result``."""
-    info = bundle.precompile_info(manifest)
-    if not entries:
-        if info:
-            result.precompile, result.precompile_reason = info.get("status"), info.get("reason")
-        return False
-    check = info.get("check") or {}
-    if want == "never":
-        return False
-    if want == "verified":
-        if not hit:
-            result.precompile = "unverified"
-            result.precompile_reason = "the bundle is another version's: its package is not served"
-            return False
-        if info.get("verified") is not True:
-            result.precompile = "rejected" if info.get("verified") is False else "unverified"
-            result.precompile_reason = check.get("reason") or "no check has verified it yet"
-            return False
-    if taken := entries & served:
-        result.precompile = "shadowed"
-        result.precompile_reason = (
-            f"another target's package already serves {sorted(taken)[0]} in this cache dir"
-        )
-        return False
-    result.precompile = "served"
-    return True
-
-
 def warm_target(
     target: Target,
     config: Config,
@@ -134,23 +113,22 @@ def warm_target(
     signing_key: bytes | None,
     megacache: bool = True,
     cache_key: CacheKey | None = None,
-    precompile: Precompile = "verified",
-    served: set[str] | None = None,
-    aot_dir: Path | None = None,
+    serve: kinds.base.Serve = "verified",
+    claimed: set[str] | None = None,
+    stage: Path | None = None,
 ) -> WarmResult:
     """Restore one target's bundle into ``cache_dir``; ``megacache`` also loads the
     Mega-Cache blob into this process (skip it when another process will compile).
     ``cache_key`` (default: the target's from the config's folder) also says which
-    checkout's files the recorded dependencies are checked against. ``precompile``:
-    install the bundle's precompile package when verified (a deploy), also unverified
-    (the check that verifies it), or never (a measurement); ``served`` collects the
-    package folders installed so far into this cache dir. An ``+aot`` target's
-    AOTInductor package goes to ``aot_dir`` when given (a check measures or verifies
-    it), and for a deploy (``precompile="verified"``) where :func:`gatekeeper.load_aot`
-    finds it, only when the bundle is an exact ``hit`` and verified."""
+    checkout's files the recorded dependencies are checked against. ``serve``: install
+    the bundle's packages for a deploy when verified (``verified``), also unverified
+    (``any``: the check that verifies one), or never (a measurement); ``claimed``
+    collects the cache-dir paths packages installed so far into this cache dir;
+    ``stage``: where a check wants the package it measures or verifies."""
     start = time.monotonic()
     ck = cache_key or target_key(target, config.base_dir)
     result = WarmResult(target.id, "miss", ck.env_key)
+    own = kinds.of(target).package
     try:
         match, reason = find_bundle(store, ck, signing_key=signing_key)
         if match is None:
@@ -166,23 +144,21 @@ def warm_target(
             )
             staging = Path(tmp, "staging")
             bundle.extract(archive, manifest, staging)
-            served = set() if served is None else served
-            entries = bundle.precompile_entries(manifest)
-            serve = _precompile(
-                result, manifest, entries, match.status == "hit", precompile, served
+            result.files = bundle.install_cache(staging, cache_dir)
+            w = kinds.Warming(
+                result,
+                manifest,
+                match.status == "hit",
+                staging,
+                cache_dir,
+                serve,
+                set() if claimed is None else claimed,
+                stage,
+                target.id,
             )
-            if not serve:  # never leave a package of another version where torch looks
-                for entry in entries - served:
-                    shutil.rmtree(cache_dir / entry, ignore_errors=True)
-            result.files = bundle.install_cache(staging, cache_dir, precompile=serve)
-            if serve:
-                served |= entries
-            package = staging / bundle.AOT_PACKAGE
-            if aot_dir is not None and package.is_file():
-                aot_dir.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(package, aot_dir / package.name)
-            if target.strategy == "aot" and precompile == "verified":
-                install_aot(result, manifest, match, package, cache_dir)
+            for package in kinds.packages():
+                if package is own or package.present(manifest):
+                    package.warm(w)
             blob = staging / bundle.MEGACACHE
             if megacache and blob.is_file():
                 load_megacache(blob.read_bytes())
@@ -192,63 +168,13 @@ def warm_target(
         return result
     finally:
         result.seconds = time.monotonic() - start
-        if target.strategy == "aot" and precompile == "verified" and result.aot is None:
-            # no bundle (or a bad one): no package of another version stays installed
-            from .runtime import package_dir
-
-            shutil.rmtree(package_dir(cache_dir, target.id), ignore_errors=True)
-            result.aot, result.aot_reason = "missing", "no bundle to serve it from"
+        if own is not None:  # found or not: no package of another version stays
+            own.settle(result, cache_dir, serve)
     result.status, result.reason = match.status, match.why
     result.code_hash = match.key.code_hash
     result.bundle_code_hash = match.location.code_hash
     result.manifest, result.location = manifest, match.location
     return result
-
-
-def install_aot(
-    result: WarmResult, manifest: bundle.Manifest, match: Any, package: Path, cache_dir: Path
-) -> None:
-    """A deploy's AOTInductor package: installed where :func:`gatekeeper.load_aot` finds
-    it when the bundle is this code's (``hit``) and a check verified the package;
-    otherwise any package an earlier warm left there is removed, so a service never
-    loads one that was not verified for this code."""
-    from .runtime import INFO, MANIFEST, package_dir
-
-    dest = package_dir(cache_dir, result.target)
-    info = bundle.aot_info(manifest)
-    check = info.get("check") or {}
-    if not package.is_file():
-        result.aot, result.aot_reason = "missing", info.get("reason") or "the bundle has none"
-    elif match.status != "hit":
-        result.aot = "unverified"
-        result.aot_reason = "the bundle is another version's: its package is not served"
-    elif info.get("verified") is not True:
-        result.aot = "rejected" if info.get("verified") is False else "unverified"
-        result.aot_reason = check.get("reason") or "no check has verified it yet"
-    else:
-        dest.mkdir(parents=True, exist_ok=True)
-        (dest / INFO).unlink(missing_ok=True)  # never a verdict beside another package
-        fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest)
-        os.close(fd)
-        try:
-            shutil.copyfile(package, tmp)
-            os.replace(tmp, dest / package.name)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        doc = {
-            "target": result.target,
-            "code_hash": manifest.code_hash,
-            "env_key": manifest.env_key,
-            "sha256": manifest.files[bundle.AOT_PACKAGE].sha256,
-            "verified": True,
-            "check": check,
-        }
-        (dest / MANIFEST).write_bytes(manifest.to_bytes())  # its signature, for load_aot
-        (dest / INFO).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        result.aot = "served"
-        return
-    shutil.rmtree(dest, ignore_errors=True)
 
 
 def cold(targets: list[Target], e: BaseException) -> list[WarmResult]:
@@ -277,135 +203,124 @@ def warm_targets(
     except Exception as e:  # best effort
         return cold(targets, e)
     results: list[WarmResult] = []
-    served: set[str] = set()
+    claimed: set[str] = set()
     for t in targets:
         try:
-            results.append(warm_target(t, config, store, cache, signing_key=key, served=served))
+            results.append(warm_target(t, config, store, cache, signing_key=key, claimed=claimed))
         except Exception as e:  # best effort: the deploy compiles cold
             log.warning("%s; %s will compile cold", _reason(e), t.id)
             results.append(WarmResult(t.id, "miss", reason=_reason(e)))
-    stuck = drop_unserved_packages(cache, served)
-    hold_packages(results, stuck=stuck)
+    for package in kinds.packages():
+        package.finish(results, cache, claimed)
     return results
-
-
-def drop_unserved_packages(cache_dir: Path, served: set[str]) -> str | None:
-    """Remove every precompile package (``dynamo/<key>``) in ``cache_dir`` that this
-    warm did not serve: one an earlier deploy left for a target that now misses, or
-    that is no longer warmed, must not load (torch finds a package by the forward's
-    name, not by the code it was verified for). Returns the first one that could not
-    be removed, None when none is left."""
-    root = cache_dir / "dynamo"
-    try:
-        entries = [p for p in root.iterdir()] if root.is_dir() else []
-    except OSError:
-        return str(root)
-    for entry in entries:
-        name = f"dynamo/{entry.name}"
-        if name in served:
-            continue
-        try:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-        except OSError as e:
-            log.warning("cannot remove the stale precompile package %s: %s", entry, e)
-            return name
-    return None
 
 
 def service_env(results: list[WarmResult]) -> dict[str, str]:
     """What a service process must have in its environment to load the packages warm
-    installed: all or nothing. Only when every target warm found is served from its
-    own verified package: ``TORCH_CACHING_PRECOMPILE=1`` (torch loads packages inside
-    ``torch.compile``) and ``TORCHINDUCTOR_VEC_ISA_OK=1`` (no ISA probe: the key pins
-    the CPU's flags and a package's kernels are built). Either setting costs a target
-    without a package its warm start (the first changes AOTAutograd's keys, the second
-    is in the FX graph key), and torch would hand a ``shadowed`` target the package of
-    another target of its model; :func:`hold_packages` says so on the served ones."""
-    if any(r.precompile == "served" for r in results) and _unpackaged(results) is None:
-        return {PRECOMPILE_ENV: "1", ISA_ENV: "1"}
-    return {}
+    served (each package's word: :meth:`gatekeeper.kinds.Package.service_env`)."""
+    env: dict[str, str] = {}
+    for package in kinds.packages():
+        env.update(package.service_env(results))
+    return env
 
 
-def _unpackaged(results: list[WarmResult]) -> WarmResult | None:
-    """The first target warmed (found or missed) that is not served from a package of
-    its own; None when every one is. A miss counts: that target compiles cold, and
-    turning packages on would let torch load whatever package it finds for it. A found
-    +aot target never runs torch.compile: the setting cannot cost it anything."""
-    return next(
-        (
-            r
-            for r in results
-            if r.precompile != "served"
-            and not (r.target.endswith("+aot") and r.status in ("hit", "partial"))
-        ),
-        None,
-    )
+@dataclass
+class Probe:
+    """What ``warm --probe`` saw of one target: its first call in a fresh process on the
+    warmed cache dir (and the calls after it: a CUDA-graph mode records on one), the
+    speedup over the bundle's cold compile, inductor's cache hits, and whether Dynamo
+    ran (only a loaded package skips it); or why it failed."""
 
+    first_call_seconds: float | None = None
+    call_seconds: list[float] | None = None
+    import_torch_seconds: float | None = None  # a package loaded alone: import torch apart
+    speedup: float | None = None
+    fxgraph_cache_hit: int | None = None
+    fxgraph_cache_miss: int | None = None
+    # a training step's backward and optimizer come through AOTAutograd
+    autograd_cache_hit: int | None = None
+    autograd_cache_miss: int | None = None
+    dynamo: str | None = None  # skipped | traced
+    inductor_imported: bool | None = None
+    probe_error: str | None = None
+    note: str = ""  # the progress line
 
-def hold_packages(results: list[WarmResult], *, stuck: str | None = None) -> None:
-    """When :func:`service_env` turns packages off, say why on each installed one.
-    ``stuck``: a package this warm did not serve that could not be removed (then no
-    package may load: torch would find that one too)."""
-    held = _unpackaged(results)
-    if held is None and stuck is None:
-        return
-    for r in results:
-        if r.precompile != "served":
-            continue
-        r.precompile = "installed"
-        if held is None:
-            r.precompile_reason = (
-                f"not loaded: the stale package {stuck} in this cache dir could not be removed"
-            )
-            continue
-        why = (
-            f"missed ({held.reason or 'no bundle'})"
-            if held.status == "miss"
-            else f"has no package of its own ({held.precompile or 'none'})"
-        )
-        r.precompile_reason = (
-            f"not loaded: {held.target} is warmed too and {why}; turning packages on "
-            "would cost it its cache hits (warm it for a service of its own to load "
-            "this one)"
-        )
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None and k != "note"}
 
 
 def probe(
     target: Target,
     config: Config,
     cache_dir: Path,
+    result: WarmResult,
     *,
     verbose: bool = False,
     env: dict[str, str] | None = None,
-):
+) -> Probe:
     """The first compiled call of ``target`` in a new process on ``cache_dir``: its time
-    and FX graph cache hits show whether the warm start really is warm. ``env``: the
-    service's (:func:`service_env`); with packages loading, did Dynamo run?"""
-    from .runtime import PACKAGE, package_dir
+    and FX graph cache hits show whether the warm start really is warm (a hit whose FX
+    graphs all miss makes ``result`` stale). ``env``: the service's
+    (:func:`service_env`); a package a deploy loads is loaded as it does: did Dynamo
+    run?"""
+    from .runtime import resolve_device
     from .worker.launch import run_or_fail
-    from .worker.protocol import Request
+    from .worker.protocol import PackageRef, ProbeRequest
 
-    request = Request.for_target(
-        "probe",
-        target,
-        config,
-        resolve_device(target.model.device),
-        precompile=(env or {}).get(PRECOMPILE_ENV) == "1",
-        # an +aot target: the package warm installed, loaded as gatekeeper.load_aot does
-        aot_in=str(package_dir(cache_dir, target.id) / PACKAGE)
-        if target.strategy == "aot"
-        else None,
-    )
-    return run_or_fail(
+    own = kinds.of(target).package
+    load = None
+    candidates = [own] if own is not None else [p for p in kinds.packages() if not p.standalone]
+    for package in candidates:
+        if (path := package.probe_load(target.id, cache_dir, env or {})) is not None:
+            load = PackageRef.of(package, path)
+            break
+    request = ProbeRequest.of(target, config, resolve_device(target.model.device), load=load)
+    resp = run_or_fail(
         request,
         cache_dir=cache_dir,
         timeout=config.measure.timeout,
         verbose=verbose,
         label=target.id,
         env=env,
+    )
+    return _read_probe(result, resp)
+
+
+def _read_probe(result: WarmResult, resp: Any) -> Probe:
+    from .worker.protocol import dynamo_skipped
+
+    first, cold = resp.compile_seconds, result.cold_compile_seconds
+    speedup = cold / first if cold and first else None
+    alone = next(iter(resp.packages.items()), None) if resp.ok else None
+    if alone is not None and first is not None:  # a package loaded as a deploy loads it
+        name, doc = alone
+        return Probe(
+            first_call_seconds=first,
+            import_torch_seconds=resp.import_seconds,
+            speedup=speedup,
+            dynamo="skipped",
+            inductor_imported=doc.get("inductor_imported"),
+            note=f"{first:.2f} s (import torch {resp.import_seconds or 0:.2f} s apart), "
+            f"{kinds.package(name).title} package",
+        )
+    if not (resp.ok and first is not None and resp.counters):
+        return Probe(probe_error=resp.error, note=f"error: {resp.error}")
+    c = resp.counters
+    result.status = settle(result.status, c)  # a hit whose graphs all miss
+    dynamo = "skipped" if dynamo_skipped(c) else "traced"
+    for package in kinds.packages():
+        package.probed(result, dynamo)
+    stale = ", stale: every FX graph missed" if result.status == "stale" else ""
+    return Probe(
+        first_call_seconds=first,
+        call_seconds=resp.call_seconds,
+        speedup=speedup,
+        fxgraph_cache_hit=c["fxgraph_cache_hit"],
+        fxgraph_cache_miss=c["fxgraph_cache_miss"],
+        autograd_cache_hit=c.get("autograd_cache_hit", 0),
+        autograd_cache_miss=c.get("autograd_cache_miss", 0),
+        dynamo=dynamo,
+        note=f"{first:.2f} s, dynamo {dynamo}{stale}",
     )
 
 
@@ -445,14 +360,18 @@ def warm_start(
         except Exception as e:  # best effort
             return cold(selected, e)
     results = warm_targets(selected, cfg, store, Path(cache_dir) if cache_dir else None)
-    if env := service_env(results):
-        try:  # this process loads the verified packages its torch.compile calls find
-            from .worker.precompile import enable_loading
-
-            enable_loading(skip_isa_probe=ISA_ENV in env)
-        except Exception as e:  # best effort: a normal warm start
-            log.warning("precompile packages not enabled: %s", _reason(e))
+    if env := service_env(results):  # this process loads what warm served
+        for package in kinds.packages():
+            package.in_process(env)
     return results
 
 
-__all__ = ["WarmResult", "service_env", "settle", "warm_start", "warm_targets"]
+__all__ = [
+    "PackageState",
+    "Probe",
+    "WarmResult",
+    "service_env",
+    "settle",
+    "warm_start",
+    "warm_targets",
+]

@@ -19,6 +19,7 @@ import pytest
 import zstandard
 
 from gatekeeper import bundle
+from gatekeeper.kinds import precompile
 from gatekeeper.bundle import ArchiveEntry, FileEntry, Manifest
 from gatekeeper.errors import BundleError
 
@@ -671,19 +672,20 @@ def pack_with_package(tmp_path: Path, info: dict, name: str = "pkg") -> tuple[Pa
         creator={},
         version="0.1.0",
         signing_key=None,
-        precompile=gained,
+        members={"precompile/" + rel: path for rel, path in gained.items()},
     )
 
 
 def test_a_package_is_installed_only_when_asked(tmp_path):
     archive, manifest = pack_with_package(tmp_path, {"status": "recorded", "verified": None})
-    assert bundle.precompile_entries(manifest) == {"dynamo/k1"}
+    assert precompile.entries(manifest) == {"dynamo/k1"}
     staging = tmp_path / "staging"
     bundle.extract(archive, manifest, staging)
     plain, served = tmp_path / "plain", tmp_path / "served"
     bundle.install_cache(staging, plain)
     assert not (plain / "dynamo").exists() and (plain / "fxgraph/ab/abcdef/entry").is_file()
-    bundle.install_cache(staging, served, precompile=True)
+    bundle.install_cache(staging, served)
+    bundle.install_tree(staging / "precompile", served)
     assert (served / "dynamo/k1/entry").read_bytes() == b"package"
     assert tree(served) == {
         **tree(plain),
@@ -693,21 +695,19 @@ def test_a_package_is_installed_only_when_asked(tmp_path):
 
 
 def test_only_a_verified_package_of_the_exact_bundle_is_served(tmp_path):
-    from gatekeeper.warm import WarmResult, _precompile
+    from gatekeeper.kinds import Warming
+    from gatekeeper.warm import WarmResult
 
     def decide(
         info: dict, *, hit: bool = True, want: str = "verified", served: set | None = None
     ) -> tuple[bool, WarmResult]:
-        _, manifest = pack_with_package(tmp_path, info, name=uuid.uuid4().hex)
+        archive, manifest = pack_with_package(tmp_path, info, name=uuid.uuid4().hex)
+        staging, cache = tmp_path / uuid.uuid4().hex, tmp_path / uuid.uuid4().hex
+        bundle.extract(archive, manifest, staging)
         r = WarmResult(TARGET, "hit")
-        return _precompile(
-            r,
-            manifest,
-            bundle.precompile_entries(manifest),
-            hit,
-            want,
-            served if served is not None else set(),
-        ), r
+        claimed = served if served is not None else set()
+        precompile.PRECOMPILE.warm(Warming(r, manifest, hit, staging, cache, want, claimed))
+        return (cache / "dynamo/k1/entry").is_file(), r
 
     ok = {"status": "recorded", "verified": True, "check": {"dynamo": "skipped"}}
     assert decide(ok)[0] and decide(ok)[1].precompile == "served"
@@ -731,7 +731,8 @@ def test_only_a_verified_package_of_the_exact_bundle_is_served(tmp_path):
 
 def test_an_old_bundle_without_a_package_still_reads(packed):
     _, manifest = packed
-    assert bundle.precompile_info(manifest) == {} and bundle.precompile_entries(manifest) == set()
+    assert precompile.PRECOMPILE.info(manifest) == {} and precompile.entries(manifest) == set()
+    assert not precompile.PRECOMPILE.present(manifest)
 
 
 def test_resigning_a_manifest_keeps_it_verifiable(packed):
@@ -749,10 +750,15 @@ def test_packages_load_only_when_every_found_target_is_served_from_its_own():
     AOTAutograd hits (measured on a tiny BERT beside a GPT-2: 5.7 s instead of 3.8 s),
     the ISA flag is in the FX graph key, and torch hands a shadowed target (another
     mode of the same model) the served target's package."""
-    from gatekeeper.warm import WarmResult, hold_packages, service_env
+    from gatekeeper.warm import PackageState, WarmResult, service_env
+
+    hold_packages = precompile.hold
+
+    def with_package(name: str, status: str, state: str) -> WarmResult:
+        return WarmResult(name, status, packages={"precompile": PackageState(state)})
 
     def served(name: str) -> WarmResult:
-        return WarmResult(name, "hit", precompile="served")
+        return with_package(name, "hit", "served")
 
     both = {"TORCH_CACHING_PRECOMPILE": "1", "TORCHINDUCTOR_VEC_ISA_OK": "1"}
     assert service_env([served("a"), served("b")]) == both
@@ -761,9 +767,9 @@ def test_packages_load_only_when_every_found_target_is_served_from_its_own():
     assert service_env([served("a"), WarmResult("d", "miss")]) == {}
     assert service_env([WarmResult("c", "hit"), WarmResult("d", "miss")]) == {}
     for other in (
-        WarmResult("b", "hit", precompile="rejected"),  # a package torch fails
+        with_package("b", "hit", "rejected"),  # a package torch fails
         WarmResult("c", "partial"),  # a training step: no package
-        WarmResult("s", "hit", precompile="shadowed"),
+        with_package("s", "hit", "shadowed"),
     ):  # another mode
         results = [served("a"), other]
         assert service_env(results) == {}
@@ -778,9 +784,9 @@ def test_packages_load_only_when_every_found_target_is_served_from_its_own():
 def test_only_a_float32_inference_target_records_a_package(tmp_path):
     """A training step and an autocast variant get no package, each with its reason (a
     package recorded under autocast loaded but missed its guards on every call)."""
-    from gatekeeper.compile import _precompile
     from gatekeeper.config import load_config
     from gatekeeper.targets import expand
+    from gatekeeper.worker.protocol import Response
 
     (tmp_path / "gatekeeper.toml").write_text(
         '[tool.gatekeeper]\n[[tool.gatekeeper.models]]\nname = "m"\nfactory = "x:y"\n'
@@ -789,7 +795,10 @@ def test_only_a_float32_inference_target_records_a_package(tmp_path):
     )
     config = load_config(tmp_path / "gatekeeper.toml")
     recorded = {"status": "recorded", "entries": ["dynamo/k"], "unguarded": []}
-    why = {t.id: _precompile(t, config, recorded, tmp_path, tmp_path)[0] for t in expand(config)}
+    resp = Response(ok=True, packages={"precompile": recorded})
+    package = precompile.PRECOMPILE
+    assert all(package.wanted(t, config) for t in expand(config))
+    why = {t.id: package.pack(t, resp, tmp_path, tmp_path)[0] for t in expand(config)}
     assert why["m/fixed/default"]["status"] == "recorded"
     assert "autocast" in why["m/fixed/default+bf16"]["reason"]
     assert "training step" in why["m/fixed/default+train"]["reason"]

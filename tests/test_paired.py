@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.errors import UsageError
-from gatekeeper.paired import choose_mode
+from gatekeeper.check.paired import choose_mode
 
 
 def git(root: Path, *args: str) -> str:
@@ -131,7 +131,7 @@ def test_origin_branch_is_found_when_there_is_no_local_one(origin: Path, tmp_pat
     assert mode.name == "paired" and mode.base_commit == git(origin, "rev-parse", "main")
 
 
-# -- the base commit's own config (gatekeeper.paired.base_config) -------------------------
+# -- the base commit's own config (gatekeeper.check.paired.base_config) -------------------------
 
 CONFIG = """
 [[models]]
@@ -149,7 +149,7 @@ def _head(folder: Path, name: str = "gatekeeper.toml"):
 
 
 def test_the_base_config_is_found_as_the_heads_was(tmp_path: Path):
-    from gatekeeper.paired import base_config
+    from gatekeeper.check.paired import base_config
 
     head, base = tmp_path / "head", tmp_path / "base"
     head.mkdir(), base.mkdir()
@@ -166,7 +166,7 @@ def test_the_base_config_is_found_as_the_heads_was(tmp_path: Path):
 
 def test_a_base_config_that_does_not_load_is_one_line_naming_the_base(tmp_path: Path):
     from gatekeeper.errors import ConfigError
-    from gatekeeper.paired import base_config
+    from gatekeeper.check.paired import base_config
 
     head, base = tmp_path / "head", tmp_path / "gk-paired-x" / "base"
     head.mkdir(), base.mkdir(parents=True)

@@ -18,10 +18,12 @@ from gatekeeper.runtime import INFO, AotUnavailable, load_aot, package_dir
 
 PARENT = (
     "gatekeeper, gatekeeper.cli, gatekeeper.runtime, gatekeeper.key, gatekeeper.warm, "
-    "gatekeeper.check, gatekeeper.compile, gatekeeper.pipeline, gatekeeper.results, "
+    "gatekeeper.check.run, gatekeeper.compile, gatekeeper.pipeline, gatekeeper.results, "
     "gatekeeper.gate, gatekeeper.report, gatekeeper.store, gatekeeper.github, "
     "gatekeeper.dashboard, gatekeeper.commands.comment, gatekeeper.worker.launch, "
-    "gatekeeper.worker.protocol, gatekeeper.verify, gatekeeper.shards, gatekeeper.paired"
+    "gatekeeper.worker.protocol, gatekeeper.check.verify, gatekeeper.shards, "
+    "gatekeeper.check.paired, gatekeeper.kinds, gatekeeper.kinds.aot, "
+    "gatekeeper.kinds.precompile"
 )
 # what the probe prints: whether torch was imported
 PROBE = "; print('torch' in sys.modules)"

@@ -75,7 +75,7 @@ def _publish(store: Store, tmp: Path, config, target, name: str) -> None:
         creator={},
         version="test",
         signing_key=None,
-        precompile={f"{PACKAGE[name]}/entry": entry},
+        members={f"precompile/{PACKAGE[name]}/entry": entry},
     )
     loc = key.location()
     assert store.publish_bundle(loc, archive, archive.name, manifest.to_bytes()) == "published"

@@ -1,6 +1,6 @@
 """Measuring one commit for ``bisect``: check it out, build its bundle, and measure it
 paired with the base commit through the gate's own machinery
-(:func:`gatekeeper.check.check_all` in paired mode), then say what the metric did.
+(:func:`gatekeeper.check.run.check_all` in paired mode), then say what the metric did.
 
 * The commit's own config (the same path as the user's, in its worktree) and its own
   model code; the commit is skipped, with why, when it has no such config or target,
@@ -21,13 +21,13 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..check import check_all
+from ..check.paired import Mode
+from ..check.run import check_all
 from ..compile import compile_target
 from ..config import Config, load_config
 from ..errors import ConfigError, StoreError, UsageError
 from ..gate.drift import disturbance, merge_latency
 from ..key import target_key
-from ..paired import Mode
 from ..results import Results, TargetResult, write_results
 from ..store import BundleLocation, Store
 from ..store.base import store_error

@@ -94,7 +94,7 @@ def run(ctx: Context) -> int:
     ctx.signing_key()  # a signature required without a key: exit 2 before any work
     store = ctx.store
     out = output_dir(a.out, "--out").absolute()
-    from ..provenance import base_ref
+    from .common import default_base_ref
 
     done = engine.run(
         root=root,
@@ -105,7 +105,7 @@ def run(ctx: Context) -> int:
         threshold=min_effect,
         store=store,
         out=out,
-        base_ref=a.base_ref or base_ref(),
+        base_ref=a.base_ref or default_base_ref(),
         config_flag=f" --config {shlex.quote(rel)}" if a.config else "",
         verbose=a.verbose,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..check import check_all
+from ..check.run import check_all
 from ..errors import EXIT_ERROR, EXIT_OK
 from ..results import write_results
 from .common import Context, add_measure_flags, output_dir

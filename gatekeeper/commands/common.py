@@ -16,10 +16,10 @@ from typing import Any
 from tabulate import tabulate
 
 from .. import units
+from ..check.paired import Mode, ModeName
 from ..config import Config, load_config
 from ..errors import ConfigError, UsageError
 from ..gate import GateReport
-from ..paired import Mode, ModeName
 from ..store import Store, open_store
 from ..targets import Target, expand, select
 
@@ -110,6 +110,12 @@ def add_gate_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def default_base_ref() -> str:
+    """The branch a pull request is gated against (its base), else ``main``: what
+    ``--base-ref`` means when not given."""
+    return os.environ.get("GITHUB_BASE_REF") or "main"
+
+
 ACCEPT_LABEL = "gatekeeper:accept"
 
 
@@ -176,13 +182,11 @@ class Context:
 
     @property
     def base_ref(self) -> str:
-        from ..provenance import base_ref
-
-        return self.args.paired or self.args.base_ref or base_ref()
+        return self.args.paired or self.args.base_ref or default_base_ref()
 
     def mode(self) -> Mode:
         """The measuring mode ``--mode`` / ``--paired`` ask for, resolved here."""
-        from ..paired import choose_mode
+        from ..check.paired import choose_mode
 
         requested: ModeName = "paired" if self.args.paired else self.args.mode
         return choose_mode(requested, self.base_ref, self.config.base_dir)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..gate.judge import judge
-from ..provenance import base_ref
 from ..results import load_results
-from .common import Context, accept_globs, add_gate_flags, output_file
+from .common import Context, accept_globs, add_gate_flags, default_base_ref, output_file
 
 HELP = "compare results with the base branch's baseline; exit 1 on a regression"
 
@@ -31,7 +30,7 @@ def run(ctx: Context) -> int:
         results,
         ctx.config,
         ctx.store,
-        base_ref=ctx.args.base_ref or results.base_ref or base_ref(),
+        base_ref=ctx.args.base_ref or results.base_ref or default_base_ref(),
         require_baseline=ctx.args.require_baseline,
         accept=accept_globs(ctx.args),
     )

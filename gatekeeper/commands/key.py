@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import EXIT_OK, ConfigError, WorkerError
 from ..key import CacheKey, target_key
 from ..worker.launch import run_or_fail
-from ..worker.protocol import Request
+from ..worker.protocol import DepsRequest
 from .common import Context
 
 HELP = "print each target's cache key and its components (why did a runner miss?)"
@@ -35,7 +35,7 @@ def _keys(ctx: Context) -> list[CacheKey]:
         if which not in built:
             with tempfile.TemporaryDirectory(prefix="gk-key-") as tmp:
                 resp = run_or_fail(
-                    Request.for_target("deps", t, ctx.config, key.device),
+                    DepsRequest.of(t, ctx.config, key.device),
                     cache_dir=Path(tmp, "cache"),
                     timeout=ctx.config.measure.timeout,
                     verbose=ctx.args.verbose,

@@ -5,10 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..gate.judge import judge
-from ..provenance import base_ref
 from ..results import write_results
 from ..shards import merge_results
-from .common import Context, accept_globs, add_gate_flags, output_dir, output_file
+from .common import (
+    Context,
+    accept_globs,
+    add_gate_flags,
+    default_base_ref,
+    output_dir,
+    output_file,
+)
 
 HELP = "merge shard results.json files, then gate and report them as one run"
 
@@ -41,7 +47,7 @@ def run(ctx: Context) -> int:
         merged,
         ctx.config,
         ctx.store,
-        base_ref=ctx.args.base_ref or merged.base_ref or base_ref(),
+        base_ref=ctx.args.base_ref or merged.base_ref or default_base_ref(),
         require_baseline=ctx.args.require_baseline,
         accept=accept_globs(ctx.args),
     )

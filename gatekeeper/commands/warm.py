@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from .. import kinds
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
 from ..runtime import default_cache_dir
-from ..warm import cold, probe, service_env, settle, warm_targets
-from ..worker.protocol import dynamo_skipped
+from ..warm import WarmResult, cold, probe, service_env, warm_targets
 from .common import Context, human_bytes, output_dir
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
@@ -44,71 +46,16 @@ def run(ctx: Context) -> int:
     else:
         results = warm_targets(targets, ctx.config, ctx.store, cache_dir)
     cache = cache_dir or default_cache_dir()
-    docs = [r.as_dict() for r in results]
     env = service_env(results)  # what the service needs (the probe runs with it too)
     if ctx.args.probe:
         progress = Progress(len(results))
-        for target, doc in zip(ctx.targets, docs, strict=True):
+        for target, result in zip(ctx.targets, results, strict=True):
             with progress.step(target.id, "first compiled call") as step:
-                served = doc.get("precompile") == "served"
-                resp = probe(target, ctx.config, cache, verbose=ctx.args.verbose, env=env)
-                if target.strategy == "aot" and resp.ok and resp.aot:
-                    # the package gatekeeper.load_aot serves, in a fresh process
-                    doc["first_call_seconds"] = resp.compile_seconds
-                    doc["import_torch_seconds"] = resp.import_seconds
-                    if doc.get("cold_compile_seconds") and resp.compile_seconds:
-                        doc["speedup"] = doc["cold_compile_seconds"] / resp.compile_seconds
-                    doc["dynamo"] = "skipped"
-                    doc["inductor_imported"] = resp.aot.get("inductor_imported")
-                    step.done(
-                        f"{resp.compile_seconds:.2f} s (import torch "
-                        f"{resp.import_seconds or 0:.2f} s apart), AOTInductor package"
-                    )
-                elif resp.ok and resp.compile_seconds is not None and resp.counters:
-                    c = resp.counters
-                    doc["first_call_seconds"] = resp.compile_seconds
-                    # the calls after it: a CUDA-graph mode records (captures) on one
-                    doc["call_seconds"] = resp.call_seconds
-                    if doc.get("cold_compile_seconds"):
-                        doc["speedup"] = doc["cold_compile_seconds"] / resp.compile_seconds
-                    doc["fxgraph_cache_hit"] = c["fxgraph_cache_hit"]
-                    doc["fxgraph_cache_miss"] = c["fxgraph_cache_miss"]
-                    # a training step's backward and optimizer come through AOTAutograd
-                    doc["autograd_cache_hit"] = c.get("autograd_cache_hit", 0)
-                    doc["autograd_cache_miss"] = c.get("autograd_cache_miss", 0)
-                    doc["status"] = settle(doc["status"], c)  # a hit whose graphs all miss
-                    # did the first call run Dynamo? (only a loaded package skips it)
-                    doc["dynamo"] = "skipped" if dynamo_skipped(c) else "traced"
-                    if served and doc["dynamo"] == "traced":
-                        doc["precompile_reason"] = (
-                            "the package did not load: the first "
-                            "call ran Dynamo (a guard or source "
-                            "check failed; it recompiled)"
-                        )
-                    step.done(
-                        f"{resp.compile_seconds:.2f} s, dynamo {doc['dynamo']}"
-                        + (", stale: every FX graph missed" if doc["status"] == "stale" else "")
-                    )
-                else:
-                    doc["probe_error"] = resp.error
-                    step.done(f"error: {resp.error}")
-    hits = sum(d["status"] == "hit" for d in docs)
-    packages = sum(d.get("precompile") == "served" for d in docs)
-    held = [d for d in docs if d.get("precompile") == "installed"]
-    footer = f"{hits}/{len(results)} hit, cache dir {cache}"
-    if held:
-        footer += (
-            f"; {len(held)} verified precompile package(s) installed but "
-            f"{held[0]['precompile_reason']}"
-        )
-    if packages:
-        # the settings a separate service process needs to load them
-        settings = " ".join(f"{k}={v}" for k, v in env.items())
-        footer += (
-            f"; {packages} verified precompile package(s) installed: start the "
-            f"service with {settings} (or call gatekeeper.warm_start() in it) so "
-            "that its torch.compile skips Dynamo"
-        )
+                result.probe = probe(
+                    target, ctx.config, cache, result, verbose=ctx.args.verbose, env=env
+                )
+                step.done(result.probe.note)
+    docs = [r.as_dict() for r in results]
     announce_warm([d["status"] for d in docs])
     ctx.emit(
         {
@@ -127,13 +74,20 @@ def run(ctx: Context) -> int:
             "speedup": "speedup",
             "size": "bundle",
             "fxgraph_cache_hit": "fx hits",
-            "precompile": "precompile",
-            "aot": "aot",
+            **{p.name: p.name for p in kinds.packages()},
             "dynamo": "dynamo",
             "reason": "reason",
         },
-        footer=footer,
+        footer=_footer(results, cache, env),
     )
     if ctx.args.strict and any(r.status == "miss" for r in results):
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _footer(results: list[WarmResult], cache: Path, env: dict[str, str]) -> str:
+    """How many hit, and what each package says (what a separate service needs)."""
+    hits = sum(r.status == "hit" for r in results)
+    return f"{hits}/{len(results)} hit, cache dir {cache}" + "".join(
+        package.warm_note(results, env) for package in kinds.packages()
+    )

@@ -1,10 +1,10 @@
 """Which mode and strategy? When a model is compiled in several modes or strategies
-(``whole``, ``regional``, ``aot``), compare every (mode, strategy) per shape set: cold
-compile time, the deploy's first call (after a warm start; for ``aot`` loading the
-package), p50, speedup vs eager, peak memory and the break-even call count (compile
-time / time saved per call), and name one for serving and one for short jobs, with the
-rule used. An ``aot`` package is recommended only where the model exported and a check
-verified the package. Pure: no I/O, no torch.
+(artifact kinds: ``whole``, ``regional``, ``aot``, ...), compare every (mode, strategy)
+per shape set: cold compile time, the deploy's first call (after a warm start; for a
+kind whose deploys load a package, loading it), p50, speedup vs eager, peak memory and
+the break-even call count (compile time / time saved per call), and name one for
+serving and one for short jobs, with the rule used. A kind whose deploys load a package
+is recommended only where a check verified the package. Pure: no I/O, no torch.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .. import kinds
 from ..results import TargetResult
 
 SHORT_JOB_CALLS = 1000  # a short job: this many calls, starting from a cold compile
 TIE = 0.03  # p50s within 3% are a tie for serving
-STRATEGIES = ("regional", "aot")  # the variant parts that name a strategy ("whole": none)
 
 
 @dataclass(frozen=True)
@@ -29,18 +29,28 @@ class ModeFigures:
     eager_p50: float
     peak: int | None  # compiled peak memory, bytes
     ok: bool  # measured, and parity vs eager passed
-    strategy: str = "whole"
-    verified: bool | None = None  # aot: the package a deploy loads was verified
+    strategy: str = kinds.DEFAULT
+    verified: bool | None = None  # a package a deploy loads (aot): verified by a check
+
+    @property
+    def kind(self) -> kinds.Kind:
+        return kinds.get(self.strategy)
 
     @property
     def label(self) -> str:
         """``default``, ``default+regional``, ``max-autotune+aot``."""
-        return self.mode if self.strategy == "whole" else f"{self.mode}+{self.strategy}"
+        return self.kind.label(self.mode)
+
+    @property
+    def loads_package(self) -> bool:
+        """Whether a deploy loads its kind's package instead of compiling."""
+        return self.kind.package is not None and self.kind.package.standalone
 
     @property
     def eligible(self) -> bool:
-        """Whether it may be recommended: parity passed, and an aot package verified."""
-        return self.ok and (self.strategy != "aot" or self.verified is True)
+        """Whether it may be recommended: parity passed, and a package a deploy loads
+        verified."""
+        return self.ok and (not self.loads_package or self.verified is True)
 
     @property
     def speedup(self) -> float:
@@ -73,8 +83,8 @@ class Advice:
 
     @property
     def strategies(self) -> bool:
-        """Whether more than the whole-model strategy is compared."""
-        return any(f.strategy != "whole" for f in self.modes) or any(
+        """Whether more than the default strategy is compared."""
+        return any(f.strategy != kinds.DEFAULT for f in self.modes) or any(
             "+" in label for label, _ in self.unavailable
         )
 
@@ -82,22 +92,23 @@ class Advice:
 def split_variant(variant: str) -> tuple[str, str, str]:
     """``default+bf16+aot`` -> (``default``, ``aot``, ``bf16``): mode, strategy, the rest."""
     mode, *parts = variant.split("+")
-    strategy = parts.pop() if parts and parts[-1] in STRATEGIES else "whole"
+    strategy = parts.pop() if parts and parts[-1] in kinds.names() else kinds.DEFAULT
     return mode, strategy, "+".join(parts)
 
 
-def figures(r: TargetResult, mode: str, strategy: str = "whole") -> ModeFigures | None:
+def figures(r: TargetResult, mode: str, strategy: str = kinds.DEFAULT) -> ModeFigures | None:
     if r.status != "ok" or r.latency is None or r.compile is None:
         return None
     c = r.compile
     cold = c.seconds if c.state == "cold" else c.cold_seconds
     warm = c.seconds if c.state == "warm" else None
     verified = None
-    if strategy == "aot":
-        aot = r.aot or {}
-        verified = aot.get("verified")
+    own = kinds.get(strategy).package
+    if own is not None and own.standalone:
+        doc = getattr(r, own.name, None) or {}
+        verified = doc.get("verified")
         # the deploy's first call: the verified package, loaded in a fresh process
-        first = aot.get("first_call_seconds")
+        first = doc.get("first_call_seconds")
         warm = first if isinstance(first, (int, float)) else warm
     ok = r.parity is None or r.parity.vs_eager.passed
     return ModeFigures(
@@ -127,7 +138,7 @@ def advise(results: list[TargetResult]) -> list[Advice]:
         if f is not None:
             groups.setdefault(key, []).append(f)
         else:
-            label = mode if strategy == "whole" else f"{mode}+{strategy}"
+            label = kinds.get(strategy).label(mode)
             why = r.export.says() if r.export is not None else (r.error or r.status)
             missing.setdefault(key, []).append((label, why))
     out = []
@@ -160,11 +171,8 @@ def _advice(
             f"lowest p50 (a deploy compiles once and warm-starts); within {TIE:.0%} of "
             "it, the smaller deploy first call wins, then the smaller peak memory"
         )
-        if best.strategy == "aot":
-            serving_rule += (
-                "; its AOTInductor package exported and verified, so a deploy loads it "
-                "with gatekeeper.load_aot, without Dynamo or inductor"
-            )
+        if best.loads_package and (own := best.kind.package) is not None and own.serving:
+            serving_rule += f"; {own.serving}"
     short, short_rule = None, "no cold compile time was measured"
     timed = [f for f in good if f.cold_s is not None]
     if timed:
@@ -179,13 +187,10 @@ def _advice(
     return Advice(
         model,
         shapes,
-        sorted(modes, key=lambda f: (f.mode, STRATEGIES_ORDER.get(f.strategy, 9))),
+        sorted(modes, key=lambda f: (f.mode, kinds.names().index(f.strategy))),
         serving,
         serving_rule,
         short,
         short_rule,
         unavailable,
     )
-
-
-STRATEGIES_ORDER = {"whole": 0, "regional": 1, "aot": 2}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 
-from .. import units
+from .. import kinds, units
 from ..gate import GateRow
 from ..gate.stats import Comparison, summarize
 from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
@@ -334,7 +334,8 @@ def details_section(row: GateRow, everything: bool = False) -> str:
             )
             parts += [code_block(text), ""]
     if r.status == "unavailable":
-        parts += [f"**AOTInductor:** {md_text(r.error or r.status, MAX_REASON_CHARS)}", ""]
+        title = kinds.of_id(r.target).title or "unavailable"
+        parts += [f"**{title}:** {md_text(r.error or r.status, MAX_REASON_CHARS)}", ""]
     if r.export is not None and not r.export.exportable:
         how = "strict" if r.export.strict else "non-strict"
         parts += [
@@ -342,18 +343,12 @@ def details_section(row: GateRow, everything: bool = False) -> str:
             f"{md_text(r.export.reason, MAX_REASON_CHARS)}",
             "",
         ]
-    if r.aot:
-        verified = r.aot.get("verified")
-        state = (
-            "verified" if verified is True else "rejected" if verified is False else "not verified"
-        )
-        first = r.aot.get("first_call_seconds")
-        parts += [
-            f"**AOTInductor package:** {state}"
-            + (f", first call {units.seconds(first)} in a new process" if first else "")
-            + (f" ({md_text(r.aot['reason'], MAX_REASON_CHARS)})" if r.aot.get("reason") else ""),
-            "",
-        ]
+    for package in kinds.packages():
+        doc = getattr(r, package.name, None)
+        if doc and (line := package.detail(doc)) is not None:
+            said, reason = line
+            why = f" ({md_text(reason, MAX_REASON_CHARS)})" if reason else ""
+            parts += [f"**{package.title} package:** {said}{why}", ""]
     reasons = [x for x in v.reasons if x != r.error]  # an error is shown above
     if reasons:
         parts.append("**Reasons**\n")

@@ -262,7 +262,7 @@ def _calls(n: float | None) -> str:
 def _advice_note(f: Any) -> str:
     if not f.ok:
         return "❌ parity"
-    if f.strategy == "aot" and f.verified is not True:
+    if f.loads_package and f.verified is not True:
         return "package not verified" if f.verified is None else "❌ package rejected"
     return ""
 

@@ -19,26 +19,41 @@ from pathlib import Path
 
 from ..errors import ConfigError, first_line
 from . import steps
-from .protocol import Request, Response
+from .protocol import (
+    REQUEST,
+    DepsRequest,
+    MeasureRequest,
+    ProbeRequest,
+    Request,
+    Response,
+    VerifyRequest,
+)
 
 
 def handle(req: Request) -> Response:
-    if req.action == "probe" and req.strategy == "aot" and not req.eager:
-        from .aot import probe  # imports torch itself, timed, and never inductor
-
-        return probe(req)
-    if req.action == "aot":
-        from .aot import verify
-
-        return verify(req)
-    if req.action == "measure":
+    """The request's action; each imports torch only when it runs (a package's probe
+    times that import itself)."""
+    if isinstance(req, MeasureRequest):
         from .measure import measure
 
         return measure(req)
-    if req.action == "precompile":
-        from .precompile import verify
+    if isinstance(req, VerifyRequest):
+        from .verify import verify
 
         return verify(req)
+    if isinstance(req, ProbeRequest):
+        if req.load is not None and not req.eager:
+            from .kinds import package_half
+
+            if (answer := package_half(req.load).probe(req)) is not None:
+                return answer
+        from .compile import probe
+
+        return probe(req)
+    if isinstance(req, DepsRequest):
+        from .compile import deps
+
+        return deps(req)
     from .compile import compile_target
 
     return compile_target(req)
@@ -97,7 +112,7 @@ def main(argv: list[str]) -> int:
     # stack that crashed) for the parent: see gatekeeper.worker.steps
     steps.begin(response_path)
     faulthandler.enable(all_threads=False)
-    req = Request.model_validate_json(request_path.read_text())
+    req = REQUEST.validate_json(request_path.read_text())
     try:
         resp = handle(req)
     except ConfigError as e:

@@ -1,56 +1,19 @@
-"""The parent's one door into a worker: run a :class:`Request` in a fresh Python process
+"""The parent's one door into a worker: run a request in a fresh Python process
 with an isolated inductor cache dir, and read its :class:`Response`. No torch here.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from ..errors import WorkerError
-from ..secrecy import seal
+from ..secrecy import is_secret, seal
 from . import steps
-from .protocol import Request, Response
-
-# What the worker never sees. It imports and runs the user's model code and whatever
-# that imports, while the parent may hold the store's write credentials, the signing
-# key and the job's tokens; the worker needs none of them (the parent fetches and
-# publishes). Dropped by prefix, by name, and by a secret-sounding word in the name.
-SECRET_PREFIXES = (
-    "GATEKEEPER_",  # the signing key, and any future secret of ours
-    "AWS_",  # the store's credentials and their files (torch and inductor read none)
-    "GOOGLE_",
-    "GCLOUD_",
-    "CLOUDSDK_",
-    "AZURE_",
-    "ARM_",
-    "ACTIONS_",  # the runner's runtime and OIDC request tokens and URLs
-    "GITHUB_",  # the token, and GITHUB_ENV / GITHUB_PATH: files that steer later steps
-    "GIT_CONFIG_",  # an auth header passed to git through the environment
-    "VAULT_",
-    "INPUT_",  # a JavaScript or Docker action's inputs: `signing-key`, `github-token`
-)
-SECRET_NAMES = frozenset({"GH_TOKEN", "GH_ENTERPRISE_TOKEN", "SSH_AUTH_SOCK", "KUBECONFIG"})
-_SECRET_WORD = re.compile(
-    r"(^|[_-])(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|API[_-]?KEY|ACCESS[_-]KEY|"
-    r"PRIVATE[_-]KEY|SIGNING[_-]KEY|AUTH)([_-]|$)",
-    re.IGNORECASE,
-)
-
-
-def secret_word(name: str) -> bool:
-    """Whether ``name`` says it holds a credential (``HF_TOKEN``, ``MY_SIGNING_KEY``)."""
-    return _SECRET_WORD.search(name) is not None
-
-
-def is_secret(name: str) -> bool:
-    """Whether the variable ``name`` stays out of the worker's environment."""
-    upper = name.upper()
-    return upper.startswith(SECRET_PREFIXES) or upper in SECRET_NAMES or secret_word(upper)
+from .protocol import Build, Response
 
 
 def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -102,7 +65,7 @@ def worker_command(*args: str, writable: list[Path]) -> list[str]:
 
 
 def run_worker(
-    request: Request,
+    request: Build,
     *,
     cache_dir: Path,
     timeout: float,
@@ -155,7 +118,7 @@ class WorkerDied(WorkerError):
 
 
 def run_or_fail(
-    request: Request,
+    request: Build,
     *,
     cache_dir: Path,
     timeout: float,
@@ -163,14 +126,18 @@ def run_or_fail(
     label: str = "",
     env: dict[str, str] | None = None,
 ) -> Response:
-    """:func:`run_worker`, with a dead worker turned into a failed response."""
+    """:func:`run_worker`, with a dead worker turned into a failed response: one its
+    kind says is its own on this machine (:meth:`gatekeeper.kinds.Kind.died`) is
+    ``unavailable``."""
+    from .. import kinds
+
     try:
         return run_worker(
             request, cache_dir=cache_dir, timeout=timeout, verbose=verbose, label=label, env=env
         )
     except WorkerDied as e:
-        if request.strategy == "aot" and e.death.in_aot:  # torch's package, on this machine
-            return Response.failure("unavailable", steps.unavailable(e.death, request.device))
+        if said := kinds.get(request.kind.name).died(e.death, request.device):
+            return Response.failure("unavailable", said)
         return Response.failure("compile", str(e))
     except WorkerError as e:
         return Response.failure("compile", str(e))

@@ -7,14 +7,18 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
 
+from ..config import ParityTolerance
 from . import steps
 from .calls import Inputs, entry
-from .compile import compiled_for, snapshot_counters
+from .compiler import snapshot_counters
 from .counters import (
     flops,
     inductor_metrics,
@@ -22,12 +26,11 @@ from .counters import (
     record_inductor_metrics,
     reset_inductor_metrics,
 )
-from .graphs import graph_breaks
+from .kinds import Builder, Refused, builder
 from .memory import allocated
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
-from .protocol import Request, Response
-from .strategy import NotExportable, export, regional_graphs
+from .protocol import MeasureRequest, Response
 from .task import (
     autocast,
     check_precision,
@@ -87,163 +90,156 @@ def same_placement(first: object, second: object) -> None:
                     ts[i].data = ts[i].data.clone()
 
 
-def measure(req: Request) -> Response:
+@dataclass
+class _Side:
+    """One version of the target in this process: the head, or (paired) the base
+    commit's, built by its own config from its own checkout."""
+
+    req: MeasureRequest
+    model: Any
+    inputs: Inputs
+    deps: dict
+    graphs: dict = field(default_factory=dict)
+    same_inputs: bool = True  # the base's inputs are the head's (outputs comparable)
+    compiled: Callable[..., Any] | None = None
+
+    def call(self) -> Any:
+        assert self.compiled is not None
+        return self.inputs.call(self.compiled)
+
+    def eager(self, device: str, precision: str) -> Callable[..., Any]:
+        return under_autocast(entry(self.model, self.req.model.call), device, precision)
+
+    def load(self) -> Path | None:
+        """Its kind's package from the bundle (None: built anew)."""
+        return Path(self.req.load.path) if self.req.load is not None else None
+
+
+def measure(req: MeasureRequest) -> Response:
     if req.task == "train":
         from .train import measure_train
 
         return measure_train(req)
-    cfg, base_dir, device = req.model, req.base_path, req.device
-    assert req.budget is not None and req.parity is not None and req.reference_out
-    tol = parity_tolerance(req.parity.model_dump(), req.precision)
+    device, kind = req.device, builder(req)
+    tol = parity_tolerance(req.parity, req.precision)
     check_precision(device, req.precision)
-    model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
-    # paired: the base commit's target, as its own config defines it
+    model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, device)
+    head = _Side(req, model, inputs, deps)
     base_req = req.for_base() if req.paired_base is not None else None
-    base_dir_paired = base_req.base_path if base_req is not None else None
     # the precision's autocast around every forward (none for fp32); fp64 runs without
-    eager_fn = entry(eager_model(model, base_dir_paired is not None), cfg.call)
+    eager_fn = entry(eager_model(model, base_req is not None), req.model.call)
     eager = under_autocast(eager_fn, device, req.precision)
 
     def amp():
         return autocast(device, req.precision)
 
-    paired: dict | None = None
-
     # explain() resets dynamo, so every model is explained before anything is compiled
     steps.enter("explain")
-    graphs = _graphs(model, cfg, req, inputs, base_dir, amp)
-    if base_req is not None and base_dir_paired is not None:
-        base_cfg = base_req.model
-        base_model, base_inputs, base_deps = build_base(
-            base_cfg, base_req.shapes, base_dir_paired, device
-        )
-        # the same inputs (the usual case) are the head's own objects, called alike
-        comparable = same_inputs(inputs, base_inputs)
-        base_inputs = inputs if comparable else base_inputs
-        same_placement(model, base_model)  # before either is compiled
-        base_fn_eager = entry(base_model, base_cfg.call)
-        base_graphs = _graphs(base_model, base_cfg, base_req, base_inputs, base_dir_paired, amp)
+    head.graphs = kind.graphs(model, req, inputs, amp)
+    base = _build_base(kind, base_req, head, amp) if base_req is not None else None
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
-
     before_compile = allocated(device)
     steps.enter("compile")
     start = time.perf_counter()
     try:  # regional: a compiled copy; aot: the bundle's package (or export + build one)
-        made, done = compiled_for(req, model, inputs, keep_eager=True)
-    except NotExportable as e:
+        made, built = kind.compiled(model, inputs, req, keep_eager=True, load=head.load())
+    except Refused as e:
         info = dict(e.info)
-        if base_req is not None:  # did the base commit's model export?
-            try:
-                export(base_model, base_inputs, base_cfg, base_req.dynamic, base_req.base_path)
-                info["base_exportable"] = True
-            except NotExportable:
-                info["base_exportable"] = False
+        if base is not None:
+            info.update(kind.refused_base(base.model, base.inputs, base.req))
         return Response(
             ok=False, kind="export", error=e.says(), export=info, deps=deps, torch=torch.__version__
         )
     prepared = time.perf_counter() - start  # aot: export, build and load the package
-    compiled = under_autocast(made, device, req.precision)
-    baked = bakes_tf32(req.mode, cfg.options)
+    head.compiled = under_autocast(made, device, req.precision)
+    baked = bakes_tf32(req.mode, req.model.options)
     with torch.no_grad():
-        # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
-        # next call: keep a copy of what the first call returned (every leaf, a cache's
-        # tensors included). Parity's settings for it (worker.tf32), the deploy's after.
-        with accuracy_settings(device, baked):
-            out_compiled, compile_seconds = first_call(compiled, inputs, device, _first(req))
-        cand = Outputs.of(out_compiled).cloned()
-        del out_compiled
-        if req.strategy == "aot":
-            compile_seconds += prepared
-        for _ in range(2):
-            inputs.call(compiled)
-        cache = snapshot_counters()
-        # what the compiled model keeps allocated (CUDA graph pools, static buffers),
-        # not counting the copy of its first outputs kept for parity
-        copy_bytes = sum(
-            t.numel() * t.element_size() for t in cand.tensors() if t.device.type == "cuda"
-        )
-        held = allocated(device) - before_compile - copy_bytes
-        steps.enter("work counters")
-        work = {
-            # an aot package's kernels were counted where it was built, if at all
-            **(inductor_metrics() if req.strategy != "aot" else {}),
-            "flops": flops(lambda: inputs.call(eager)),
-            "instructions": instructions(lambda: inputs.call(compiled)),
+        resp = _measured(kind, head, base, eager, tol, baked, prepared, before_compile)
+    return resp.model_copy(
+        update={
+            "export": built.export,
+            "packages": {kind.package: built.package} if kind.package and built.package else {},
         }
-        base_fn = base_made = None
+    )
 
-        def compiled_fn():
-            return inputs.call(compiled)
 
-        if base_req is not None:
-            fresh_frames()
-            steps.enter("base compile")
-            try:
-                base_made, _ = compiled_for(base_req, base_model, base_inputs, keep_eager=True)
-            except NotExportable:  # this change makes it export: no base to time it with
-                base_dir_paired = None
-        if base_dir_paired is not None and base_made is not None:
-            base_compiled = under_autocast(base_made, device, req.precision)
-            with accuracy_settings(device, baked):
-                base_first, base_seconds = first_call(
-                    base_compiled, base_inputs, device, f"base {_first(req)}"
-                )
-            base_out = Outputs.of(base_first).cloned()
-            del base_first
-            base_inputs.call(base_compiled)
+def _build_base(
+    kind: Builder, base_req: MeasureRequest, head: _Side, amp: Callable[[], Any]
+) -> _Side:
+    """Paired: the base commit's target, as its own config defines it; the same inputs
+    (the usual case) are the head's own objects, called alike."""
+    base_model, base_inputs, base_deps = build_base(
+        base_req.model, base_req.shapes, base_req.base_path, base_req.device
+    )
+    comparable = same_inputs(head.inputs, base_inputs)
+    base = _Side(base_req, base_model, head.inputs if comparable else base_inputs, base_deps)
+    base.same_inputs = comparable
+    same_placement(head.model, base_model)  # before either is compiled
+    base.graphs = kind.graphs(base_model, base_req, base.inputs, amp)
+    return base
 
-            def base_fn():
-                return base_inputs.call(base_compiled)
 
-            paired = {
-                "compile_seconds": base_seconds,
-                "graphs": base_graphs,
-                "deps": base_deps,
-                "same_inputs": comparable,
-                "work": {
-                    **(inductor_metrics() if req.strategy != "aot" else {}),
-                    "flops": flops(
-                        lambda: base_inputs.call(
-                            under_autocast(base_fn_eager, device, req.precision)
-                        )
-                    ),
-                    "instructions": instructions(base_fn),
-                },
-            }
-
-        steps.enter("parity")
-        vs, ref64 = vs_eager(cand, eager, model, inputs, cfg.call, device, tol, baked)
-        parity = {"vs_eager": vs}
-        if paired is not None:
-            if comparable:  # other inputs give other outputs: nothing to compare
-                parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
-        elif req.baseline_reference:
-            loaded = read_reference(req.baseline_reference)
-            if loaded is not None:
-                parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
-        save_reference(req.reference_out, cand, ref64)
-        start_counting()  # recompiles from here on: the measured calls
-        steps.enter("measure")
-
-        memory, lat, prof = measure_calls(
-            eager,
-            compiled,
-            inputs,
-            req,
-            graphs,
-            base_fn=base_fn,
-            paired=paired,
-            held=held,
-            place_base_first=None if base_fn is None else lambda: same_placement(base_model, model),
-        )
+def _measured(
+    kind: Builder,
+    head: _Side,
+    base: _Side | None,
+    eager: Callable[..., Any],
+    tol: ParityTolerance,
+    baked: bool,
+    prepared: float,
+    before_compile: int,
+) -> Response:
+    """The head compiled (and, paired, the base): first call, work counters, parity
+    and the timed calls."""
+    req, device = head.req, head.req.device
+    assert head.compiled is not None
+    # CUDA graphs (reduce-overhead, max-autotune) reuse their output buffers on the
+    # next call: keep a copy of what the first call returned (every leaf, a cache's
+    # tensors included). Parity's settings for it (worker.tf32), the deploy's after.
+    with accuracy_settings(device, baked):
+        out, compile_seconds = first_call(head.compiled, head.inputs, device, kind.first_step)
+    cand = Outputs.of(out).cloned()
+    del out
+    if kind.ahead_of_time:
+        compile_seconds += prepared
+    for _ in range(2):
+        head.call()
+    cache = snapshot_counters()
+    # what the compiled model keeps allocated (CUDA graph pools, static buffers), not
+    # counting the copy of its first outputs kept for parity
+    copy_bytes = sum(
+        t.numel() * t.element_size() for t in cand.tensors() if t.device.type == "cuda"
+    )
+    held = allocated(device) - before_compile - copy_bytes
+    steps.enter("work counters")
+    work = _work(kind, lambda: head.inputs.call(eager), head.call)
+    paired, base_out = _compile_base(kind, base, baked) if base is not None else (None, None)
+    parity, ref64 = _parity(head, eager, cand, base_out, tol, baked, paired)
+    save_reference(req.reference_out, cand, ref64)
+    start_counting()  # recompiles from here on: the measured calls
+    steps.enter("measure")
+    timed = base is not None and paired is not None
+    memory, lat, prof = measure_calls(
+        eager,
+        head.compiled,
+        head.inputs,
+        req,
+        head.graphs,
+        base_fn=base.call if timed and base is not None else None,
+        paired=paired,
+        held=held,
+        place_base_first=(lambda: same_placement(base.model, head.model))
+        if timed and base is not None
+        else None,
+    )
     return Response(
         ok=True,
         compile_seconds=compile_seconds,
         counters=cache,
-        graphs=graphs,
+        graphs=head.graphs,
         parity=parity,
         outputs=cand.summary(),
         memory=memory,
@@ -253,23 +249,71 @@ def measure(req: Request) -> Response:
         profile=prof,
         pid=os.getpid(),
         torch=torch.__version__,
-        deps=deps,
-        export=done.get("export"),
-        aot=done.get("aot") or None,
+        deps=head.deps,
     )
 
 
-def _first(req: Request) -> str:
-    """The step of a compiled model's first call: an aot target's is its package's."""
-    return "package first call" if req.strategy == "aot" else "first call"
+def _work(kind: Builder, eager_call: Callable[[], Any], call: Callable[[], Any]) -> dict:
+    """Deterministic work counters: kernels and bytes (where this process compiled
+    them: an ahead-of-time kind's package counted them where it was built, if at all),
+    FLOPs of the eager call, instructions of the compiled one."""
+    return {
+        **(inductor_metrics() if not kind.ahead_of_time else {}),
+        "flops": flops(eager_call),
+        "instructions": instructions(call),
+    }
 
 
-def _graphs(model, cfg, req: Request, inputs: Inputs, base_dir: Path, amp) -> dict:
-    """What the strategy compiles, explained: the whole model, a regional target's
-    blocks (one of each class), or an exported program (one graph, no break: a model
-    that breaks does not export)."""
-    if req.strategy == "regional":
-        return regional_graphs(model, cfg, inputs, base_dir, amp)
-    if req.strategy == "aot":
-        return {"count": 1, "breaks": 0, "break_reasons": []}
-    return graph_breaks(entry(model, cfg.call), inputs, base_dir, context=amp)
+def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None, Outputs | None]:
+    """Paired: the base version compiled beside the head (its own package, for an
+    ahead-of-time kind), its first call and work; (None, None) when the base cannot be
+    built this way (this change makes it export: no base to time it with)."""
+    req, device = base.req, base.req.device
+    fresh_frames()
+    steps.enter("base compile")
+    try:
+        made, _ = kind.compiled(base.model, base.inputs, req, keep_eager=True, load=base.load())
+    except Refused:
+        return None, None
+    base.compiled = under_autocast(made, device, req.precision)
+    with accuracy_settings(device, baked):
+        first, seconds = first_call(base.compiled, base.inputs, device, f"base {kind.first_step}")
+    out = Outputs.of(first).cloned()
+    del first
+    base.call()
+    eager = base.eager(device, req.precision)
+    paired = {
+        "compile_seconds": seconds,
+        "graphs": base.graphs,
+        "deps": base.deps,
+        "same_inputs": base.same_inputs,
+        "work": _work(kind, lambda: base.inputs.call(eager), base.call),
+    }
+    return paired, out
+
+
+def _parity(
+    head: _Side,
+    eager: Callable[..., Any],
+    cand: Outputs,
+    base_out: Outputs | None,
+    tol: ParityTolerance,
+    baked: bool,
+    paired: dict | None,
+) -> tuple[dict, Outputs | None]:
+    """Compiled vs eager, and vs the base commit's outputs (paired, same inputs) or the
+    baseline's stored reference outputs; and the float64 reference it computed."""
+    req = head.req
+    steps.enter("parity")
+    vs, ref64 = vs_eager(
+        cand, eager, head.model, head.inputs, req.model.call, req.device, tol, baked
+    )
+    parity = {"vs_eager": vs}
+    if paired is not None:
+        if base_out is not None and paired["same_inputs"]:  # other inputs, other outputs
+            parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
+    elif req.baseline_reference:
+        loaded = read_reference(req.baseline_reference)
+        if loaded is not None:
+            parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
+    return parity, ref64

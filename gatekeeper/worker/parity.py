@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..config import ParityTolerance
 from ..errors import first_line
 from .calls import Inputs, entry
 from .outputs import Outputs, UnreadableOutput
@@ -105,7 +106,7 @@ def vs_eager(
     inputs: Inputs,
     call: str | None,
     device: str,
-    tol: dict,
+    tol: ParityTolerance,
     baked: bool = False,
 ) -> tuple[dict, Outputs | None]:
     """The compiled outputs ``candidate`` against ``eager``'s, computed under the same
@@ -177,7 +178,7 @@ def check_parity(
     candidate: Outputs,
     other: Outputs,
     ref64: dict[str, Any] | None,
-    tol: dict,
+    tol: ParityTolerance,
     tf32: dict[str, Any] | None = None,
 ) -> dict:
     """Is ``candidate`` the same computation as ``other`` (see the module docstring)?
@@ -225,20 +226,20 @@ def check_parity(
             else 1.0
         )
         min_cos = min(min_cos, cos)
-        if torch.allclose(c.float(), o.float(), atol=tol["atol"], rtol=tol["rtol"]):
+        if torch.allclose(c.float(), o.float(), atol=tol.atol, rtol=tol.rtol):
             continue
         rung = within_error(c, o, (ref64 or {}).get(key), (tf32 or {}).get(key))
         if rung is not None:
             method = max(method, rung, key=order.index)
             continue
-        if c.dtype in LOW_PRECISION and cos >= tol["cosine"]:
+        if c.dtype in LOW_PRECISION and cos >= tol.cosine:
             method = "cosine"
             continue
         failed.append(
             (
                 path,
                 f"{path}: max |diff| {diff.max().item():.3g} beyond "
-                f"atol {tol['atol']:g} / rtol {tol['rtol']:g}",
+                f"atol {tol.atol:g} / rtol {tol.rtol:g}",
             )
         )
     if failed:

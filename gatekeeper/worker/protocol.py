@@ -1,20 +1,24 @@
 """What the parent asks of a worker process and what it answers: typed, shared by both
 sides, and free of torch (the parent never imports it).
 
-The parent writes a :class:`Request` as JSON, runs ``python -m gatekeeper.worker REQ
-RESP`` (:mod:`gatekeeper.worker.launch`), and reads back a :class:`Response`. What the
-worker measures travels as the :mod:`gatekeeper.results` models it becomes, so pydantic
-checks the worker's JSON once, on the way in, and the parent uses it as it is.
+The parent writes a :data:`Request` as JSON (one model per action: ``compile``,
+``probe``, ``measure``, ``deps``, ``verify``, told apart by ``action``), runs ``python
+-m gatekeeper.worker REQ RESP`` (:mod:`gatekeeper.worker.launch`), and reads back a
+:class:`Response`. Config sections travel as their models (``budget`` is a
+``MeasureConfig``, ``parity`` a ``ParityTolerance``), and what the worker measures as
+the :mod:`gatekeeper.results` models it becomes, so pydantic checks each side's JSON
+once, on the way in, and each side uses it as it is.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance
+from .. import kinds
+from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance, Precision, Task
 from ..results import (
     Graphs,
     Latency,
@@ -27,97 +31,54 @@ from ..results import (
 )
 from ..targets import Target
 
-# the environment of a service that loads precompile packages (see gatekeeper.warm.service_env):
-PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"  # torch loads packages inside torch.compile
-# inductor trusts the CPU's flags for its vector ISA (the key pins them) instead of
-# building and loading a probe library in a subprocess (about 0.5 s per process)
-ISA_ENV = "TORCHINDUCTOR_VEC_ISA_OK"
-
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class BaseSide(_Msg):
-    """``measure``, paired: the target as the base commit's own config defines it (its
-    model's factory, inputs, call, options, regions, export and train settings, and the
-    checkout folder its factories are imported from), built and compiled beside the
-    head's as a check of that commit would; ``aot_in``: its bundle's package."""
+class KindRef(_Msg):
+    """A target's artifact kind as the worker meets it: its name, and its worker half
+    (``"module:attribute"``, :class:`gatekeeper.worker.kinds.base.Build`)."""
 
-    model: ModelConfig
-    base_dir: str
-    shapes: dict[str, int]
-    mode: str
-    dynamic: bool
-    aot_in: str | None = None
+    name: str
+    worker: str
 
     @classmethod
-    def of(cls, target: Target, base_dir: Path, aot_in: str | None = None) -> BaseSide:
-        return cls(
-            model=target.model,
-            base_dir=str(base_dir),
-            shapes=target.shape_set,
-            mode=target.mode,
-            dynamic=target.dynamic,
-            aot_in=aot_in,
-        )
+    def of(cls, target: Target) -> KindRef:
+        kind = kinds.of(target)
+        return cls(name=kind.name, worker=kind.worker)
 
 
-class Request(_Msg):
-    """One job for a worker.
+class PackageRef(_Msg):
+    """A package and a path: where a compile writes it, or what a worker loads."""
 
-    * ``compile``: build the model, compile it, call it until settled, and save the
-      Mega-Cache blob to ``megacache_out`` (the cache dir itself is the parent's).
-    * ``probe``: the same first compiled call against whatever cache dir the parent
-      restored, saving nothing: does a warm start really start warm?
-    * ``measure``: everything ``check`` reports for one target (see worker.measure).
-    * ``deps``: only build the model and its inputs, and say what they were built from.
-    * ``precompile``: load the precompile package the parent restored (Dynamo skipped),
-      make the first call, and check its outputs against eager and the stored reference
-      outputs: what ``check`` must see before a deploy may load the package.
-    * ``aot``: the same for an ``+aot`` target's AOTInductor package (``aot_in``), loaded
-      the way :func:`gatekeeper.load_aot` loads it.
+    name: str
+    worker: str  # its worker half (gatekeeper.worker.kinds.base.PackageHalf)
+    path: str
 
-    ``strategy`` says how the model is compiled: ``whole``, ``regional`` (its repeated
-    blocks, the rest eager) or ``aot`` (torch.export, then an AOTInductor package: written
-    to ``aot_out`` by ``compile``, loaded from ``aot_in`` by the others when given).
+    @classmethod
+    def of(cls, package: kinds.Package, path: Path | str) -> PackageRef:
+        return cls(name=package.name, worker=package.worker, path=str(path))
 
-    Every action that builds the model answers with ``deps``, what it was built from
-    (see :mod:`gatekeeper.worker.deps`); the parent computes the code hash from it.
-    """
 
-    action: Literal["compile", "probe", "measure", "deps", "precompile", "aot"]
+class Build(_Msg):
+    """The target a worker builds: the model as the config defines it, its shape set,
+    mode, task, precision and kind, on a resolved device."""
+
     model: ModelConfig
     base_dir: str  # the config's folder: factories are imported from there
     device: str  # resolved: "cpu", "cuda", "cuda:1"
     shapes: dict[str, int]
     mode: str
     dynamic: bool
-    task: Literal["infer", "train"] = "infer"
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    strategy: Literal["whole", "regional", "aot"] = "whole"
-    aot_out: str | None = None  # compile, aot: write the AOTInductor package here
-    aot_in: str | None = None  # aot: the package to load (else export and compile it)
-    sweep: bool = True  # measure: run every shape set of the model and count recompiles
-    megacache_out: str | None = None  # compile: write the Mega-Cache blob here
-    megacache_in: str | None = None  # load this blob first (PyTorch's recipe, benchmarks)
-    precompile_out: str | None = None  # compile: record the precompile package (a cache dir)
-    precompile: bool = False  # probe, precompile: load precompile packages (skip Dynamo)
-    eager: bool = False  # probe: time the first eager call instead (the floor; benchmarks)
-    reference_in: str | None = None  # precompile: this check's reference outputs
-    budget: MeasureConfig | None = None  # measure: warmup, min_time, max_samples
-    parity: ParityTolerance | None = None  # measure: tolerances
-    baseline_reference: str | None = None  # measure: the baseline's reference outputs
-    reference_out: str | None = None  # measure: write this run's reference outputs here
-    paired_base: BaseSide | None = None  # measure, paired: the base commit's target
-    trace_out: str | None = None  # measure: Chrome trace of the compiled call (".base" too)
+    task: Task = "infer"
+    precision: Precision = "fp32"
+    kind: KindRef
 
     @classmethod
-    def for_target(
-        cls, action: str, target: Target, config: Config, device: str, **extra: Any
-    ) -> Request:
+    def of(cls, target: Target, config: Config, device: str, **extra: Any) -> Self:
+        """This request for ``target`` (``extra``: the action's own fields)."""
         return cls(
-            action=action,
             model=target.model,
             base_dir=str(config.base_dir),
             device=device,
@@ -126,7 +87,7 @@ class Request(_Msg):
             dynamic=target.dynamic,
             task=target.task,
             precision=target.precision,
-            strategy=target.strategy,
+            kind=KindRef.of(target),
             **extra,
         )
 
@@ -134,11 +95,101 @@ class Request(_Msg):
     def base_path(self) -> Path:
         return Path(self.base_dir)
 
-    def for_base(self) -> Request:
+
+class BaseSide(_Msg):
+    """``measure``, paired: the target as the base commit's own config defines it (its
+    model's factory, inputs, call, options, regions, export and train settings, and the
+    checkout folder its factories are imported from), built and compiled beside the
+    head's as a check of that commit would; ``load``: its bundle's package."""
+
+    model: ModelConfig
+    base_dir: str
+    shapes: dict[str, int]
+    mode: str
+    dynamic: bool
+    load: PackageRef | None = None
+
+    @classmethod
+    def of(cls, target: Target, base_dir: Path, load: PackageRef | None = None) -> BaseSide:
+        return cls(
+            model=target.model,
+            base_dir=str(base_dir),
+            shapes=target.shape_set,
+            mode=target.mode,
+            dynamic=target.dynamic,
+            load=load,
+        )
+
+
+class CompileRequest(Build):
+    """Build the model, compile it, call it until settled, and save the Mega-Cache blob
+    to ``megacache_out`` (the cache dir itself is the parent's). ``packages``: where
+    each package goes, the kind's own (its build writes it) and the add-ons (recorded
+    after the compile, :mod:`gatekeeper.worker.kinds`)."""
+
+    action: Literal["compile"] = "compile"
+    megacache_out: str | None = None
+    packages: list[PackageRef] = Field(default_factory=list)
+
+
+class ProbeRequest(Build):
+    """The first compiled call against whatever cache dir the parent restored, saving
+    nothing: does a warm start really start warm? ``load``: the package warm served,
+    loaded as a deploy loads it; ``eager``: time the first eager call instead (the
+    floor; benchmarks); ``megacache_in``: load this blob first (PyTorch's recipe)."""
+
+    action: Literal["probe"] = "probe"
+    load: PackageRef | None = None
+    eager: bool = False
+    megacache_in: str | None = None
+
+
+class MeasureRequest(Build):
+    """Everything ``check`` reports for one target (:mod:`gatekeeper.worker.measure`);
+    ``load``: the kind's package from the bundle (else it is built anew)."""
+
+    action: Literal["measure"] = "measure"
+    budget: MeasureConfig  # warmup, min_time, max_samples
+    parity: ParityTolerance
+    reference_out: str  # write this run's reference outputs here
+    baseline_reference: str | None = None  # the baseline's reference outputs
+    trace_out: str | None = None  # Chrome trace of the compiled call (".base" beside it)
+    sweep: bool = True  # run every shape set of the model and count recompiles
+    load: PackageRef | None = None
+    paired_base: BaseSide | None = None  # paired: the base commit's target
+
+    def for_base(self) -> MeasureRequest:
         """Paired: the same request for the base commit's target (its task, precision
-        and strategy are the head's: they are in the target's id)."""
+        and kind are the head's: they are in the target's id)."""
         assert self.paired_base is not None
         return self.model_copy(update={**dict(self.paired_base), "paired_base": None})
+
+
+class DepsRequest(Build):
+    """Only build the model and its inputs, and say what they were built from."""
+
+    action: Literal["deps"] = "deps"
+
+
+class VerifyRequest(Build):
+    """Load the ``package`` the parent restored, as a deploy would, make the first call,
+    and check its outputs against eager and against this check's own
+    (``reference_in``): what a deploy may load only once it passed."""
+
+    action: Literal["verify"] = "verify"
+    package: PackageRef
+    parity: ParityTolerance
+    reference_in: str | None = None
+
+
+# One job for a worker, by its action. Every action that builds the model answers with
+# ``deps``, what it was built from (see gatekeeper.worker.deps); the parent computes the
+# code hash from it.
+Request = Annotated[
+    CompileRequest | ProbeRequest | MeasureRequest | DepsRequest | VerifyRequest,
+    Field(discriminator="action"),
+]
+REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
 def dynamo_skipped(counters: dict[str, int]) -> bool:
@@ -164,11 +215,9 @@ class BaseMeasured(_Msg):
     same_inputs: bool = True  # false: its inputs differ, outputs were not compared
 
 
-class PackageParity(BaseModel):
-    """A package's verification (precompile, aot): its first outputs against eager and
-    against this check's own compiled outputs (``vs_reference``)."""
-
-    model_config = ConfigDict(extra="forbid")
+class PackageParity(_Msg):
+    """A package's verification: its first outputs against eager and against this
+    check's own compiled outputs (``vs_reference``)."""
 
     vs_eager: ParityCheck
     vs_reference: ParityCheck | None = None
@@ -194,13 +243,12 @@ class Response(_Msg):
     counters: dict[str, int] | None = None  # cache hits/misses, graphs, breaks, frames
     megacache: bool | None = None  # compile: a Mega-Cache blob was written
     megacache_load_seconds: float | None = None
-    precompile: dict[str, Any] | None = None  # compile: recorded or why not; precompile: verdict
     # compile: the files of the cache dir it read, loaded or wrote (relative paths; None
     # when that could not be known)
     cache_used: list[str] | None = None
     graphs: Graphs | None = None  # measure
     parity: Parity | None = None  # measure: the checks (``outputs`` comes apart)
-    package_parity: PackageParity | None = None  # precompile, aot: the package's checks
+    package_parity: PackageParity | None = None  # verify: the package's checks
     outputs: OutputsSummary | None = None  # measure: what the model returned
     memory: Memory | None = None
     latency: Latency | None = None
@@ -208,10 +256,12 @@ class Response(_Msg):
     work: Work | None = None  # measure: deterministic work counters
     profile: Profile | None = None  # measure: top operators by self time
     deps: dict[str, Any] | None = None  # what the model and inputs were built from
-    # aot: torch.export's outcome (exportable, or torch's reason and the user's file:line)
+    # a kind that exports: torch.export's outcome (exportable, or torch's reason and the
+    # user's file:line)
     export: dict[str, Any] | None = None
-    # aot: the package's load and first call (probe, measure) or its verdict (aot)
-    aot: dict[str, Any] | None = None
+    # by package name: what the compile recorded or built, a package's load and first
+    # call (probe, measure), or its verdict (verify)
+    packages: dict[str, dict[str, Any]] = Field(default_factory=dict)
     pid: int | None = None
 
     @classmethod

@@ -23,11 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SUFFIX = ".step"
-# the steps inside torch's AOTInductor: a signal there is torch's package failing on this
-# machine (or native code the package calls), so an +aot target is `unavailable`
-AOT_STEPS = frozenset(
-    {"aoti_compile_and_package", "load package", "package first call", "base package first call"}
-)
 
 _path: Path | None = None
 
@@ -76,12 +71,6 @@ class Death:
         except ValueError:
             return f"signal {-self.returncode}"
 
-    @property
-    def in_aot(self) -> bool:
-        """Killed by a signal inside torch's AOTInductor (building, loading or calling
-        a package)."""
-        return self.signal is not None and self.step in AOT_STEPS
-
 
 def read(response: Path, returncode: int, log: str = "", base_dir: Path | None = None) -> Death:
     """What the breadcrumb and the log say about a worker that ended with ``returncode``
@@ -116,15 +105,6 @@ def describe(death: Death, last_line: str) -> str:
     what = _DESCRIPTIONS.get(death.signal)
     at = f" at {death.frame}" if death.frame else ""
     return f"worker died by {death.signal}{f' ({what})' if what else ''}{where}{at}"
-
-
-def unavailable(death: Death, device: str) -> str:
-    """The one line of an +aot target whose package took its worker down."""
-    torch = f" with torch {death.torch}" if death.torch else ""
-    return (
-        f"unavailable: torch's AOTInductor killed the worker ({death.signal}) in "
-        f"{death.step}{torch} on {device}; the target's other strategies are unaffected"
-    )
 
 
 # faulthandler: '  File "/path/model.py", line 12 in forward' (most recent call first)

@@ -21,18 +21,21 @@ import copy
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ..config import ModelConfig, TrainConfig
+from ..config import ModelConfig, ParityTolerance, TrainConfig
 from ..errors import ConfigError
 from .calls import Inputs, entry, loss_inputs
 from .memory import peak_memory
 from .model import load_callable
 from .profile import profile_calls
 from .timing import latency
+
+if TYPE_CHECKING:
+    from .protocol import MeasureRequest
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # allclose tolerances for outputs computed under autocast: a few units in the last place
@@ -86,12 +89,12 @@ def under_autocast(fn: Callable, device: str, precision: str) -> Callable:
     return call
 
 
-def parity_tolerance(tol: dict, precision: str) -> dict:
+def parity_tolerance(tol: ParityTolerance, precision: str) -> ParityTolerance:
     """The tolerances for a precision: allclose loosened to the autocast dtype's scale."""
     loose = LOW_PRECISION_TOL.get(precision)
     if loose is None:
-        return dict(tol)
-    return {**tol, "atol": max(tol["atol"], loose), "rtol": max(tol["rtol"], loose)}
+        return tol
+    return tol.model_copy(update={"atol": max(tol.atol, loose), "rtol": max(tol.rtol, loose)})
 
 
 # -- training ---------------------------------------------------------------------------
@@ -369,7 +372,7 @@ def measure_calls(
     eager: Callable[..., Any],
     compiled: Callable[..., Any],
     inputs: Inputs,
-    req: Any,
+    req: MeasureRequest,
     graphs: dict,
     *,
     base_fn: Callable[[], Any] | None = None,
@@ -422,9 +425,7 @@ def measure_calls(
 
     if before_timing is not None:
         before_timing()
-    lat = latency(
-        eager_fn, compiled_fn, device, req.budget.model_dump(), base=base_fn, halfway=halfway
-    )
+    lat = latency(eager_fn, compiled_fn, device, req.budget, base=base_fn, halfway=halfway)
     prof = profile_calls(compiled_fn, device, trace=req.trace_out)
     if base_fn is not None and paired is not None:
         paired["profile"] = profile_calls(

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..config import MeasureConfig
 from ..gate import stats
 from . import steps
 from .calls import Inputs
@@ -137,7 +138,7 @@ def latency(
     eager: Callable[[], Any],
     compiled: Callable[[], Any],
     device: str,
-    budget: dict,
+    budget: MeasureConfig,
     base: Callable[[], Any] | None = None,
     halfway: Callable[[], Any] | None = None,
 ) -> dict:
@@ -155,7 +156,7 @@ def latency(
     fns: dict[str, Callable[[], Any]] = {"eager": eager, "compiled": compiled, "reference": ref}
     if base is not None:
         fns = {"base": base, **fns}
-    for _ in range(budget["warmup"]):
+    for _ in range(budget.warmup):
         for fn in fns.values():
             fn()
     one = max(max(_timed(fn, 1, device) for name, fn in fns.items() if name != "reference"), 1e-7)
@@ -165,19 +166,19 @@ def latency(
     watch = CpuWatch()
     start = time.perf_counter()
     half = 0  # rounds taken before halfway ran
-    while len(samples["eager"]) < budget["max_samples"]:
+    while len(samples["eager"]) < budget.max_samples:
         n, elapsed = len(samples["eager"]), time.perf_counter() - start
         # The second half takes at least as many rounds as the first, however long a
         # stalled round made the first: else one half's order effects outweigh the other's.
-        done = elapsed >= budget["min_time"] and n >= max(5, 2 * half)
+        done = elapsed >= budget.min_time and n >= max(5, 2 * half)
         if halfway is not None and (
-            done or elapsed >= budget["min_time"] / 2 or n >= budget["max_samples"] // 2
+            done or elapsed >= budget.min_time / 2 or n >= budget.max_samples // 2
         ):
             half, done = n, False
             paused = time.perf_counter()
             halfway()
             halfway = None
-            for _ in range(budget["warmup"]):
+            for _ in range(budget.warmup):
                 for fn in fns.values():
                     fn()
             start += time.perf_counter() - paused

@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
 
+from ..config import ModelConfig, ParityTolerance
 from .calls import Inputs, entry
-from .compile import compile_model, snapshot_counters
+from .compiler import compile_model, snapshot_counters
 from .counters import (
     flops,
     inductor_metrics,
@@ -33,7 +35,7 @@ from .counters import (
 from .graphs import graph_breaks
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
-from .protocol import Request, Response
+from .protocol import Build, CompileRequest, MeasureRequest, ProbeRequest, Response
 from .task import (
     Trainer,
     autocast,
@@ -51,7 +53,7 @@ from .task import (
 from .timing import first_call
 
 
-def prepare(req: Request, base_dir: Path, model: torch.nn.Module, inputs: Inputs):
+def prepare(req: Build, base_dir: Path, model: torch.nn.Module, inputs: Inputs):
     """The loss function, from one eager forward's outputs (a config error when the
     default loss finds no floating-point output)."""
     check_precision(req.device, req.precision)
@@ -60,7 +62,7 @@ def prepare(req: Request, base_dir: Path, model: torch.nn.Module, inputs: Inputs
     return make_loss(req.model, base_dir, sample)
 
 
-def compile_steps(req: Request) -> tuple[Response, Callable]:
+def compile_steps(req: CompileRequest | ProbeRequest) -> tuple[Response, Callable]:
     """``compile``/``probe`` of a training target: whole compiled steps (the AOTAutograd
     entry is written only once the backward has run), forward, backward and optimizer.
     Also returns the compiled step."""
@@ -81,10 +83,9 @@ def compile_steps(req: Request) -> tuple[Response, Callable]:
     ), cstep
 
 
-def measure_train(req: Request) -> Response:
+def measure_train(req: MeasureRequest) -> Response:
     cfg, base_dir, device = req.model, req.base_path, req.device
-    assert req.budget is not None and req.parity is not None and req.reference_out
-    tol = parity_tolerance(req.parity.model_dump(), req.precision)
+    tol = parity_tolerance(req.parity, req.precision)
     steps = cfg.training.steps
     model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
     loss_fn = prepare(req, base_dir, model, inputs)
@@ -92,26 +93,11 @@ def measure_train(req: Request) -> Response:
     def new(m):
         return Trainer.copy_of(m, cfg, loss_fn, device, req.precision)
 
-    # paired: the base commit's target, as its own config defines it (its optimizer,
-    # loss and steps too)
-    base_req = req.for_base() if req.paired_base is not None else None
-
     # explain() runs the step and resets dynamo: on throwaway copies, before compiling
     graphs = graph_breaks(new(model).step, inputs, base_dir, grad=True)
-    if base_req is not None:
-        base_cfg, base_path = base_req.model, base_req.base_path
-        base_model, base_inputs, base_deps = build_base(
-            base_cfg, base_req.shapes, base_path, device
-        )
-        same = same_inputs(inputs, base_inputs)
-        base_inputs = inputs if same else base_inputs
-        comparable = same and base_cfg.training == cfg.training
-        base_loss = prepare(base_req, base_path, base_model, base_inputs)
-
-        def new_base(m):
-            return Trainer.copy_of(m, base_cfg, base_loss, device, req.precision)
-
-        base_graphs = graph_breaks(new_base(base_model).step, base_inputs, base_path, grad=True)
+    # paired: the base commit's target, as its own config defines it (its optimizer,
+    # loss and steps too)
+    base = _BaseSteps.build(req.for_base(), inputs) if req.paired_base is not None else None
     torch._dynamo.reset()
     counters.clear()
     record_inductor_metrics()
@@ -129,46 +115,14 @@ def measure_train(req: Request) -> Response:
     cand = Outputs.of(comp.outputs(losses))
     ref64 = fp64_trajectory(model, cfg, loss_fn, inputs, device)
     ref64_leaves = Outputs.of(ref64).leaves if ref64 is not None else None
-    parity = {
-        "vs_eager": name_task(
-            check_parity(
-                cand,
-                Outputs.of(eager.outputs(run_steps(eager.step, inputs, steps))),
-                ref64_leaves,
-                tol,
-            ),
-            steps,
-        )
-    }
-
+    eager_out = Outputs.of(eager.outputs(run_steps(eager.step, inputs, steps)))
+    parity = {"vs_eager": name_task(check_parity(cand, eager_out, ref64_leaves, tol), steps)}
     work["instructions"] = instructions(lambda: inputs.call(cstep))
-    paired, base_fn = None, None
-    if base_req is not None:
-        fresh_frames()
-        base = new_base(base_model)
-        base_step = compile_model(
-            base.step, base_cfg, base_req.mode, base_req.dynamic, fullgraph=False
-        )
-        base_first, base_seconds = first_call(base_step, base_inputs, device)
-        base_losses = [base_first] + run_steps(base_step, base_inputs, steps - 1)
-        if comparable:  # other inputs or another step give other outputs
-            base_out = Outputs.of(base.outputs(base_losses))
-            parity["vs_baseline"] = name_task(check_parity(cand, base_out, None, tol), steps)
-
-        def base_fn():
-            return base_inputs.call(base_step)
-
-        paired = {
-            "compile_seconds": base_seconds,
-            "graphs": base_graphs,
-            "deps": base_deps,
-            "same_inputs": comparable,
-            "work": {
-                **inductor_metrics(),
-                "flops": flops(lambda: base_inputs.call(new_base(base_model).step)),
-                "instructions": instructions(base_fn),
-            },
-        }
+    paired = None
+    if base is not None:
+        paired, vs_base = base.measure(cand, tol, cfg)
+        if vs_base is not None:
+            parity["vs_baseline"] = vs_base
     elif req.baseline_reference:
         loaded = read_reference(req.baseline_reference)
         if loaded is not None:
@@ -182,7 +136,7 @@ def measure_train(req: Request) -> Response:
         inputs,
         req,
         graphs,
-        base_fn=base_fn,
+        base_fn=base.call if base is not None else None,
         paired=paired,
         before_timing=lambda: copy_state(eager, comp),
     )  # both timed from the same state
@@ -201,3 +155,62 @@ def measure_train(req: Request) -> Response:
         torch=torch.__version__,
         deps=deps,
     )
+
+
+class _BaseSteps:
+    """Paired: the base commit's training step, built by its own config (its optimizer,
+    loss and steps too) from its own checkout, explained before anything compiles."""
+
+    def __init__(
+        self, req: MeasureRequest, model: torch.nn.Module, inputs: Inputs, deps: dict, same: bool
+    ) -> None:
+        self.req, self.model, self.inputs, self.deps, self.same = req, model, inputs, deps, same
+        self.loss = prepare(req, req.base_path, model, inputs)
+        self.graphs = graph_breaks(self.new().step, inputs, req.base_path, grad=True)
+        self.step: Callable | None = None
+
+    @classmethod
+    def build(cls, req: MeasureRequest, head_inputs: Inputs) -> _BaseSteps:
+        model, inputs, deps = build_base(req.model, req.shapes, req.base_path, req.device)
+        same = same_inputs(head_inputs, inputs)
+        return cls(req, model, head_inputs if same else inputs, deps, same)
+
+    def new(self) -> Trainer:
+        return Trainer.copy_of(
+            self.model, self.req.model, self.loss, self.req.device, self.req.precision
+        )
+
+    def call(self) -> Any:
+        assert self.step is not None
+        return self.inputs.call(self.step)
+
+    def measure(
+        self, cand: Outputs, tol: ParityTolerance, head: ModelConfig
+    ) -> tuple[dict, dict | None]:
+        """Compile the base's step beside the head's; its figures (``paired``) and its
+        parity check against the head (None: other inputs or another step give other
+        outputs)."""
+        req, cfg = self.req, self.req.model
+        fresh_frames()
+        trainer = self.new()
+        self.step = compile_model(trainer.step, cfg, req.mode, req.dynamic, fullgraph=False)
+        first, seconds = first_call(self.step, self.inputs, req.device)
+        steps = head.training.steps  # the head's: what its parity compares
+        losses = [first] + run_steps(self.step, self.inputs, steps - 1)
+        comparable = self.same and cfg.training == head.training
+        vs = None
+        if comparable:
+            out = Outputs.of(trainer.outputs(losses))
+            vs = name_task(check_parity(cand, out, None, tol), steps)
+        paired = {
+            "compile_seconds": seconds,
+            "graphs": self.graphs,
+            "deps": self.deps,
+            "same_inputs": comparable,
+            "work": {
+                **inductor_metrics(),
+                "flops": flops(lambda: self.inputs.call(self.new().step)),
+                "instructions": instructions(self.call),
+            },
+        }
+        return paired, vs

@@ -20,10 +20,11 @@ from support.helpers import TINY_MODEL, gk, gk_json, parity_only_config, write_p
 
 from gatekeeper import bundle
 from gatekeeper.config import load_config
+from gatekeeper.kinds.precompile import PRECOMPILE, entries
 from gatekeeper.targets import expand
 from gatekeeper.warm import warm_target
 from gatekeeper.worker.launch import run_or_fail
-from gatekeeper.worker.protocol import Request
+from gatekeeper.worker.protocol import PackageRef, VerifyRequest
 
 TARGET = "tiny/b4/default"
 SIGNING = {"GATEKEEPER_SIGNING_KEY": "precompile-test-key"}
@@ -77,10 +78,10 @@ def test_compile_records_a_package_that_warm_does_not_serve_before_a_check(
 ):
     project = copy_of(compiled, tmp_path)
     m = manifest(project)
-    info = bundle.precompile_info(m)
+    info = PRECOMPILE.info(m)
     assert info["status"] == "recorded" and info["verified"] is None
     assert info["unguarded"] == ["G['ACT']"]  # what only a parity check can vouch for
-    assert bundle.precompile_entries(m) == {f"dynamo/{e}" for e in info["entries"]}
+    assert entries(m) == {f"dynamo/{e}" for e in info["entries"]}
 
     cache = tmp_path / "cache"
     (w,) = gk_json("warm", "--cache-dir", str(cache), "--probe", cwd=project, env=SIGNING)[
@@ -99,7 +100,7 @@ def test_check_verifies_the_package_and_warm_then_skips_dynamo(verified, tmp_pat
     assert pc["verified"] is True and pc["dynamo"] == "skipped", pc
     assert pc["now"] is True and pc["stored"] == "updated"
     project = copy_of(root, tmp_path)
-    info = bundle.precompile_info(manifest(project))  # re-signed: it still verifies
+    info = PRECOMPILE.info(manifest(project))  # re-signed: it still verifies
     assert info["verified"] is True and info["check"]["dynamo"] == "skipped"
 
     cache = tmp_path / "cache"
@@ -126,22 +127,29 @@ def test_a_package_whose_outputs_differ_from_eager_is_never_served(compiled: Pat
         cache,
         megacache=False,
         signing_key=SIGNING["GATEKEEPER_SIGNING_KEY"].encode(),
-        precompile="any",
+        serve="any",
     )
     assert w.precompile == "served" and packages(cache)
 
     model = project / "tinymodel.py"
     model.write_text(model.read_text().replace("ACT = torch.relu", "ACT = torch.tanh"))
     resp = run_or_fail(
-        Request.for_target("precompile", target, config, "cpu", parity=config.gate.parity),
+        VerifyRequest.of(
+            target,
+            config,
+            "cpu",
+            package=PackageRef.of(PRECOMPILE, cache),
+            parity=config.gate.parity,
+        ),
         cache_dir=cache,
         timeout=300,
         label=TARGET,
     )
     assert resp.ok, resp.error
-    assert resp.precompile["dynamo"] == "skipped"  # torch loaded the stale graph
-    assert resp.precompile["verified"] is False
-    assert "differ vs eager" in resp.precompile["reason"], resp.precompile
+    verdict = resp.packages["precompile"]
+    assert verdict["dynamo"] == "skipped"  # torch loaded the stale graph
+    assert verdict["verified"] is False
+    assert "differ vs eager" in verdict["reason"], verdict
 
     # warm, for the changed code: another version's bundle, so no package (the plain
     # cache still helps), and none left where torch would look

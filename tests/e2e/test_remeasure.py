@@ -19,7 +19,7 @@ from support.helpers import TINY_CONFIG, TINY_MODEL, write_project
 from gatekeeper import pipeline
 from gatekeeper.config import load_config
 from gatekeeper.hashing import sha256_file
-from gatekeeper.paired import Mode
+from gatekeeper.check.paired import Mode
 from gatekeeper.results import Results
 from gatekeeper.store import baselines, maintenance, open_store
 from gatekeeper.targets import expand

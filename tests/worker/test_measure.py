@@ -140,7 +140,7 @@ def test_paired_timing_runs_halfway_once_between_two_halves_and_does_not_time_it
         lambda: None,
         compiled,
         "cpu",
-        {"warmup": 1, "min_time": 0.4, "max_samples": 100_000},
+        MeasureConfig(warmup=1, min_time=0.4, max_samples=100_000),
         base=lambda: None,
         halfway=halfway,
     )
@@ -173,7 +173,7 @@ def test_a_round_that_stalls_across_half_the_time_still_gets_a_whole_second_half
         eager,
         lambda: None,
         "cpu",
-        {"warmup": 1, "min_time": 0.5, "max_samples": 100_000},
+        MeasureConfig(warmup=1, min_time=0.5, max_samples=100_000),
         base=lambda: None,
         halfway=lambda: at.append(len(calls) - 2),
     )

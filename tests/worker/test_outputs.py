@@ -13,13 +13,14 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from gatekeeper.config import ParityTolerance
 from gatekeeper.worker.calls import Inputs
 from gatekeeper.worker.outputs import Outputs, UnreadableOutput
 from gatekeeper.worker.parity import check_parity, load_reference, save_reference
 
 transformers = pytest.importorskip("transformers")
 
-TOL = {"atol": 1e-4, "rtol": 1e-4, "cosine": 0.99}
+TOL = ParityTolerance(atol=1e-4, rtol=1e-4, cosine=0.99)
 
 
 def _llama(layers: int = 2):

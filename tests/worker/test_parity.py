@@ -9,6 +9,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
+from gatekeeper.config import ParityTolerance
 from gatekeeper.worker.calls import Inputs
 from gatekeeper.worker.parity import (
     Outputs,
@@ -30,7 +31,7 @@ from gatekeeper.worker.tf32 import (
     to_tf32,
 )
 
-TOL = {"atol": 1e-4, "rtol": 1e-4, "cosine": 0.99}
+TOL = ParityTolerance(atol=1e-4, rtol=1e-4, cosine=0.99)
 A, B = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)), torch.arange(6)
 
 
@@ -156,7 +157,8 @@ class Convnet(torch.nn.Module):
 
 
 INPUTS = Inputs((torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2)),))
-EXACT = {**TOL, "atol": 1e-7, "rtol": 1e-7}  # so that allclose alone decides nothing
+# so that allclose alone decides nothing
+EXACT = TOL.model_copy(update={"atol": 1e-7, "rtol": 1e-7})
 
 
 def compiled_like(model, tf32: bool):

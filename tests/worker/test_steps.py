@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gatekeeper import kinds
 from gatekeeper.worker import steps
+
+AOT = kinds.get("aot")  # the kind whose deaths in AOTInductor's steps are `unavailable`
 
 FAULT = """\
 some earlier output
@@ -47,7 +50,11 @@ def test_the_breadcrumb_is_the_last_step_entered(tmp_path, monkeypatch):
     doc = json.loads(steps.breadcrumb(response).read_text())
     assert doc["step"] == "load package"
     death = steps.read(response, -11)
-    assert (death.signal, death.step, death.in_aot) == ("SIGSEGV", "load package", True)
+    assert (death.signal, death.step) == ("SIGSEGV", "load package")
+    assert "torch's AOTInductor killed the worker (SIGSEGV) in load package" in (
+        AOT.died(death, "cpu") or ""
+    )
+    assert kinds.get("whole").died(death, "cpu") is None  # only a kind's own deaths
     monkeypatch.setattr(steps, "_path", None)
 
 
@@ -66,12 +73,12 @@ def test_a_death_is_one_line_naming_the_signal_step_and_the_models_line(tmp_path
         "worker died by SIGABRT (aborted) in export"
     )
     exited = steps.Death(3, "build model")
-    assert exited.signal is None and not exited.in_aot
+    assert exited.signal is None and AOT.died(exited, "cpu") is None
     assert steps.describe(exited, "SystemExit: 3") == (
         "worker exited with code 3 in build model: SystemExit: 3"
     )
     # a signal outside AOTInductor's steps is the model's or torch's error, not aot's
-    assert not steps.Death(-11, "first call").in_aot
+    assert AOT.died(steps.Death(-11, "first call"), "cpu") is None
 
 
 def test_no_faulthandler_stack_no_frame(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gatekeeper.config import ModelConfig
+from gatekeeper.config import ModelConfig, ParityTolerance
 from gatekeeper.worker.parity import Outputs, check_parity
 from gatekeeper.worker.task import (
     Trainer,
@@ -15,15 +15,16 @@ from gatekeeper.worker.task import (
     parity_tolerance,
 )
 
-TOL = {"atol": 1e-4, "rtol": 1e-4, "cosine": 0.99}
+TOL = ParityTolerance(atol=1e-4, rtol=1e-4, cosine=0.99)
 CFG = ModelConfig(name="m", factory="m:make", inputs=[{"shape": [2, 4]}], tasks=["train"])
 
 
 def test_low_precision_loosens_allclose_only_to_its_scale():
     assert parity_tolerance(TOL, "fp32") == TOL
-    assert parity_tolerance(TOL, "bf16")["atol"] == 1.6e-2
-    assert parity_tolerance(TOL, "fp16")["rtol"] == 2e-3
-    assert parity_tolerance({**TOL, "atol": 0.1}, "bf16")["atol"] == 0.1  # never tighter
+    assert parity_tolerance(TOL, "bf16").atol == 1.6e-2
+    assert parity_tolerance(TOL, "fp16").rtol == 2e-3
+    loose = TOL.model_copy(update={"atol": 0.1})
+    assert parity_tolerance(loose, "bf16").atol == 0.1  # never tighter
 
 
 def test_cpu_autocast_supports_both_low_precisions():

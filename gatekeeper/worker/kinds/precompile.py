@@ -1,9 +1,9 @@
-"""Caching precompile (torch 2.13, experimental): record Dynamo's own package of a
-compiled model, so that a later process loads it inside ``torch.compile`` and skips
+"""Caching precompile (torch 2.13, experimental), the worker's half: record Dynamo's own
+package of a compiled model, so that a later process loads it inside ``torch.compile`` and skips
 Dynamo and AOTAutograd; and check, in a fresh process, that what it loads computes what
 eager computes before anyone serves it.
 
-What torch does and does not do here (measured on 2.13.0, see the README):
+What torch does and does not do here (measured on 2.13.0, docs/precompile.md):
 
 * ``torch._dynamo.config.caching_precompile`` records a package at every compile;
   ``torch.compiler.save_cache_artifacts()`` writes it to ``<cache dir>/dynamo/<key>/entry``
@@ -17,7 +17,8 @@ What torch does and does not do here (measured on 2.13.0, see the README):
   the parity check before a package is served.
 * A guard that fails after a load recompiles, and that recompile crashes on a name
   clash in the module's globals (``__builtins_dict___0``) unless the per-process name
-  counter was moved on first: :func:`enable_loading` does that.
+  counter was moved on first: :func:`gatekeeper.runtime.enable_precompile_loading`
+  does that.
 """
 
 from __future__ import annotations
@@ -35,35 +36,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._dynamo.utils import counters
 
-from ..errors import first_line
-from .protocol import ISA_ENV
+from ...errors import first_line
+from ...runtime import enable_precompile_loading
+from .. import steps
+from ..calls import entry
+from ..compiler import compile_model, snapshot_counters
+from ..model import build_recorded
+from ..protocol import dynamo_skipped
+from ..task import shape_sweep, under_autocast
+from .base import Loaded, PackageHalf
 
 if TYPE_CHECKING:
-    from .protocol import Request, Response
+    from ..protocol import CompileRequest, ProbeRequest, Response, VerifyRequest
 
 _DROPPED = re.compile(r"guard on (G\['[^']+'\][^ ]*) is dropped with caching_precompile")
 _BYPASS = re.compile(r"Detected a package bypass: (.*)")
-
-
-def enable_loading(skip_isa_probe: bool = False) -> None:
-    """Load precompile packages in this process from now on (call before
-    ``torch.compile``). A guard that fails after a load then recompiles cleanly.
-
-    ``skip_isa_probe``: trust the CPU's flags for inductor's vector ISA instead of
-    building and loading a probe library in a subprocess (~0.5 s per process): the key
-    pins those flags, and a served package's kernels are built already. Only for a
-    process whose every warm target is served from its package: the setting is part of
-    inductor's FX graph key, so an FX cache entry compiled without it misses."""
-    import torch._dynamo.bytecode_transformation as bt
-
-    torch._dynamo.config.caching_precompile = True
-    if skip_isa_probe and os.environ.get(ISA_ENV) is None:  # the user's own word wins
-        import torch._inductor.config as inductor_config
-
-        inductor_config.cpp.vec_isa_ok = True
-    # torch 2.13 installs the package's __builtins_dict___0 into the module's globals;
-    # a recompile in the same module would claim that name again and assert
-    bt.unique_id("__gatekeeper_precompile")
 
 
 class _Log(logging.Handler):
@@ -141,72 +128,70 @@ def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
-def verify(req: Request) -> Response:
-    """``precompile``: in this fresh process, load the package the parent restored,
-    make the first call, and compare it with eager and with the reference outputs of
-    the check that asked (the ordinary compiled path). Verified only when Dynamo was
-    skipped and every comparison passed."""
-    from .calls import entry
-    from .compile import compile_model, snapshot_counters
-    from .model import build_recorded
-    from .parity import Outputs, check_parity, read_reference, vs_eager
-    from .protocol import Response, dynamo_skipped
-    from .task import check_precision, parity_tolerance, under_autocast
-    from .tf32 import accuracy_settings, bakes_tf32
-    from .timing import first_call
+class PrecompileHalf(PackageHalf):
+    name = "precompile"
 
-    assert req.parity is not None
-    enable_loading()
-    counters.clear()
-    check_precision(req.device, req.precision)
-    model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
-    tol = parity_tolerance(req.parity.model_dump(), req.precision)
-    with _torch_log() as log:
-        start = time.perf_counter()  # the package loads inside torch.compile()
-        compiled = under_autocast(
-            compile_model(entry(model, req.model.call), req.model, req.mode, req.dynamic),
-            req.device,
-            req.precision,
-        )
-        wrap = time.perf_counter() - start
-        baked = bakes_tf32(req.mode, req.model.options)
-        with torch.no_grad(), accuracy_settings(req.device, baked):
-            out, seconds = first_call(compiled, inputs, req.device)
-            seconds += wrap
-            cand = Outputs.of(out)
-    counts = snapshot_counters()
-    skipped = dynamo_skipped(counts)
-    eager = under_autocast(entry(model, req.model.call), req.device, req.precision)
-    vs, _ = vs_eager(cand, eager, model, inputs, req.model.call, req.device, tol, baked)
-    parity = {"vs_eager": vs}
-    if req.reference_in:
-        loaded = read_reference(req.reference_in)
-        if loaded is not None:
-            parity["vs_reference"] = check_parity(cand, loaded[0], loaded[1], tol)
-    failed = [k for k, v in parity.items() if not v.get("passed")]
-    reason = None
-    if not skipped:
-        said = next(
-            (ln for ln in log.lines if "dynamo cache" in ln.lower() or "Source code changes" in ln),
-            None,
-        )
-        reason = "Dynamo traced the model: the package did not load" + (
-            f" ({' '.join(said.split())[:200]})" if said else ""
-        )
-    elif failed:
-        detail = parity[failed[0]].get("detail") or parity[failed[0]].get("method")
-        reason = f"the package's outputs differ {failed[0].replace('_', ' ')}: {detail}"
-    return Response(
-        ok=True,
-        compile_seconds=seconds,
-        counters=counts,
-        package_parity=parity,
-        torch=torch.__version__,
-        deps=deps,
-        precompile={
-            "dynamo": "skipped" if skipped else "traced",
-            "verified": skipped and not failed,
-            "reason": reason,
-            "first_call_seconds": seconds,
-        },
-    )
+    def record(self, req: CompileRequest, out: Path) -> dict[str, Any]:
+        """Dynamo's package of the inference model, recorded into ``out`` (a copy of this
+        compile's cache dir)."""
+        steps.enter("record precompile package")
+
+        def build() -> Callable[[], None]:
+            model, inputs, _ = build_recorded(req.model, req.shapes, req.base_path, req.device)
+            compiled = under_autocast(
+                compile_model(entry(model, req.model.call), req.model, req.mode, req.dynamic),
+                req.device,
+                req.precision,
+            )
+
+            def calls() -> None:
+                with torch.no_grad():
+                    for _ in range(2):
+                        inputs.call(compiled)
+                    if req.dynamic:  # the one package serves every shape set
+                        shape_sweep(
+                            req.model, req.base_path, req.device, lambda ins: ins.call(compiled)
+                        )
+
+            return calls
+
+        return record(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]), out, build)
+
+    def probe(self, req: ProbeRequest) -> Response | None:
+        """A deploy that loads verified packages: loading on, then the ordinary probe."""
+        enable_precompile_loading()
+        return None
+
+    @contextmanager
+    def loading(self, req: VerifyRequest, model: Any) -> Iterator[Loaded]:
+        """Loading on, then ``torch.compile`` (the package loads in there): verified only
+        when Dynamo was skipped."""
+        enable_precompile_loading()
+        counters.clear()
+        with _torch_log() as log:
+            start = time.perf_counter()  # the package loads inside torch.compile()
+            compiled = under_autocast(
+                compile_model(entry(model, req.model.call), req.model, req.mode, req.dynamic),
+                req.device,
+                req.precision,
+            )
+            loaded = Loaded(compiled, time.perf_counter() - start)
+            yield loaded
+        loaded.counters = counts = snapshot_counters()
+        skipped = dynamo_skipped(counts)
+        loaded.fields = {"dynamo": "skipped" if skipped else "traced"}
+        if not skipped:
+            said = next(
+                (
+                    ln
+                    for ln in log.lines
+                    if "dynamo cache" in ln.lower() or "Source code changes" in ln
+                ),
+                None,
+            )
+            loaded.failed = "Dynamo traced the model: the package did not load" + (
+                f" ({' '.join(said.split())[:200]})" if said else ""
+            )
+
+
+PACKAGE = PrecompileHalf()

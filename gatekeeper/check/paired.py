@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .config import Config, load_config
-from .errors import ConfigError, UsageError
-from .git import git, try_git
+from ..config import Config, load_config
+from ..errors import ConfigError, UsageError
+from ..git import git, try_git
+from ..results import BaseTarget
+from ..targets import Target, expand
 
 log = logging.getLogger("gatekeeper.paired")
 
@@ -46,7 +48,7 @@ def _event_base_sha() -> str:
     """The pull request event's ``base.sha``, when this run is about one."""
     if not os.environ.get("GITHUB_EVENT_PATH"):
         return ""
-    from .github.event import pr_context_from_env
+    from ..github.event import pr_context_from_env
 
     try:
         pr = pr_context_from_env()
@@ -127,3 +129,33 @@ def base_config(head: Config, folder: Path) -> Config:
     except ConfigError as e:
         said = str(e).replace(f"{folder}{os.sep}", "").replace(str(folder), ".")
         raise ConfigError(f"the base commit's config does not load: {said}") from None
+
+
+@dataclass(frozen=True)
+class PairedBase:
+    """Paired mode's base version: where it was checked out, and its own config."""
+
+    ref: str
+    commit: str
+    base_dir: Path  # the config's folder inside the base worktree
+    config: Config  # the base commit's config, loaded from there
+    targets: dict[str, Target]  # its targets, by id
+
+    @classmethod
+    def of(cls, mode: Mode, base_dir: Path, config: Config) -> PairedBase:
+        """Raises ConfigError when the base's config does not expand into targets."""
+        by_id = {t.id: t for t in expand(config)}
+        return cls(mode.base_ref, mode.base_commit, base_dir, config, by_id)
+
+    def removed(self, head: Config) -> list[str]:
+        """The base's targets that the head's config no longer defines."""
+        return sorted(set(self.targets) - {t.id for t in expand(head)})
+
+    def side(self, target: Target) -> tuple[Target | None, BaseTarget]:
+        """The base's target of the same id (None: new in this change), and what the
+        results record of it."""
+        base = self.targets.get(target.id)
+        if base is None:
+            return None, BaseTarget(defined=False)
+        rules = self.config.gate_for(base.model)
+        return base, BaseTarget(defined=True, rules=rules, definition=base.definition())

@@ -1,0 +1,142 @@
+"""Artifact kinds: the one place that knows what kinds there are.
+
+Every kind, gatekeeper's own and a third party's alike, is known by reference
+(``"module:attribute"``, an instance of :class:`~gatekeeper.kinds.base.Kind` or
+:class:`~gatekeeper.kinds.base.Package`) and imported on first use:
+
+* gatekeeper's own: :data:`BUILTIN` (``whole``, ``regional``, ``aot``; the ``precompile``
+  package);
+* installed ones: the entry points of group ``gatekeeper.kinds`` (in a distribution's
+  ``pyproject.toml``: ``[project.entry-points."gatekeeper.kinds"] nograd =
+  "mypkg.nograd:NOGRAD"``);
+* in-process ones: :func:`register`.
+
+Everything else asks here (:func:`get`, :func:`of`, :func:`packages_of`) and never
+compares a kind's name itself (``tests/test_structure.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+from typing import TYPE_CHECKING
+
+from .base import DEFAULT, Kind, Launch, Package, Warming
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..targets import Target
+
+__all__ = [
+    "DEFAULT",
+    "Kind",
+    "Launch",
+    "Package",
+    "Warming",
+    "get",
+    "names",
+    "of",
+    "package",
+    "package_names",
+    "packages",
+    "packages_of",
+    "register",
+]
+
+log = logging.getLogger("gatekeeper.kinds")
+
+GROUP = "gatekeeper.kinds"  # the entry point group of installed kinds
+BUILTIN = (
+    "gatekeeper.kinds.whole:WHOLE",
+    "gatekeeper.kinds.regional:REGIONAL",
+    "gatekeeper.kinds.precompile:PRECOMPILE",
+    "gatekeeper.kinds.aot:AOT",
+)
+
+_kinds: dict[str, Kind] = {}
+_packages: dict[str, Package] = {}
+_loaded = False
+
+
+def load(ref: str) -> object:
+    """The object a ``"module:attribute"`` reference names, imported now."""
+    module, _, attr = ref.partition(":")
+    obj: object = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def register(item: Kind | Package) -> None:
+    """Make a kind (with its own package) or a package known in this process."""
+    if isinstance(item, Kind):
+        _kinds[item.name] = item
+        if item.package is not None:
+            _packages.setdefault(item.package.name, item.package)
+    elif isinstance(item, Package):
+        _packages[item.name] = item
+    else:
+        raise TypeError(f"{item!r} is neither a gatekeeper Kind nor a Package")
+
+
+def _discover() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for ref in BUILTIN:
+        register(load(ref))  # type: ignore[arg-type]
+    for ep in importlib.metadata.entry_points(group=GROUP):
+        try:
+            register(ep.load())
+        except Exception as e:  # a broken plugin must not take gatekeeper down with it
+            log.warning("kind %s (%s) not loaded: %s: %s", ep.name, ep.value, type(e).__name__, e)
+
+
+def names() -> list[str]:
+    """Every kind a model's ``strategies`` may name, gatekeeper's own first."""
+    _discover()
+    return list(_kinds)
+
+
+def package_names() -> list[str]:
+    _discover()
+    return list(_packages)
+
+
+def get(name: str) -> Kind:
+    """The kind called ``name`` (KeyError when there is none: the config validates
+    ``strategies`` against :func:`names` first)."""
+    _discover()
+    return _kinds[name]
+
+
+def of(target: Target) -> Kind:
+    """The kind of ``target``."""
+    return get(target.strategy)
+
+
+def of_id(target_id: str) -> Kind:
+    """The kind of a target id (its variant's last ``+`` part, else the default)."""
+    last = target_id.rsplit("/", 1)[-1].rsplit("+", 1)
+    return get(last[1]) if len(last) == 2 and last[1] in names() else get(DEFAULT)
+
+
+def package(name: str) -> Package:
+    _discover()
+    return _packages[name]
+
+
+def packages() -> list[Package]:
+    """Every package a bundle may carry."""
+    _discover()
+    return list(_packages.values())
+
+
+def packages_of(target: Target, config: Config) -> list[Package]:
+    """The packages a compile of ``target`` records: its kind's own, then the add-on
+    packages the config asks for (each says why not when the target cannot have one)."""
+    kind = of(target)
+    own = [kind.package] if kind.package is not None else []
+    return own + [p for p in packages() if not p.standalone and p.wanted(target, config)]

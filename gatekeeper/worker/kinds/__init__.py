@@ -1,0 +1,42 @@
+"""The worker's dispatch to the artifact kinds: a request names its kind's worker half
+and each package's (``"module:attribute"``), imported here on first use. gatekeeper's
+own halves are ``whole``, ``regional``, ``aot`` and ``precompile`` beside this module;
+an installed kind's live in its own package, and are found the same way."""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import TYPE_CHECKING
+
+from .base import Builder, Built, Loaded, PackageHalf, Refused
+
+if TYPE_CHECKING:
+    from ..protocol import Build, PackageRef
+
+__all__ = ["Builder", "Built", "Loaded", "PackageHalf", "Refused", "builder", "package_half"]
+
+
+@cache
+def _load(ref: str) -> object:
+    module, _, attr = ref.partition(":")
+    obj: object = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def builder(req: Build) -> Builder:
+    """The worker half of ``req``'s kind."""
+    found = _load(req.kind.worker)
+    if not isinstance(found, Builder):
+        raise TypeError(f"{req.kind.worker} is not a gatekeeper.worker.kinds.Builder")
+    return found
+
+
+def package_half(ref: PackageRef) -> PackageHalf:
+    """The worker half of the package ``ref`` names."""
+    found = _load(ref.worker)
+    if not isinstance(found, PackageHalf):
+        raise TypeError(f"{ref.worker} is not a gatekeeper.worker.kinds.PackageHalf")
+    return found

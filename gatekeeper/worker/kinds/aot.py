@@ -1,0 +1,274 @@
+"""``aot``'s worker half: ``torch.export.export`` (non-strict unless ``export.strict``; a
+dynamic model's named dimensions become ``dynamic_shapes``), then
+``torch._inductor.aoti_compile_and_package`` with the mode's inductor options (and the
+model's ``options``), loaded back the way :func:`gatekeeper.load_aot` loads it. A model
+that does not export raises :class:`NotExportable`, carrying torch's reason and the
+user's ``file:line``.
+
+Its package's half (probe, verification) is :mod:`gatekeeper.worker.kinds.aot_package`.
+The worker's steps here (``export``, ``aoti_compile_and_package``, ``load package``,
+``package first call``) are those :data:`gatekeeper.kinds.aot.STEPS` names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...config import ModelConfig
+from ...runtime import load_package
+from .. import steps
+from ..calls import Inputs, entry
+from ..deps import is_stdlib
+from .base import Builder, Built, Refused
+
+if TYPE_CHECKING:
+    from ..protocol import Build
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_GATEKEEPER_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+class NotExportable(Refused):
+    """torch.export refused the model: ``info`` is the result's ``export`` document."""
+
+
+def _user_file(path: str) -> bool:
+    full = os.path.abspath(path)
+    return not (
+        full.startswith(_TORCH_DIR + os.sep)
+        or full.startswith(_GATEKEEPER_DIR + os.sep)
+        or is_stdlib(full)
+        or path.startswith("<")
+    )
+
+
+def _where(e: BaseException, base_dir: Path) -> tuple[str | None, int | None]:
+    """The user's line that export failed at: the innermost frame of the user's code in
+    the traceback (non-strict export runs it), else the last the message names (strict
+    export traces it, and says where)."""
+    frames = [
+        (f.filename, f.lineno)
+        for f in traceback.extract_tb(e.__traceback__)
+        if f.lineno and _user_file(f.filename)
+    ]
+    if not frames:
+        frames = [(f, int(n)) for f, n in _FILE_LINE.findall(str(e)) if _user_file(f)]
+    if not frames:
+        return None, None
+    file, line = frames[-1]
+    try:
+        file = Path(file).resolve().relative_to(base_dir.resolve()).as_posix()
+    except ValueError:
+        pass
+    return file, line
+
+
+def _reason(e: BaseException) -> str:
+    from ..graphs import _reason as headline
+
+    text = str(e).strip()
+    return headline(text) if text else type(e).__name__
+
+
+def example_shapes(cfg: ModelConfig, shapes: dict[str, int], dynamic: bool) -> dict[str, int]:
+    """The shape set a dynamic model is exported with: its largest (a size-1 example
+    would be specialised to 1), else the target's own."""
+    if not dynamic:
+        return shapes
+    return max(cfg.shapes, key=lambda s: (sum(s.values()), sorted(s.items())))
+
+
+class _Entry(torch.nn.Module):
+    """A method of a module, or a plain function, as a module whose ``forward`` it is:
+    what ``torch.export`` takes."""
+
+    def __init__(self, model: Any, call: str | None) -> None:
+        super().__init__()
+        if isinstance(model, torch.nn.Module):
+            self.model = model
+        self._fn = entry(model, call)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+
+def exported_module(model: Any, cfg: ModelConfig) -> torch.nn.Module:
+    """What is exported: the module itself, or its ``call`` method or the ``function``
+    wrapped as a module's ``forward``."""
+    if isinstance(model, torch.nn.Module) and cfg.call in (None, "forward"):
+        return model
+    return _Entry(model, cfg.call)
+
+
+def _dims(spec: Any, dims: dict[str, Any]) -> Any:
+    from torch.export import Dim
+
+    shape = getattr(spec, "shape", None)
+    if shape is None:  # a plain value
+        return None
+    return {
+        axis: dims.setdefault(d, Dim(d)) for axis, d in enumerate(shape) if isinstance(d, str)
+    } or None
+
+
+def dynamic_shapes(cfg: ModelConfig, module: torch.nn.Module, inputs: Inputs) -> Any:
+    """``torch.export``'s ``dynamic_shapes`` of a dynamic model: each named dimension of
+    the inputs one ``Dim`` (shared by every input that names it); an inputs factory's
+    tensors get ``Dim.AUTO`` on every axis. Keyword inputs: by the forward's parameter
+    names."""
+    import inspect
+
+    from torch.export import Dim
+
+    def auto(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return {axis: Dim.AUTO for axis in range(value.dim())}
+        if isinstance(value, (list, tuple)):
+            return type(value)(auto(v) for v in value)
+        if isinstance(value, dict):
+            return {k: auto(v) for k, v in value.items()}
+        return None
+
+    if cfg.inputs is None:
+        args, kwargs = auto(inputs.args), auto(inputs.kwargs)
+    else:
+        dims: dict[str, Any] = {}
+        if isinstance(cfg.inputs, dict):
+            args, kwargs = (), {k: _dims(v, dims) for k, v in cfg.inputs.items()}
+        else:
+            args, kwargs = tuple(_dims(v, dims) for v in cfg.inputs), {}
+    if not kwargs:
+        return tuple(args)
+    bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    return dict(bound.arguments)
+
+
+def export(
+    model: Any, inputs: Inputs, cfg: ModelConfig, dynamic: bool, base_dir: Path
+) -> tuple[Any, dict]:
+    """``torch.export.export`` of the target (NotExportable when torch refuses it)."""
+    strict = cfg.export_settings.strict
+    steps.enter("export")
+    start = time.perf_counter()
+    module = exported_module(model, cfg)
+    try:
+        program = torch.export.export(
+            module,
+            inputs.args,
+            inputs.kwargs or None,
+            dynamic_shapes=dynamic_shapes(cfg, module, inputs) if dynamic else None,
+            strict=strict,
+        )
+    except Exception as e:  # whatever torch raises, the model did not export
+        file, line = _where(e, base_dir)
+        raise NotExportable(
+            {
+                "exportable": False,
+                "reason": _reason(e),
+                "file": file,
+                "line": line,
+                "strict": strict,
+            }
+        ) from None
+    return program, {
+        "exportable": True,
+        "strict": strict,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def inductor_options(cfg: ModelConfig, mode: str) -> dict[str, Any]:
+    """The inductor options of ``mode`` (or the model's ``options``) for an AOTInductor
+    compile: max-autotune autotunes; CUDA graphs (a JIT runtime's) do not apply."""
+    if cfg.options:
+        return dict(cfg.options)
+    from torch._inductor import list_mode_options
+
+    opts = dict(list_mode_options(mode))
+    opts.pop("triton.cudagraphs", None)
+    return opts
+
+
+def aot_package(program: Any, cfg: ModelConfig, mode: str, out: Path) -> float:
+    """Build the AOTInductor package of ``program`` at ``out``; seconds it took."""
+    from torch._inductor import aoti_compile_and_package
+
+    steps.enter("aoti_compile_and_package")
+    start = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    aoti_compile_and_package(
+        program, package_path=str(out), inductor_configs=inductor_options(cfg, mode)
+    )
+    return time.perf_counter() - start
+
+
+def load_timed(path: str | Path) -> tuple[Callable[..., Any], float]:
+    """The package loaded as a deploy loads it (:func:`gatekeeper.runtime.load_package`)."""
+    steps.enter("load package")
+    start = time.perf_counter()
+    model = load_package(path)
+    return model, time.perf_counter() - start
+
+
+class Aot(Builder):
+    name = "aot"
+    package = "aot"
+    ahead_of_time = True
+
+    def compiled(
+        self,
+        model: Any,
+        inputs: Inputs,
+        req: Build,
+        *,
+        keep_eager: bool = False,
+        out: Path | None = None,
+        load: Path | None = None,
+    ) -> tuple[Callable[..., Any], Built]:
+        """The bundle's package (``load``), else the model exported and its package built
+        (into ``out``, else a scratch file that lives as long as this process: torch
+        loads it from there) and loaded."""
+        cfg, built = req.model, Built(package={})
+        assert built.package is not None
+        if load is None:
+            example = inputs
+            if req.dynamic:  # exported with its largest shape set: no size-1 specialisation
+                from ..model import make_inputs
+
+                shapes = example_shapes(cfg, req.shapes, True)
+                example = make_inputs(cfg, shapes, req.base_path, req.device)
+            program, built.export = export(model, example, cfg, req.dynamic, req.base_path)
+            out = out or Path(tempfile.mkdtemp(prefix="gk-aot-"), "model.pt2")
+            built.package["compile_seconds"] = aot_package(program, cfg, req.mode, out)
+            fn, seconds = load_timed(out)
+            built.package.update({"from": "compiled", "bytes": out.stat().st_size})
+        else:
+            fn, seconds = load_timed(load)
+            built.package["from"] = "bundle"
+        built.package["load_seconds"] = seconds
+        return fn, built
+
+    def graphs(self, model: Any, req: Build, inputs: Inputs, context: Callable[[], Any]) -> dict:
+        """An exported program: one graph, no break (a model that breaks does not export)."""
+        return {"count": 1, "breaks": 0, "break_reasons": []}
+
+    def refused_base(self, model: Any, inputs: Inputs, req: Build) -> dict[str, Any]:
+        """Did the base commit's model export?"""
+        try:
+            export(model, inputs, req.model, req.dynamic, req.base_path)
+        except NotExportable:
+            return {"base_exportable": False}
+        return {"base_exportable": True}
+
+
+AOT = Aot()

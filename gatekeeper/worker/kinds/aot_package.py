@@ -1,0 +1,85 @@
+"""The ``aot`` kind's AOTInductor package in a fresh worker, loaded the way a deploy
+loads it (:func:`gatekeeper.runtime.load_package`, torch's C++ loader):
+
+* ``probe`` (``warm --probe``): ``import torch`` timed apart, then the package loaded and
+  its first call made: what a service pays after ``gatekeeper warm``; and whether that
+  imported inductor (it should not).
+* ``verify`` (``check``'s verification): the first call's outputs compared with eager's
+  and with the check's own outputs (:mod:`gatekeeper.worker.verify`).
+
+Nothing here imports torch before the probe has timed that import.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...runtime import load_package
+from .. import steps
+from .base import Loaded, PackageHalf
+
+if TYPE_CHECKING:
+    from ..protocol import ProbeRequest, Response, VerifyRequest
+
+
+class AotPackageHalf(PackageHalf):
+    name = "aot"
+
+    def probe(self, req: ProbeRequest) -> Response | None:
+        """``import torch`` timed apart, then the package warm installed loaded and its
+        first call made, without inductor (unless torch's C++ loader is missing)."""
+        from ..protocol import Response
+
+        start = time.perf_counter()
+        import torch
+
+        imports = time.perf_counter() - start
+        path = req.load.path if req.load else None
+        if not path or not Path(path).is_file():
+            return Response.failure(
+                "compile",
+                "no AOTInductor package installed here (warm installs only a verified "
+                "package of this code: see its aot status)",
+            )
+        from ..model import make_inputs
+
+        inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
+        steps.enter("load package")
+        start = time.perf_counter()
+        model = load_package(path)
+        loaded = time.perf_counter() - start
+        steps.enter("package first call")
+        with torch.no_grad():
+            inputs.call(model)
+        first = time.perf_counter() - start
+        return Response(
+            ok=True,
+            compile_seconds=first,
+            call_seconds=[first],
+            import_seconds=imports,
+            counters={},
+            torch=torch.__version__,
+            packages={
+                self.name: {
+                    "load_seconds": loaded,
+                    "first_call_seconds": first,
+                    "inductor_imported": "torch._inductor" in sys.modules,
+                }
+            },
+        )
+
+    @contextmanager
+    def loading(self, req: VerifyRequest, model: Any) -> Iterator[Loaded]:
+        steps.enter("load package")
+        start = time.perf_counter()
+        package = load_package(req.package.path)
+        seconds = time.perf_counter() - start
+        yield Loaded(package, seconds, "package first call", fields={"load_seconds": seconds})
+
+
+PACKAGE = AotPackageHalf()

@@ -1,0 +1,122 @@
+"""The worker's half of an artifact kind (torch lives here): how a :class:`Builder`
+builds a target's compiled callable, and how a :class:`PackageHalf` records, probes and
+loads a package. The parent's half (:mod:`gatekeeper.kinds`) names its worker half by
+reference (``"module:attribute"``), and the worker imports it from the request
+(:func:`gatekeeper.worker.kinds.builder`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..calls import Inputs
+    from ..protocol import Build, CompileRequest, ProbeRequest, Response, VerifyRequest
+
+
+class Refused(Exception):
+    """The kind cannot build this model (torch.export refused it): ``info`` is the
+    result's ``export`` document; the target is ``not-exportable``, not an error."""
+
+    def __init__(self, info: dict) -> None:
+        super().__init__(info.get("reason") or "not exportable")
+        self.info = info
+
+    def says(self) -> str:
+        where = f"{self.info['file']}:{self.info['line']}" if self.info.get("file") else "?"
+        return f"not exportable: {self.info.get('reason')} at {where}"
+
+
+@dataclass
+class Built:
+    """What a kind's build did besides returning the callable: torch.export's outcome,
+    and its package's document (built or loaded: ``from``, seconds, bytes)."""
+
+    export: dict[str, Any] | None = None
+    package: dict[str, Any] | None = None
+    regions: list[str] = field(default_factory=list)
+
+
+class Builder:
+    """A kind's worker half: the target's compiled callable."""
+
+    name: str
+    package: str | None = None  # the kind's own package (its build writes or loads it)
+    # it compiles before the first call (export, package build): that time is compile
+    # time, its kernels were counted where they were built (none in this process), and
+    # its first call is its package's
+    ahead_of_time = False
+
+    @property
+    def first_step(self) -> str:
+        """The worker's step name of the compiled callable's first call."""
+        return "package first call" if self.ahead_of_time else "first call"
+
+    def compiled(
+        self,
+        model: Any,
+        inputs: Inputs,
+        req: Build,
+        *,
+        keep_eager: bool = False,
+        out: Path | None = None,
+        load: Path | None = None,
+    ) -> tuple[Callable[..., Any], Built]:
+        """The compiled callable of ``model`` (its ``call`` method or the function);
+        ``keep_eager``: ``model`` must stay eager (compile a copy); ``out``: write the
+        kind's package there; ``load``: load that package instead of building one.
+        Raises :class:`Refused` when the kind cannot build the model."""
+        raise NotImplementedError
+
+    def graphs(self, model: Any, req: Build, inputs: Inputs, context: Callable[[], Any]) -> dict:
+        """What it compiles, explained: graphs, breaks and their reasons (``context``:
+        the precision's autocast)."""
+        from ..calls import entry
+        from ..graphs import graph_breaks
+
+        return graph_breaks(entry(model, req.model.call), inputs, req.base_path, context=context)
+
+    def refused_base(self, model: Any, inputs: Inputs, req: Build) -> dict[str, Any]:
+        """Paired, when the head's model was refused: what the base commit's model
+        says (merged into the ``export`` document)."""
+        return {}
+
+
+@dataclass
+class Loaded:
+    """A package loaded for its verification: what the first call calls, the seconds
+    before it that count (the load, or ``torch.compile``'s wrap), the first call's step,
+    and, once it ran, why it did not load as a package (None: it did), the verdict's
+    fields of its own, and torch's counters."""
+
+    fn: Callable[..., Any]
+    seconds: float
+    step: str = "first call"
+    failed: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, int] | None = None
+
+
+class PackageHalf:
+    """A package's worker half."""
+
+    name: str
+
+    def record(self, req: CompileRequest, out: Path) -> dict[str, Any]:
+        """An add-on package: record it into ``out`` after the compile; its manifest
+        section (``status`` and what it holds, or why not)."""
+        raise NotImplementedError
+
+    def probe(self, req: ProbeRequest) -> Response | None:
+        """``warm --probe`` of a deploy that loads it: the whole answer, or None when the
+        ordinary compiled first call answers (this sets loading up for it)."""
+        return None
+
+    @contextmanager
+    def loading(self, req: VerifyRequest, model: Any) -> Iterator[Loaded]:
+        """Load the package for its verification; the first call runs inside."""
+        raise NotImplementedError
+        yield

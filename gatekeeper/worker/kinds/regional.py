@@ -1,0 +1,141 @@
+"""``regional``'s worker half: PyTorch's regional compilation recipe. Each repeated block
+is compiled in place (``nn.Module.compile``), the rest of the model runs eager. The
+blocks share their class's ``forward``, so Dynamo traces one and reuses it for the
+others (one FX graph for N layers), and a change to the code around them leaves their
+graphs' cache keys alone. The blocks: the submodules the model's ``regions`` globs name
+(``"layers.*"``, matched one dotted name part per glob part), or by default the
+children of every ``nn.ModuleList`` that share a class with a sibling."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...config import ModelConfig
+from ...errors import ConfigError
+from ..calls import Inputs, entry
+from ..compiler import compile_kwargs
+from .base import Builder, Built
+
+if TYPE_CHECKING:
+    from ..protocol import Build
+
+
+def _matches(pattern: str, name: str) -> bool:
+    import fnmatch
+
+    parts, names = pattern.split("."), name.split(".")
+    return len(parts) == len(names) and all(
+        fnmatch.fnmatchcase(n, p) for p, n in zip(parts, names, strict=True)
+    )
+
+
+def find_regions(model: torch.nn.Module, cfg: ModelConfig) -> list[tuple[str, torch.nn.Module]]:
+    """The blocks a regional target compiles, outermost first, by qualified name."""
+    modules = [(n, m) for n, m in model.named_modules() if n]
+    if cfg.regions:
+        found = [(n, m) for n, m in modules if any(_matches(p, n) for p in cfg.regions)]
+        if not found:
+            children = ", ".join(n for n, _ in model.named_children()) or "none"
+            raise ConfigError(
+                f"regions: no submodule of model {cfg.name!r} matches "
+                f"{', '.join(cfg.regions)} (its children: {children})"
+            )
+    else:
+        found = []
+        for name, mod in [("", model), *modules]:
+            if isinstance(mod, torch.nn.ModuleList):
+                classes = Counter(type(c) for c in mod)
+                prefix = f"{name}." if name else ""
+                found += [(f"{prefix}{i}", c) for i, c in enumerate(mod) if classes[type(c)] > 1]
+        if not found:
+            raise ConfigError(
+                f'strategies: "regional" needs repeated blocks, and model {cfg.name!r} has '
+                "no nn.ModuleList whose children share a class: name its blocks with "
+                'regions = ["<submodule>", ...]'
+            )
+    names = [n for n, _ in found]
+    return [(n, m) for n, m in found if not any(n.startswith(o + ".") for o in names if o != n)]
+
+
+def compile_regions(
+    model: torch.nn.Module, cfg: ModelConfig, kwargs: dict[str, Any]
+) -> list[tuple[str, torch.nn.Module]]:
+    """Compile every block of ``model`` in place (``module.compile(**kwargs)``)."""
+    blocks = find_regions(model, cfg)
+    for _, block in blocks:
+        block.compile(**kwargs)
+    return blocks
+
+
+def block_inputs(
+    model: torch.nn.Module, cfg: ModelConfig, inputs: Inputs, context: Callable[[], Any]
+) -> list[tuple[torch.nn.Module, tuple, dict]]:
+    """The first block of each class and the arguments one eager call passes it (what
+    ``torch._dynamo.explain`` of a regional target looks at)."""
+    firsts: dict[type, torch.nn.Module] = {}
+    for _, block in find_regions(model, cfg):
+        firsts.setdefault(type(block), block)
+    seen: dict[int, tuple[tuple, dict]] = {}
+
+    def grab(mod: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        seen.setdefault(id(mod), (args, kwargs))
+
+    hooks = [b.register_forward_pre_hook(grab, with_kwargs=True) for b in firsts.values()]
+    try:
+        with torch.no_grad(), context():
+            inputs.call(entry(model, cfg.call))
+    finally:
+        for h in hooks:
+            h.remove()
+    return [(b, *seen[id(b)]) for b in firsts.values() if id(b) in seen]
+
+
+def regional_graphs(
+    model: torch.nn.Module,
+    cfg: ModelConfig,
+    inputs: Inputs,
+    base_dir: Path,
+    context: Callable[[], Any],
+) -> dict:
+    """Graphs and breaks of a regional target: its blocks', one of each class."""
+    from ..graphs import graph_breaks
+
+    total: dict = {"count": 0, "breaks": 0, "break_reasons": []}
+    for block, args, kwargs in block_inputs(model, cfg, inputs, context):
+        g = graph_breaks(block, Inputs(args, kwargs), base_dir, context=context)
+        total["count"] += g["count"]
+        total["breaks"] += g["breaks"]
+        total["break_reasons"] += g["break_reasons"]
+    return total
+
+
+class Regional(Builder):
+    name = "regional"
+
+    def compiled(
+        self,
+        model: Any,
+        inputs: Inputs,
+        req: Build,
+        *,
+        keep_eager: bool = False,
+        out: Path | None = None,
+        load: Path | None = None,
+    ) -> tuple[Callable[..., Any], Built]:
+        cfg = req.model
+        target = copy.deepcopy(model) if keep_eager else model
+        blocks = compile_regions(target, cfg, compile_kwargs(cfg, req.mode, req.dynamic))
+        return entry(target, cfg.call), Built(regions=[n for n, _ in blocks])
+
+    def graphs(self, model: Any, req: Build, inputs: Inputs, context: Callable[[], Any]) -> dict:
+        """Its blocks', one of each class."""
+        return regional_graphs(model, req.model, inputs, req.base_path, context)
+
+
+REGIONAL = Regional()

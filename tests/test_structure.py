@@ -1,0 +1,95 @@
+"""The package's shape, held where issue 33 drew it (read from the source with ``ast``:
+tests/support/structure.py; ``benchmarks/structure.py`` prints the figures):
+
+* no import cycle, imports inside functions counted;
+* no module over 500 lines, no function over 80;
+* no module outside ``gatekeeper/kinds/`` (and the worker's dispatch to the kinds'
+  halves, ``gatekeeper/worker/kinds/``) branches on an artifact kind's name;
+* the parent reaches into ``worker/`` only through ``protocol`` and ``launch``.
+
+Each check is shown to fail on a planted case first: a check that finds nothing in a
+tree built to have it would pass whatever the package did.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from support import structure
+
+from gatekeeper import kinds
+
+DOOR = {"gatekeeper.worker.protocol", "gatekeeper.worker.launch"}
+KINDS_HOME = ("gatekeeper.kinds", "gatekeeper.worker.kinds")
+
+
+def plant(root: Path, files: dict[str, str]) -> Path:
+    """A package ``gatekeeper`` of ``files`` under ``root`` (paths relative to it)."""
+    pkg = root / "gatekeeper"
+    for rel, text in {"__init__.py": "", **files}.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return pkg
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    structure.modules.cache_clear()
+    yield
+    structure.modules.cache_clear()
+
+
+def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
+    pkg = plant(
+        tmp_path,
+        {
+            "a.py": "from . import b\n",
+            "b.py": "def f():\n    from .c import g\n",  # inside a function: counted
+            "c.py": "from .a import x\n",
+            "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import e\n",
+            "e.py": "from . import d\n",  # d's import never runs: no cycle
+            "k.py": 'def f(t):\n    return t.strategy == "aot" or t.id.endswith("+regional")\n',
+            "long.py": "def f():\n" + "    x = 1\n" * 81 + "\n" * 420,
+            "worker/__init__.py": "",
+            "worker/protocol.py": "",
+            "worker/deps.py": "",
+            "parent.py": "from .worker import protocol\nfrom .worker.deps import x\n",
+        },
+    )
+    assert structure.cycles(structure.import_graph(pkg)) == [
+        ["gatekeeper.a", "gatekeeper.b", "gatekeeper.c"]
+    ]
+    found = structure.kind_comparisons(["aot", "regional"], pkg)
+    assert [(c.module, c.line) for c in found] == [("gatekeeper.k", 2), ("gatekeeper.k", 2)]
+    assert structure.long_modules(pkg) == [("gatekeeper.long", 502)]
+    assert structure.long_functions(pkg) == [("gatekeeper.long.f", 82)]
+    reach = structure.worker_imports(pkg)
+    assert reach["gatekeeper.parent"] == {"gatekeeper.worker.protocol", "gatekeeper.worker.deps"}
+
+
+def test_no_import_cycle() -> None:
+    assert structure.cycles(structure.import_graph()) == []
+
+
+def test_no_module_over_500_lines_and_no_function_over_80() -> None:
+    assert structure.long_modules() == []
+    assert structure.long_functions() == []
+
+
+def test_only_the_kinds_branch_on_a_kinds_name() -> None:
+    names = [*kinds.names(), *kinds.package_names()]
+    assert {"whole", "regional", "aot", "precompile"} <= set(names)
+    found = [
+        f"{c.module}:{c.line} {c.code}"
+        for c in structure.kind_comparisons(names)
+        if not c.module.startswith(KINDS_HOME)
+    ]
+    assert found == []
+
+
+def test_the_parent_reaches_the_worker_only_through_protocol_and_launch() -> None:
+    reach = {m: sorted(w - DOOR) for m, w in structure.worker_imports().items()}
+    assert {m: w for m, w in reach.items() if w} == {}
