@@ -19,9 +19,9 @@ import pytest
 import zstandard
 
 from gatekeeper import bundle
-from gatekeeper.kinds import precompile
 from gatekeeper.bundle import ArchiveEntry, FileEntry, Manifest
 from gatekeeper.errors import BundleError
+from gatekeeper.kinds import precompile
 
 TARGET = "mlp/b8/default"
 KEY = {

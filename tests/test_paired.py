@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.errors import UsageError
 from gatekeeper.check.paired import choose_mode
+from gatekeeper.errors import UsageError
 
 
 def git(root: Path, *args: str) -> str:
@@ -165,8 +165,8 @@ def test_the_base_config_is_found_as_the_heads_was(tmp_path: Path):
 
 
 def test_a_base_config_that_does_not_load_is_one_line_naming_the_base(tmp_path: Path):
-    from gatekeeper.errors import ConfigError
     from gatekeeper.check.paired import base_config
+    from gatekeeper.errors import ConfigError
 
     head, base = tmp_path / "head", tmp_path / "gk-paired-x" / "base"
     head.mkdir(), base.mkdir(parents=True)

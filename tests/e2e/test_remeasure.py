@@ -17,9 +17,9 @@ import pytest
 from support.helpers import TINY_CONFIG, TINY_MODEL, write_project
 
 from gatekeeper import pipeline
+from gatekeeper.check.paired import Mode
 from gatekeeper.config import load_config
 from gatekeeper.hashing import sha256_file
-from gatekeeper.check.paired import Mode
 from gatekeeper.results import Results
 from gatekeeper.store import baselines, maintenance, open_store
 from gatekeeper.targets import expand
