@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from .check.paired import Mode, choose_mode
@@ -13,7 +15,7 @@ from .check.run import check_all
 from .compile import compile_all
 from .config import Config
 from .errors import StoreError
-from .gate import GateReport
+from .gate import GateReport, GateRow
 from .gate.baseline import publish_results
 from .gate.drift import merge_latency
 from .gate.judge import judge
@@ -75,35 +77,21 @@ def run(
     )
     borderline = [row for row in report.rows if row.verdict.borderline]
     if borderline:
-        by_id = {t.id: t for t in targets}
-        again_mode = mode
-        if mode.name == "stored":
+        if mode.name == "stored":  # measured again paired, where it can be
             pairable = choose_mode("auto", base_ref, config.base_dir)
-            again_mode = pairable if pairable.name == "paired" else mode
+            mode = pairable if pairable.name == "paired" else mode
+        again = partial(
+            check_all,
+            config=config,
+            store=store,
+            base_ref=base_ref,
+            mode=mode,
+            cold=cold,
+            verbose=verbose,
+        )
+        by_id = {t.id: t for t in targets}
         for row in borderline:
-            # the second run's outputs go to a scratch folder: only its timings are kept,
-            # unless it was paired where the first was not (pairing decides from then on)
-            with tempfile.TemporaryDirectory(prefix="gk-remeasure-") as scratch:
-                (again,) = check_all(
-                    [by_id[row.result.target]],
-                    config,
-                    store,
-                    out_dir=Path(scratch),
-                    base_ref=base_ref,
-                    mode=again_mode,
-                    cold=cold,
-                    verbose=verbose,
-                ).targets
-                first = row.result.latency
-                if again.status != "ok" or first is None or again.latency is None:
-                    continue
-                if again.paired and not row.result.paired:
-                    _keep_files(again, Path(scratch), out_dir)
-                    results.targets[results.targets.index(row.result)] = row.result = again
-                    continue
-            row.result.latency = merge_latency(first, again.latency)
-            if row.result.paired and again.paired:
-                row.result.paired.samples += again.paired.samples
+            _remeasure(row, by_id[row.result.target], results, out_dir, again)
         write_results(results, out_dir)
         report = judge(
             results,
@@ -115,6 +103,30 @@ def run(
         )
         report.remeasured = [row.result.target for row in borderline]
     return RunOutcome(results, path, report)
+
+
+def _remeasure(
+    row: GateRow,
+    target: Target,
+    results: Results,
+    out_dir: Path,
+    check: Callable[..., Results],
+) -> None:
+    """Measure a borderline target once more, in a new process: its timings join the
+    first run's, unless it was paired where the first was not (pairing decides from
+    then on). The second run's outputs go to a scratch folder."""
+    with tempfile.TemporaryDirectory(prefix="gk-remeasure-") as scratch:
+        (again,) = check([target], out_dir=Path(scratch)).targets
+        first = row.result.latency
+        if again.status != "ok" or first is None or again.latency is None:
+            return
+        if again.paired and not row.result.paired:
+            _keep_files(again, Path(scratch), out_dir)
+            results.targets[results.targets.index(row.result)] = row.result = again
+            return
+    row.result.latency = merge_latency(first, again.latency)
+    if row.result.paired and again.paired:
+        row.result.paired.samples += again.paired.samples
 
 
 def _keep_files(result: TargetResult, scratch: Path, out_dir: Path) -> None:

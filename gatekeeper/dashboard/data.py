@@ -161,106 +161,126 @@ def doc_repository(doc: Baseline) -> str | None:
 # ------------------------------------------------------------------------------- charts
 
 
+def _chart(
+    cid: str,
+    title: str,
+    caption: str,
+    unit: str,
+    series: list[tuple[str, list]],
+    compact: bool = False,
+) -> dict:
+    return {
+        "id": cid,
+        "title": title,
+        "caption": caption,
+        "unit": unit,
+        "compact": compact,
+        "series": [
+            {"label": label, "color": COLORS[i % len(COLORS)], "values": vals}
+            for i, (label, vals) in enumerate(series)
+        ],
+    }
+
+
+class _Columns:
+    """One figure of every run, by key; None is a gap."""
+
+    def __init__(self, points: list[dict[str, float | None]]) -> None:
+        self.points = points
+
+    def col(self, key: str) -> list[float | None]:
+        return [p.get(key) for p in self.points]
+
+    def present(self, *keys: str) -> bool:
+        return any(v is not None for k in keys for v in self.col(k))
+
+    def known(self, key: str) -> list[float]:
+        return [v for v in self.col(key) if v is not None]
+
+    def scaled(self, key: str, scale: float) -> list[float | None]:
+        return [None if v is None else v / scale for v in self.col(key)]
+
+
 def charts(points: list[dict[str, float | None]], memory_kind: str | None = None) -> list[dict]:
     """The charts of one target page: a chart is drawn when any run has its figure.
     Values are scaled to the chart's unit; None is a gap."""
+    c = _Columns(points)
+    return _timing_charts(c) + _resource_charts(c, memory_kind)
 
-    def col(key: str) -> list[float | None]:
-        return [p.get(key) for p in points]
 
-    def present(*keys: str) -> bool:
-        return any(v is not None for k in keys for v in col(k))
-
-    def scaled(key: str, scale: float) -> list[float | None]:
-        return [None if v is None else v / scale for v in col(key)]
-
-    def chart(
-        cid: str,
-        title: str,
-        caption: str,
-        unit: str,
-        series: list[tuple[str, list]],
-        compact: bool = False,
-    ) -> dict:
-        return {
-            "id": cid,
-            "title": title,
-            "caption": caption,
-            "unit": unit,
-            "compact": compact,
-            "series": [
-                {"label": label, "color": COLORS[i % len(COLORS)], "values": vals}
-                for i, (label, vals) in enumerate(series)
-            ],
-        }
-
+def _timing_charts(c: _Columns) -> list[dict]:
     out = []
-    if present("normalised"):
+    if c.present("normalised"):
         out.append(
-            chart(
+            _chart(
                 "latency",
                 "Normalised latency",
                 "median per round of compiled latency ÷ the reference workload "
                 "timed in the same round (what the gate compares across runs)",
                 "× reference",
-                [("compiled / reference", col("normalised"))],
+                [("compiled / reference", c.col("normalised"))],
             )
         )
-    if present("p50"):
-        unit, scale = units.time_unit([v for v in col("p50") if v is not None])
+    if c.present("p50"):
+        unit, scale = units.time_unit(c.known("p50"))
         out.append(
-            chart(
+            _chart(
                 "p50",
                 "Compiled latency p50",
                 "median seconds per call, compiled",
                 unit,
-                [("compiled p50", scaled("p50", scale))],
+                [("compiled p50", c.scaled("p50", scale))],
             )
         )
-    if present("speedup"):
+    if c.present("speedup"):
         out.append(
-            chart(
+            _chart(
                 "speedup",
                 "Speedup vs eager",
                 "median eager ÷ median compiled",
                 "x",
-                [("speedup", col("speedup"))],
+                [("speedup", c.col("speedup"))],
             )
         )
-    if present("compile_cold", "compile_warm"):
+    if c.present("compile_cold", "compile_warm"):
         out.append(
-            chart(
+            _chart(
                 "compile",
                 "Compile time",
                 "first compiled call; warm when the bundle was restored from the "
                 "store, cold otherwise",
                 "s",
-                [("cold", col("compile_cold")), ("warm", col("compile_warm"))],
+                [("cold", c.col("compile_cold")), ("warm", c.col("compile_warm"))],
             )
         )
-    if present("peak"):
-        unit, scale = units.bytes_unit([v for v in col("peak") if v is not None])
+    return out
+
+
+def _resource_charts(c: _Columns, memory_kind: str | None) -> list[dict]:
+    out = []
+    if c.present("peak"):
+        unit, scale = units.bytes_unit(c.known("peak"))
         how = {"cuda": "CUDA max_memory_allocated", "rss": "growth of peak RSS"}.get(
             memory_kind or "", "peak memory"
         )
         out.append(
-            chart(
+            _chart(
                 "memory",
                 "Peak memory (compiled)",
                 how,
                 unit,
-                [("compiled peak", scaled("peak", scale))],
+                [("compiled peak", c.scaled("peak", scale))],
             )
         )
     for name, title, unit in WORK_COUNTERS:
-        if present(name):
+        if c.present(name):
             out.append(
-                chart(
+                _chart(
                     f"work-{name}",
                     title,
                     f"work counter: {name}",
                     unit,
-                    [(title, col(name))],
+                    [(title, c.col(name))],
                     compact=True,
                 )
             )

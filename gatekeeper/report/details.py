@@ -321,11 +321,40 @@ def _breaks_section(row: GateRow) -> list[str]:
 
 def details_section(row: GateRow, everything: bool = False) -> str:
     r, v = row.result, row.verdict
-    base = base_result(row)
     parts = [
         f"<details><summary>{html.escape(r.target)} — {verdict_label(v.verdict)}</summary>",
         "",
+        *_outcome(r),
     ]
+    reasons = [x for x in v.reasons if x != r.error]  # an error is shown above
+    if reasons:
+        parts.append("**Reasons**\n")
+        parts += [f"- {md_text(x, MAX_REASON_CHARS)}" for x in reasons]
+        parts.append("")
+    if v.notes:
+        parts.append("**Notes**\n")
+        parts += [f"- {md_text(x, MAX_REASON_CHARS)}" for x in v.notes]
+        parts.append("")
+    parts += _breaks_section(row)
+    parts += _profile_section(row, everything)
+    for title, table in (
+        ("Latency", _latency_table(row)),
+        ("Latency comparison", _comparison_table(row)),
+        ("Compile", _compile_table(row)),
+        ("Work per call (deterministic)", _work_table(row)),
+        ("Peak memory", _memory_table(row)),
+        ("Parity", _parity_table(r)),
+    ):
+        if table:
+            parts += [f"**{title}**\n", table, ""]
+    parts += ["**Environment**\n", *_environment(row), "", "</details>"]
+    return "\n".join(parts)
+
+
+def _outcome(r: TargetResult) -> list[str]:
+    """What became of the target besides its figures: an error, a kind that cannot be
+    had here or cannot build the model, and each package's verdict."""
+    parts = []
     if r.status == "error":
         parts += [f"**Error:** {md_text(error_line(r.error), MAX_REASON_CHARS)}", ""]
         if r.error and r.error.strip() != error_line(r.error):
@@ -349,27 +378,12 @@ def details_section(row: GateRow, everything: bool = False) -> str:
             said, reason = line
             why = f" ({md_text(reason, MAX_REASON_CHARS)})" if reason else ""
             parts += [f"**{package.title} package:** {said}{why}", ""]
-    reasons = [x for x in v.reasons if x != r.error]  # an error is shown above
-    if reasons:
-        parts.append("**Reasons**\n")
-        parts += [f"- {md_text(x, MAX_REASON_CHARS)}" for x in reasons]
-        parts.append("")
-    if v.notes:
-        parts.append("**Notes**\n")
-        parts += [f"- {md_text(x, MAX_REASON_CHARS)}" for x in v.notes]
-        parts.append("")
-    parts += _breaks_section(row)
-    parts += _profile_section(row, everything)
-    for title, table in (
-        ("Latency", _latency_table(row)),
-        ("Latency comparison", _comparison_table(row)),
-        ("Compile", _compile_table(row)),
-        ("Work per call (deterministic)", _work_table(row)),
-        ("Peak memory", _memory_table(row)),
-        ("Parity", _parity_table(r)),
-    ):
-        if table:
-            parts += [f"**{title}**\n", table, ""]
+    return parts
+
+
+def _environment(row: GateRow) -> list[str]:
+    """Where and how it was measured, and against what."""
+    r, v, base = row.result, row.verdict, base_result(row)
     env = [f"- env key: {md_code(r.env_key)}"]
     code = f"- code hash: {md_code(r.code_hash)}"
     base_hash = r.paired.code_hash if r.paired is not None else (base.code_hash if base else None)
@@ -408,5 +422,4 @@ def details_section(row: GateRow, everything: bool = False) -> str:
                 f"- noise on this runner: {noise.within:.1%} within a run{between}; "
                 f"smallest slowdown it can detect: **{noise.detectable:.1%}**"
             )
-    parts += ["**Environment**\n", *env, "", "</details>"]
-    return "\n".join(parts)
+    return env

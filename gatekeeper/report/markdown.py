@@ -371,70 +371,8 @@ def _hard_cap(text: str, limit: int) -> str:
 def render_markdown(report: GateReport, *, title: str = "gatekeeper", details: bool = True) -> str:
     """The report as GitHub-flavoured markdown, under :data:`MAX_MARKDOWN_CHARS`."""
     rows = sorted_rows(report)
-    head = [_headline(report, title)]
-    if rows:
-        head.append(md_table((_table_row(r) for r in rows), HEADERS))
-        notes = []
-        if any(r.verdict.latency and r.verdict.latency.normalised for r in rows):
-            notes.append(
-                "Δ compares compiled latency divided by a co-measured reference "
-                "workload (which cancels machine drift), so it can differ from the "
-                "ratio of the raw p50s. n.s. = not significant."
-            )
-        if any(r.verdict.latency and r.verdict.latency.paired for r in rows):
-            notes.append(
-                "paired: Δ is the base commit against this change, timed round by "
-                "round in one process."
-            )
-        if any(from_baseline(r) for r in rows):
-            notes.append(
-                f"{STORED.strip()} against the stored baseline of "
-                f"{md_code(report.base_ref)}: paired runs time, count graph breaks and "
-                "work against the base commit, and compare the rest with its baseline."
-            )
-        if any(_trend(r) for r in rows):
-            notes.append(
-                f"Trend: {md_code(report.base_ref)}'s last baselines (latency ÷ "
-                f"reference workload, oldest first), then {ARROW} this run."
-            )
-        if notes:
-            head.append("<sub>" + " ".join(notes) + "</sub>")
-    else:
-        head.append("*No targets were measured.*")
-    failures = _failures(rows)
-    if failures:
-        failed = any(r.verdict.verdict in FAILING for r in rows)
-        head += ["**Why it failed**" if failed else "**What needs a look**", failures]
-
-    altered = _rule_changes(report)
-    if altered:
-        head.append(altered)
-    advice = _mode_advice(report)
-    if advice:
-        head.append(advice)
-    tail = []
-    added = [r.result.target for r in rows if is_new(r)]
-    for block in (
-        _target_list(
-            "Targets added since the baseline",
-            added,
-            "the base defines no such target: nothing to compare with yet; merging "
-            "publishes a baseline",
-        ),
-        _target_list(
-            "Targets removed since the baseline",
-            list(report.removed),
-            "in the base commit's config or the baseline, not measured now",
-        ),
-        _target_list(
-            "Borderline targets re-measured",
-            list(report.remeasured),
-            "their first measurement was too close to the threshold to trust",
-        ),
-    ):
-        if block:
-            tail.append(block)
-
+    head = _head(report, rows, title)
+    tail = _tail(report, rows)
     sections = [details_section(r, report.profile_all) for r in rows] if details else []
 
     def assemble(kept: list[str], dropped: int) -> str:
@@ -464,3 +402,73 @@ def render_markdown(report: GateReport, *, title: str = "gatekeeper", details: b
     if len(text) > MAX_MARKDOWN_CHARS:
         text = _hard_cap(text, MAX_MARKDOWN_CHARS)
     return text
+
+
+def _head(report: GateReport, rows: list[GateRow], title: str) -> list[str]:
+    """The headline, the table and its notes, why it failed, the rules a change
+    altered, and which mode to pick."""
+    head = [_headline(report, title)]
+    if rows:
+        head.append(md_table((_table_row(r) for r in rows), HEADERS))
+        if notes := _table_notes(report, rows):
+            head.append("<sub>" + " ".join(notes) + "</sub>")
+    else:
+        head.append("*No targets were measured.*")
+    failures = _failures(rows)
+    if failures:
+        failed = any(r.verdict.verdict in FAILING for r in rows)
+        head += ["**Why it failed**" if failed else "**What needs a look**", failures]
+    for block in (_rule_changes(report), _mode_advice(report)):
+        if block:
+            head.append(block)
+    return head
+
+
+def _table_notes(report: GateReport, rows: list[GateRow]) -> list[str]:
+    notes = []
+    if any(r.verdict.latency and r.verdict.latency.normalised for r in rows):
+        notes.append(
+            "Δ compares compiled latency divided by a co-measured reference "
+            "workload (which cancels machine drift), so it can differ from the "
+            "ratio of the raw p50s. n.s. = not significant."
+        )
+    if any(r.verdict.latency and r.verdict.latency.paired for r in rows):
+        notes.append(
+            "paired: Δ is the base commit against this change, timed round by round in one process."
+        )
+    if any(from_baseline(r) for r in rows):
+        notes.append(
+            f"{STORED.strip()} against the stored baseline of "
+            f"{md_code(report.base_ref)}: paired runs time, count graph breaks and "
+            "work against the base commit, and compare the rest with its baseline."
+        )
+    if any(_trend(r) for r in rows):
+        notes.append(
+            f"Trend: {md_code(report.base_ref)}'s last baselines (latency ÷ "
+            f"reference workload, oldest first), then {ARROW} this run."
+        )
+    return notes
+
+
+def _tail(report: GateReport, rows: list[GateRow]) -> list[str]:
+    """The lists of targets added, removed and re-measured."""
+    added = [r.result.target for r in rows if is_new(r)]
+    blocks = (
+        _target_list(
+            "Targets added since the baseline",
+            added,
+            "the base defines no such target: nothing to compare with yet; merging "
+            "publishes a baseline",
+        ),
+        _target_list(
+            "Targets removed since the baseline",
+            list(report.removed),
+            "in the base commit's config or the baseline, not measured now",
+        ),
+        _target_list(
+            "Borderline targets re-measured",
+            list(report.remeasured),
+            "their first measurement was too close to the threshold to trust",
+        ),
+    )
+    return [b for b in blocks if b]

@@ -20,6 +20,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -174,6 +175,23 @@ def within_error(c: torch.Tensor, o: torch.Tensor, ref: Any, tf32: Any) -> str |
     return None
 
 
+_RUNGS = ["allclose", "fp64-rmse", "tf32-rmse", "cosine"]
+
+
+@dataclass
+class _Tally:
+    """What a parity check found over the leaves so far."""
+
+    method: str = "allclose"  # the highest rung of the ladder a leaf needed
+    max_abs: float = 0.0
+    worst_rmse: float = 0.0
+    min_cos: float = 1.0
+    failed: list[tuple[str, str]] = field(default_factory=list)  # every leaf that differs
+
+    def figures(self) -> dict[str, float]:
+        return {"max_abs_err": self.max_abs, "rmse": self.worst_rmse, "cosine": self.min_cos}
+
+
 def check_parity(
     candidate: Outputs,
     other: Outputs,
@@ -186,80 +204,89 @@ def check_parity(
     pairs = _pairs(candidate, other)
     if isinstance(pairs, dict):
         return pairs
-    order = ["allclose", "fp64-rmse", "tf32-rmse", "cosine"]
-    method, max_abs, worst_rmse, min_cos = "allclose", 0.0, 0.0, 1.0
-    failed: list[tuple[str, str]] = []  # (path, why): every leaf that differs is named
+    tally = _Tally()
     for path, c, o, key in pairs:
-        if isinstance(c, torch.Tensor) != isinstance(o, torch.Tensor):
-            return _fail(
-                "structure",
-                f"{path}: {'a tensor' if isinstance(c, torch.Tensor) else type(c).__name__}"
-                f", expected {'a tensor' if isinstance(o, torch.Tensor) else type(o).__name__}",
-            )
+        if (mismatch := _mismatch(path, c, o)) is not None:
+            return mismatch
         if not isinstance(c, torch.Tensor):
             if c != o:
-                failed.append((path, f"{path}: {c!r}, expected {o!r}"))
+                tally.failed.append((path, f"{path}: {c!r}, expected {o!r}"))
             continue
-        if c.dtype != o.dtype:
-            return _fail(
-                "dtype",
-                f"{path}: dtype {str(c.dtype).removeprefix('torch.')}, "
-                f"expected {str(o.dtype).removeprefix('torch.')}",
-            )
-        if c.shape != o.shape:
-            return _fail("shape", f"{path}: shape {tuple(c.shape)}, expected {tuple(o.shape)}")
         c, o = c.detach().cpu(), o.detach().cpu()
         if not c.is_floating_point():
             if not torch.equal(c, o):
-                failed.append((path, f"{path} differs"))
+                tally.failed.append((path, f"{path} differs"))
             continue
         if not torch.isfinite(c).all():
             return _fail("nan-inf", f"{path} has NaN or Inf")
-        diff = (c.double() - o.double()).abs()
-        max_abs = max(max_abs, diff.max().item() if diff.numel() else 0.0)
-        worst_rmse = max(worst_rmse, _rmse(c, o))
-        cos = (
-            torch.nn.functional.cosine_similarity(
-                c.double().flatten(), o.double().flatten(), dim=0
-            ).item()
-            if c.numel()
-            else 1.0
-        )
-        min_cos = min(min_cos, cos)
-        if torch.allclose(c.float(), o.float(), atol=tol.atol, rtol=tol.rtol):
-            continue
-        rung = within_error(c, o, (ref64 or {}).get(key), (tf32 or {}).get(key))
-        if rung is not None:
-            method = max(method, rung, key=order.index)
-            continue
-        if c.dtype in LOW_PRECISION and cos >= tol.cosine:
-            method = "cosine"
-            continue
-        failed.append(
-            (
-                path,
-                f"{path}: max |diff| {diff.max().item():.3g} beyond "
-                f"atol {tol.atol:g} / rtol {tol.rtol:g}",
-            )
-        )
-    if failed:
-        detail = failed[0][1]
-        if len(failed) > 1:
-            others = [p for p, _ in failed[1:]]
+        _compare(tally, path, c, o, tol, (ref64 or {}).get(key), (tf32 or {}).get(key))
+    if tally.failed:
+        detail = tally.failed[0][1]
+        if len(tally.failed) > 1:
+            others = [p for p, _ in tally.failed[1:]]
             shown = ", ".join(others[:MAX_NAMED])
             more = f" and {len(others) - MAX_NAMED} more" if len(others) > MAX_NAMED else ""
             detail += f"; also differ: {shown}{more}"
+        return _fail("failed", detail, **tally.figures())
+    return {"passed": True, "method": tally.method, **tally.figures()}
+
+
+def _mismatch(path: str, c: Any, o: Any) -> dict | None:
+    """A leaf of another kind, dtype or shape: the outputs differ in structure."""
+    if isinstance(c, torch.Tensor) != isinstance(o, torch.Tensor):
         return _fail(
-            "failed",
-            detail,
-            max_abs_err=max_abs,
-            rmse=worst_rmse,
-            cosine=min_cos,
+            "structure",
+            f"{path}: {'a tensor' if isinstance(c, torch.Tensor) else type(c).__name__}"
+            f", expected {'a tensor' if isinstance(o, torch.Tensor) else type(o).__name__}",
         )
-    return {
-        "passed": True,
-        "method": method,
-        "max_abs_err": max_abs,
-        "rmse": worst_rmse,
-        "cosine": min_cos,
-    }
+    if not isinstance(c, torch.Tensor):
+        return None
+    if c.dtype != o.dtype:
+        return _fail(
+            "dtype",
+            f"{path}: dtype {str(c.dtype).removeprefix('torch.')}, "
+            f"expected {str(o.dtype).removeprefix('torch.')}",
+        )
+    if c.shape != o.shape:
+        return _fail("shape", f"{path}: shape {tuple(c.shape)}, expected {tuple(o.shape)}")
+    return None
+
+
+def _compare(
+    tally: _Tally,
+    path: str,
+    c: torch.Tensor,
+    o: torch.Tensor,
+    tol: ParityTolerance,
+    ref: Any,
+    tf32: Any,
+) -> None:
+    """One floating-point leaf up the ladder: allclose, the fp64 (or TF32) reference's
+    error, cosine for a low-precision dtype; else it differs."""
+    diff = (c.double() - o.double()).abs()
+    tally.max_abs = max(tally.max_abs, diff.max().item() if diff.numel() else 0.0)
+    tally.worst_rmse = max(tally.worst_rmse, _rmse(c, o))
+    cos = (
+        torch.nn.functional.cosine_similarity(
+            c.double().flatten(), o.double().flatten(), dim=0
+        ).item()
+        if c.numel()
+        else 1.0
+    )
+    tally.min_cos = min(tally.min_cos, cos)
+    if torch.allclose(c.float(), o.float(), atol=tol.atol, rtol=tol.rtol):
+        return
+    rung = within_error(c, o, ref, tf32)
+    if rung is not None:
+        tally.method = max(tally.method, rung, key=_RUNGS.index)
+        return
+    if c.dtype in LOW_PRECISION and cos >= tol.cosine:
+        tally.method = "cosine"
+        return
+    tally.failed.append(
+        (
+            path,
+            f"{path}: max |diff| {diff.max().item():.3g} beyond "
+            f"atol {tol.atol:g} / rtol {tol.rtol:g}",
+        )
+    )

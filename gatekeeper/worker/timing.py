@@ -134,6 +134,26 @@ def _round_order(names: list[str], k: int) -> list[str]:
     return pair + [n for n in names if n not in pair]
 
 
+def _warm_up(fns: dict[str, Callable[[], Any]], rounds: int) -> None:
+    for _ in range(rounds):
+        for fn in fns.values():
+            fn()
+
+
+def _summary(xs: list[float]) -> dict:
+    s = stats.summarize(xs)
+    return {
+        "n": s.n,
+        "mean": s.mean,
+        "p50": s.median,
+        "p95": s.p95,
+        "p99": s.p99,
+        "min": s.min,
+        "max": s.max,
+        "stdev": s.stdev,
+    }
+
+
 def latency(
     eager: Callable[[], Any],
     compiled: Callable[[], Any],
@@ -156,9 +176,7 @@ def latency(
     fns: dict[str, Callable[[], Any]] = {"eager": eager, "compiled": compiled, "reference": ref}
     if base is not None:
         fns = {"base": base, **fns}
-    for _ in range(budget.warmup):
-        for fn in fns.values():
-            fn()
+    _warm_up(fns, budget.warmup)
     one = max(max(_timed(fn, 1, device) for name, fn in fns.items() if name != "reference"), 1e-7)
     loops = _loops(one)
     ref_loops = _loops(max(_timed(ref, 1, device), 1e-7))  # same sample length as the model's
@@ -178,9 +196,7 @@ def latency(
             paused = time.perf_counter()
             halfway()
             halfway = None
-            for _ in range(budget.warmup):
-                for fn in fns.values():
-                    fn()
+            _warm_up(fns, budget.warmup)
             start += time.perf_counter() - paused
         if done:
             break
@@ -188,26 +204,12 @@ def latency(
             samples[name].append(
                 _timed(fns[name], ref_loops if name == "reference" else loops, device)
             )
-
-    def summary(xs: list[float]) -> dict:
-        s = stats.summarize(xs)
-        return {
-            "n": s.n,
-            "mean": s.mean,
-            "p50": s.median,
-            "p95": s.p95,
-            "p99": s.p99,
-            "min": s.min,
-            "max": s.max,
-            "stdev": s.stdev,
-        }
-
     watch.stop()
-    e, c = summary(samples["eager"]), summary(samples["compiled"])
+    e, c = _summary(samples["eager"]), _summary(samples["compiled"])
     return {
         "eager": e,
         "compiled": c,
-        "reference": summary(samples["reference"]),
+        "reference": _summary(samples["reference"]),
         "speedup": e["p50"] / c["p50"],
         "throughput": 1.0 / c["p50"],
         "inner_loops": loops,
