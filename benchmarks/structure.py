@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support import structure  # noqa: E402 - tests/support, the analyses themselves
+from support.helpers import parity_only_config, write_project  # noqa: E402
 
 # the kinds' names before gatekeeper/kinds/ existed (after: its registry's)
 KINDS = ("whole", "regional", "aot", "precompile")
@@ -72,41 +73,6 @@ def static() -> None:
     print(f"parent modules importing worker/ past protocol and launch: {len(reach)}")
     for m, w in sorted(reach.items()):
         print(f"  {m}: {' '.join(w)}")
-
-
-PROJECT_MODEL = """
-import torch
-from torch import nn
-
-
-class Tiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-def make():
-    return Tiny()
-"""
-PROJECT_CONFIG = """
-[tool.gatekeeper]
-store = "store"
-precompile = "off"
-
-[tool.gatekeeper.measure]
-warmup = 2
-min_time = 0.3
-
-[[tool.gatekeeper.models]]
-name = "tiny"
-factory = "tinymodel:make"
-inputs = [{ shape = ["batch", 16] }]
-shapes = [{ batch = 4 }]
-"""
 
 
 def trace_check(project: Path) -> list[str]:
@@ -176,9 +142,8 @@ def walk_figures(walk: list[str]) -> tuple[list[str], int, int]:
 
 def check_path() -> None:
     with tempfile.TemporaryDirectory(prefix="gk-structure-") as tmp:
-        project = Path(tmp)
-        (project / "tinymodel.py").write_text(PROJECT_MODEL)
-        (project / "gatekeeper.toml").write_text(PROJECT_CONFIG)
+        # the tests' tiny model, timed briefly (tests/support/helpers.py)
+        project = write_project(Path(tmp), config=parity_only_config("[{ batch = 4 }]"))
         subprocess.run(
             [sys.executable, "-m", "gatekeeper", "compile"],
             cwd=project,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 from .check.paired import Mode, choose_mode
-from .check.run import check_all
+from .check.run import Plan, check_all
 from .compile import compile_all
 from .config import Config
 from .errors import StoreError
@@ -60,17 +60,8 @@ def run(
             raise store_error(
                 store.uri, StoreError(compiled.error or "failed"), f"{compiled.target}: compile"
             )
-    results = check_all(
-        targets,
-        config,
-        store,
-        out_dir=out_dir,
-        base_ref=base_ref,
-        mode=mode,
-        cold=cold,
-        verbose=verbose,
-        shard=shard,
-    )
+    plan = Plan(out_dir, base_ref, mode, cold, verbose, shard)
+    results = check_all(targets, config, store, plan)
     path = write_results(results, out_dir)
     report = judge(
         results, config, store, base_ref=base_ref, require_baseline=require_baseline, accept=accept
@@ -80,18 +71,10 @@ def run(
         if mode.name == "stored":  # measured again paired, where it can be
             pairable = choose_mode("auto", base_ref, config.base_dir)
             mode = pairable if pairable.name == "paired" else mode
-        again = partial(
-            check_all,
-            config=config,
-            store=store,
-            base_ref=base_ref,
-            mode=mode,
-            cold=cold,
-            verbose=verbose,
-        )
+        again = partial(check_all, config=config, store=store)
         by_id = {t.id: t for t in targets}
         for row in borderline:
-            _remeasure(row, by_id[row.result.target], results, out_dir, again)
+            _remeasure(row, by_id[row.result.target], results, replace(plan, mode=mode), again)
         write_results(results, out_dir)
         report = judge(
             results,
@@ -106,17 +89,15 @@ def run(
 
 
 def _remeasure(
-    row: GateRow,
-    target: Target,
-    results: Results,
-    out_dir: Path,
-    check: Callable[..., Results],
+    row: GateRow, target: Target, results: Results, plan: Plan, check: Callable[..., Results]
 ) -> None:
     """Measure a borderline target once more, in a new process: its timings join the
     first run's, unless it was paired where the first was not (pairing decides from
     then on). The second run's outputs go to a scratch folder."""
+    out_dir = plan.out_dir
     with tempfile.TemporaryDirectory(prefix="gk-remeasure-") as scratch:
-        (again,) = check([target], out_dir=Path(scratch)).targets
+        again_plan = replace(plan, out_dir=Path(scratch), shard=None)
+        (again,) = check([target], plan=again_plan).targets
         first = row.result.latency
         if again.status != "ok" or first is None or again.latency is None:
             return

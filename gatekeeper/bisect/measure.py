@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..check.paired import Mode
-from ..check.run import check_all
+from ..check.run import Plan, check_all
 from ..compile import compile_target
 from ..config import Config, load_config
 from ..errors import ConfigError, StoreError, UsageError
@@ -187,16 +187,9 @@ class Measurer:
         return None
 
     def _check(self, config: Config, target: Target, out_dir: Path, mode: Mode) -> Results:
-        results = check_all(
-            [target],
-            config,
-            self.store,
-            out_dir=out_dir,
-            base_ref=self.base_ref,
-            mode=mode,
-            cold=self.metric == "compile",  # a cold compile is the figure
-            verbose=self.verbose,
-        )
+        cold = self.metric == "compile"  # a cold compile is the figure
+        plan = Plan(out_dir, self.base_ref, mode, cold=cold, verbose=self.verbose)
+        results = check_all([target], config, self.store, plan)
         write_results(results, out_dir)
         return results
 

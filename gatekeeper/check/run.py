@@ -7,7 +7,6 @@ import logging
 import os
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 from .. import __version__
@@ -20,29 +19,19 @@ from ..results import Results
 from ..store import Store
 from ..targets import Target
 from .paired import Mode, PairedBase, base_config, checkout
-from .target import check_target
+from .target import Plan, check_target
 
 log = logging.getLogger("gatekeeper.check")
 
 
-def check_all(
-    targets: list[Target],
-    config: Config,
-    store: Store,
-    *,
-    out_dir: Path,
-    base_ref: str,
-    mode: Mode,
-    cold: bool = False,
-    verbose: bool = False,
-    shard: str | None = None,
-) -> Results:
-    """Measure ``targets`` in ``mode`` (see gatekeeper.paired.choose_mode). Paired, the
-    base side of each target is the base commit's own definition of it, from the base
-    commit's config; a base config that does not load is one line, and the run is
-    measured in stored mode instead."""
+def check_all(targets: list[Target], config: Config, store: Store, plan: Plan) -> Results:
+    """Measure ``targets`` as ``plan`` says, in its mode (see
+    :func:`gatekeeper.check.paired.choose_mode`). Paired, the base side of each target
+    is the base commit's own definition of it, from the base commit's config; a base
+    config that does not load is one line, and the run is measured in stored mode
+    instead."""
+    mode = plan.mode
     sys.stderr.write(f"gatekeeper: {mode.reason}\n")
-    measure = partial(_check_all, targets, config, store, out_dir=out_dir, base_ref=base_ref)
     results, removed = None, []
     if mode.name == "paired":
         with checkout(mode.base_commit, config.base_dir) as base_dir:
@@ -53,10 +42,10 @@ def check_all(
                 sys.stderr.write(f"gatekeeper: {mode.reason}\n")
             else:
                 removed = paired.removed(config)
-                results = measure(cold=cold, verbose=verbose, paired=paired)
+                results = _check_all(targets, config, store, plan, paired)
     if results is None:
-        results = measure(cold=cold, verbose=verbose, paired=None)
-    results.shard = shard
+        results = _check_all(targets, config, store, plan, None)
+    results.shard = plan.shard
     results.mode, results.mode_reason = mode.name, mode.reason
     results.removed = removed
     return results
@@ -94,31 +83,14 @@ def warn_if_busy() -> None:
 
 
 def _check_all(
-    targets: list[Target],
-    config: Config,
-    store: Store,
-    *,
-    out_dir: Path,
-    base_ref: str,
-    cold: bool,
-    verbose: bool,
-    paired: PairedBase | None,
+    targets: list[Target], config: Config, store: Store, plan: Plan, paired: PairedBase | None
 ) -> Results:
     warn_if_busy()
     progress = Progress(len(targets))
     results = []
     for target in targets:
         with progress.step(target.id, "measuring" + (" paired" if paired else "")) as step:
-            r = check_target(
-                target,
-                config,
-                store,
-                out_dir=out_dir,
-                base_ref=base_ref,
-                cold=cold,
-                verbose=verbose,
-                paired=paired,
-            )
+            r = check_target(target, config, store, plan, paired)
             results.append(r)
             if r.status in ("not-exportable", "unavailable"):
                 step.done(str(r.error))
@@ -133,6 +105,6 @@ def _check_all(
         created_at=now_iso(),
         gatekeeper_version=__version__,
         creator=creator(),
-        base_ref=base_ref,
+        base_ref=plan.base_ref,
         targets=results,
     )

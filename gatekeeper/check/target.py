@@ -44,10 +44,24 @@ from ..targets import Target, expand
 from ..warm import WarmResult, settle, warm_target
 from ..worker.launch import run_or_fail
 from ..worker.protocol import BaseSide, MeasureRequest, PackageRef, Response
-from .paired import PairedBase
+from .paired import Mode, PairedBase
 from .verify import verify_packages
 
 log = logging.getLogger("gatekeeper.check")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a run measures: where its files go (``out_dir``), whose baseline it compares
+    with (``base_ref``), in which mode, whether from a cold compile, and the shard it
+    is (``i/n``, recorded in the results)."""
+
+    out_dir: Path
+    base_ref: str
+    mode: Mode
+    cold: bool = False
+    verbose: bool = False
+    shard: str | None = None
 
 
 @dataclass
@@ -96,15 +110,7 @@ class Check:
 
 
 def check_target(
-    target: Target,
-    config: Config,
-    store: Store,
-    *,
-    out_dir: Path,
-    base_ref: str,
-    cold: bool = False,
-    verbose: bool = False,
-    paired: PairedBase | None = None,
+    target: Target, config: Config, store: Store, plan: Plan, paired: PairedBase | None = None
 ) -> TargetResult:
     base_target, recorded = paired.side(target) if paired else (None, None)
     head = Side(target, config, target_key(target, config.base_dir))
@@ -113,14 +119,14 @@ def check_target(
     base = None
     if paired is not None and base_target is not None:
         base = Side(base_target, paired.config, target_key(base_target, paired.base_dir))
-    check = Check(head, base, recorded, out_dir, verbose)
+    check = Check(head, base, recorded, plan.out_dir, plan.verbose)
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
-        if not cold:  # the measurement is of the ordinary warm start
+        if not plan.cold:  # the measurement is of the ordinary warm start
             warm(check, store, Path(tmp))
         baseline, base_reference = (
             (None, None)  # new in this change: nothing of the base's to compare with
             if recorded is not None and not recorded.defined
-            else stored_baseline(store, target, head.key, base_ref, Path(tmp, "base.pt"))
+            else stored_baseline(store, target, head.key, plan.base_ref, Path(tmp, "base.pt"))
         )
         # the base's rules judge the change: their parity tolerances too
         rules = config.gate_for(target.model)

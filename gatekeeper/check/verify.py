@@ -35,21 +35,23 @@ def verify_packages(
     *,
     verbose: bool = False,
 ) -> dict[str, dict]:
-    """Every package of the bundle ``warmed`` restored, verified (verdicts by name)."""
+    """Every package of the bundle ``warmed`` restored, verified (verdicts by name):
+    each must pass before ``warm`` serves it. A fresh worker loads it as a deploy would
+    and compares its first outputs with eager and with this check's (``reference``).
+    None for a package with nothing to verify (not this code's bundle, no package, or
+    replaced in between)."""
     if warmed.manifest is None:
         return {}
     found = {}
     for package in kinds.packages():
         if package.present(warmed.manifest):
-            verdict = verify_package(
-                package, target, config, store, key, warmed, reference, verbose=verbose
-            )
+            verdict = _verify(package, target, config, store, key, warmed, reference, verbose)
             if verdict is not None:
                 found[package.name] = verdict
     return found
 
 
-def verify_package(
+def _verify(
     package: kinds.Package,
     target: Target,
     config: Config,
@@ -57,15 +59,10 @@ def verify_package(
     key: CacheKey,
     warmed: WarmResult,
     reference: Path,
-    *,
-    verbose: bool = False,
+    verbose: bool,
 ) -> dict | None:
-    """The check ``package`` of the bundle ``warmed`` restored must pass: a fresh worker
-    loads it as a deploy would and compares its first outputs with eager and with this
-    check's (``reference``). None when there is nothing to verify (not this code's
-    bundle, no package, or replaced in between)."""
     manifest = warmed.manifest
-    info = package.info(manifest) if manifest is not None else {}
+    info = package.info(manifest)
     if warmed.status != "hit" or info.get("status") != package.ready:
         return None
     if info.get("verified") is not None:

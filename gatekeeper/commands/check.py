@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..check.run import check_all
+from ..check.run import Plan, check_all
 from ..errors import EXIT_ERROR, EXIT_OK
 from ..results import write_results
 from .common import Context, add_measure_flags, output_dir
@@ -18,17 +18,9 @@ def register(sub, parents) -> None:
 def run(ctx: Context) -> int:
     ctx.signing_key()  # a signature required without a key: exit 2 before any work
     out = output_dir(ctx.args.out, "--out")
-    results = check_all(
-        ctx.targets,
-        ctx.config,
-        ctx.store,
-        out_dir=out,
-        base_ref=ctx.base_ref,
-        mode=ctx.mode(),
-        cold=ctx.args.cold,
-        verbose=ctx.args.verbose,
-        shard=ctx.args.shard,
-    )
+    args = ctx.args
+    plan = Plan(out, ctx.base_ref, ctx.mode(), args.cold, args.verbose, args.shard)
+    results = check_all(ctx.targets, ctx.config, ctx.store, plan)
     path = write_results(results, out)
     rows = [
         {

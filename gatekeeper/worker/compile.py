@@ -15,7 +15,7 @@ from .calls import Inputs, entry
 from .compiler import import_inductor, snapshot_counters
 from .counters import record_inductor_metrics
 from .deps import watching_cache
-from .kinds import Refused, builder, package_half
+from .kinds import Job, Refused, builder, package_half
 from .model import build_recorded
 from .protocol import CompileRequest, DepsRequest, ProbeRequest, Response
 from .task import check_precision, shape_sweep, under_autocast
@@ -118,7 +118,7 @@ def _first_calls(
     steps.enter("compile")
     start = time.perf_counter()  # torch.compile() itself: a package loads in there
     try:  # an ahead-of-time kind exports and builds its package in here
-        fn, built = kind.compiled(model, inputs, req, out=out)
+        fn, built = kind.compiled(Job(model, inputs, req, out=out))
     except Refused as e:
         failed = Response(
             ok=False,

@@ -26,7 +26,7 @@ from .counters import (
     record_inductor_metrics,
     reset_inductor_metrics,
 )
-from .kinds import Builder, Refused, builder
+from .kinds import Builder, Job, Refused, builder
 from .memory import allocated
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
@@ -145,7 +145,7 @@ def measure(req: MeasureRequest) -> Response:
     steps.enter("compile")
     start = time.perf_counter()
     try:  # regional: a compiled copy; aot: the bundle's package (or export + build one)
-        made, built = kind.compiled(model, inputs, req, keep_eager=True, load=head.load())
+        made, built = kind.compiled(Job(model, inputs, req, keep_eager=True, load=head.load()))
     except Refused as e:
         info = dict(e.info)
         if base is not None:
@@ -272,7 +272,9 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     fresh_frames()
     steps.enter("base compile")
     try:
-        made, _ = kind.compiled(base.model, base.inputs, req, keep_eager=True, load=base.load())
+        made, _ = kind.compiled(
+            Job(base.model, base.inputs, req, keep_eager=True, load=base.load())
+        )
     except Refused:
         return None, None
     base.compiled = under_autocast(made, device, req.precision)

@@ -5,25 +5,28 @@ an installed kind's live in its own package, and are found the same way."""
 
 from __future__ import annotations
 
-import importlib
 from functools import cache
 from typing import TYPE_CHECKING
 
-from .base import Builder, Built, Loaded, PackageHalf, Refused
+from ...kinds import load
+from .base import Builder, Built, Job, Loaded, PackageHalf, Refused
 
 if TYPE_CHECKING:
     from ..protocol import Build, PackageRef
 
-__all__ = ["Builder", "Built", "Loaded", "PackageHalf", "Refused", "builder", "package_half"]
+__all__ = [
+    "Builder",
+    "Built",
+    "Job",
+    "Loaded",
+    "PackageHalf",
+    "Refused",
+    "builder",
+    "package_half",
+]
 
 
-@cache
-def _load(ref: str) -> object:
-    module, _, attr = ref.partition(":")
-    obj: object = importlib.import_module(module)
-    for part in attr.split(".") if attr else ():
-        obj = getattr(obj, part)
-    return obj
+_load = cache(load)
 
 
 def builder(req: Build) -> Builder:

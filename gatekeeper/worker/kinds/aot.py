@@ -28,7 +28,7 @@ from ...runtime import load_package
 from .. import steps
 from ..calls import Inputs, entry
 from ..deps import is_stdlib
-from .base import Builder, Built, Refused
+from .base import Builder, Built, Job, Refused
 
 if TYPE_CHECKING:
     from ..protocol import Build
@@ -225,23 +225,15 @@ class Aot(Builder):
     package = "aot"
     ahead_of_time = True
 
-    def compiled(
-        self,
-        model: Any,
-        inputs: Inputs,
-        req: Build,
-        *,
-        keep_eager: bool = False,
-        out: Path | None = None,
-        load: Path | None = None,
-    ) -> tuple[Callable[..., Any], Built]:
+    def compiled(self, job: Job) -> tuple[Callable[..., Any], Built]:
         """The bundle's package (``load``), else the model exported and its package built
         (into ``out``, else a scratch file that lives as long as this process: torch
         loads it from there) and loaded."""
-        cfg, built = req.model, Built(package={})
+        req, out, built = job.req, job.out, Built(package={})
+        cfg, model = req.model, job.model
         assert built.package is not None
-        if load is None:
-            example = inputs
+        if job.load is None:
+            example = job.inputs
             if req.dynamic:  # exported with its largest shape set: no size-1 specialisation
                 from ..model import make_inputs
 
@@ -253,7 +245,7 @@ class Aot(Builder):
             fn, seconds = load_timed(out)
             built.package.update({"from": "compiled", "bytes": out.stat().st_size})
         else:
-            fn, seconds = load_timed(load)
+            fn, seconds = load_timed(job.load)
             built.package["from"] = "bundle"
         built.package["load_seconds"] = seconds
         return fn, built

@@ -31,6 +31,20 @@ class Refused(Exception):
 
 
 @dataclass
+class Job:
+    """What a kind's build gets: the model (or function) and its inputs, the request;
+    ``keep_eager``: ``model`` must stay eager (compile a copy); ``out``: write the
+    kind's package there; ``load``: load that package instead of building one."""
+
+    model: Any
+    inputs: Inputs
+    req: Build
+    keep_eager: bool = False
+    out: Path | None = None
+    load: Path | None = None
+
+
+@dataclass
 class Built:
     """What a kind's build did besides returning the callable: torch.export's outcome,
     and its package's document (built or loaded: ``from``, seconds, bytes)."""
@@ -55,20 +69,9 @@ class Builder:
         """The worker's step name of the compiled callable's first call."""
         return "package first call" if self.ahead_of_time else "first call"
 
-    def compiled(
-        self,
-        model: Any,
-        inputs: Inputs,
-        req: Build,
-        *,
-        keep_eager: bool = False,
-        out: Path | None = None,
-        load: Path | None = None,
-    ) -> tuple[Callable[..., Any], Built]:
-        """The compiled callable of ``model`` (its ``call`` method or the function);
-        ``keep_eager``: ``model`` must stay eager (compile a copy); ``out``: write the
-        kind's package there; ``load``: load that package instead of building one.
-        Raises :class:`Refused` when the kind cannot build the model."""
+    def compiled(self, job: Job) -> tuple[Callable[..., Any], Built]:
+        """The compiled callable of the job's model (its ``call`` method or the
+        function). Raises :class:`Refused` when the kind cannot build the model."""
         raise NotImplementedError
 
     def graphs(self, model: Any, req: Build, inputs: Inputs, context: Callable[[], Any]) -> dict:

@@ -20,7 +20,7 @@ from ...config import ModelConfig
 from ...errors import ConfigError
 from ..calls import Inputs, entry
 from ..compiler import compile_kwargs
-from .base import Builder, Built
+from .base import Builder, Built, Job
 
 if TYPE_CHECKING:
     from ..protocol import Build
@@ -118,18 +118,9 @@ def regional_graphs(
 class Regional(Builder):
     name = "regional"
 
-    def compiled(
-        self,
-        model: Any,
-        inputs: Inputs,
-        req: Build,
-        *,
-        keep_eager: bool = False,
-        out: Path | None = None,
-        load: Path | None = None,
-    ) -> tuple[Callable[..., Any], Built]:
-        cfg = req.model
-        target = copy.deepcopy(model) if keep_eager else model
+    def compiled(self, job: Job) -> tuple[Callable[..., Any], Built]:
+        cfg, req = job.req.model, job.req
+        target = copy.deepcopy(job.model) if job.keep_eager else job.model
         blocks = compile_regions(target, cfg, compile_kwargs(cfg, req.mode, req.dynamic))
         return entry(target, cfg.call), Built(regions=[n for n, _ in blocks])
 
