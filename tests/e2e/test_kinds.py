@@ -1,0 +1,122 @@
+"""A kind gatekeeper does not ship, installed the way a third party installs one: its own
+module and an entry point of group ``gatekeeper.kinds`` (a distribution's metadata on
+the path), nothing else. ``nograd`` compiles the whole model's call wrapped in
+``torch.no_grad()``; one real compile of one tiny model carries it through compile,
+warm (and its probe), check and the gate.
+
+The controls: without the entry point the config's ``nograd`` is an unknown kind (so
+the registration is what makes it work), and a kind whose worker half is missing fails
+its target with one line naming it (so the worker really runs the half the kind names).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from support.helpers import gk, gk_json, parity_only_config, write_project
+
+NOGRAD = textwrap.dedent('''
+    """A toy artifact kind: the whole model's call inside torch.no_grad()."""
+
+    from gatekeeper.kinds import Kind
+    from gatekeeper.worker.kinds import Builder, Built
+
+
+    class NoGrad(Kind):  # the parent's half: no torch here
+        name = "nograd"
+        worker = "nograd_kind:BUILDER"
+        title = "no_grad"
+
+
+    class NoGradBuilder(Builder):  # the worker's half: torch only inside
+        name = "nograd"
+
+        def compiled(self, job):
+            import torch
+
+            from gatekeeper.worker.calls import entry
+            from gatekeeper.worker.compiler import compile_model
+
+            forward = entry(job.model, job.req.model.call)
+
+            def call(*args, **kwargs):
+                with torch.no_grad():
+                    return forward(*args, **kwargs)
+
+            req = job.req
+            return compile_model(call, req.model, req.mode, req.dynamic), Built()
+
+
+    NOGRAD = NoGrad()
+    BUILDER = NoGradBuilder()
+    BROKEN = type("Broken", (NoGrad,), {"name": "broken", "worker": "nograd_missing:X"})()
+''')
+TARGET = "tiny/b4/default+nograd"
+
+
+def install(root: Path, entry_points: str) -> dict[str, str]:
+    """The kind's module and a distribution's metadata declaring its entry points, in
+    a folder on the path of every process gatekeeper starts."""
+    root.mkdir(parents=True)
+    (root / "nograd_kind.py").write_text(NOGRAD)
+    info = root / "gatekeeper_nograd-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gatekeeper-nograd\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[gatekeeper.kinds]\n{entry_points}\n")
+    return {"PYTHONPATH": str(root)}
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return install(tmp_path_factory.mktemp("site") / "nograd", "nograd = nograd_kind:NOGRAD")
+
+
+def project(root: Path, strategy: str) -> Path:
+    config = parity_only_config("[{ batch = 4 }]") + f'strategies = ["{strategy}"]\n'
+    return write_project(root, config=config)
+
+
+def test_an_installed_kind_goes_through_compile_warm_check_and_the_gate(plugin, tmp_path):
+    root = project(tmp_path / "project", "nograd")
+    (compiled,) = gk_json("compile", cwd=root, env=plugin)["targets"]
+    assert (compiled["target"], compiled["status"]) == (TARGET, "published"), compiled
+    (path,) = (root / "store" / "bundles").rglob("manifest.json")
+    assert json.loads(path.read_text())["key"]["spec"]["strategy"] == "nograd"
+
+    cache = tmp_path / "deploy"
+    (warmed,) = gk_json("warm", "--cache-dir", str(cache), "--probe", cwd=root, env=plugin)[
+        "targets"
+    ]
+    assert warmed["status"] == "hit" and warmed["fxgraph_cache_hit"] >= 1, warmed
+    assert warmed["dynamo"] == "traced", warmed
+
+    assert gk("check", "--out", "base", cwd=root, env=plugin).returncode == 0
+    (base,) = json.loads((root / "base" / "results.json").read_text())["targets"]
+    assert base["target"] == TARGET and base["status"] == "ok", base
+    assert base["compile"]["cache"] == "hit" and base["parity"]["vs_eager"]["passed"], base
+    gk("baseline", "--results", "base/results.json", "--ref", "main", cwd=root, env=plugin)
+
+    proc = gk("run", "--json", "--base-ref", "main", "--mode", "stored", cwd=root, env=plugin)
+    assert proc.returncode == 0, proc.stderr
+    (gated,) = json.loads(proc.stdout)["targets"]
+    assert (gated["target"], gated["verdict"]) == (TARGET, "pass"), gated
+    assert gated["compile"]["pr"]["cache"] == "hit", gated["compile"]
+
+
+def test_without_its_entry_point_the_kind_is_unknown(tmp_path):
+    root = project(tmp_path / "project", "nograd")
+    proc = gk("check", cwd=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "strategies[0]: expected 'whole', 'regional' or 'aot'" in proc.stderr, proc.stderr
+
+
+def test_a_kind_whose_worker_half_is_missing_fails_its_target_naming_it(tmp_path):
+    env = install(tmp_path / "site", "broken = nograd_kind:BROKEN")
+    root = project(tmp_path / "project", "broken")
+    proc = gk("check", "--out", "out", cwd=root, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (result,) = json.loads((root / "out" / "results.json").read_text())["targets"]
+    assert result["status"] == "error" and "nograd_missing" in result["error"], result
