@@ -12,7 +12,8 @@ The static figures read the source with ``ast`` (``tests/support/structure.py``,
 compiled into a scratch store, then ``gatekeeper check`` runs in this process under
 ``sys.setprofile`` from ``commands/check.py``'s ``run`` until the parent starts its
 first worker; at every call and return the module of the innermost gatekeeper frame is
-noted (module bodies an import runs are skipped), and consecutive repeats are folded.
+noted (what an import runs, module and class bodies, counts as the importer's), and
+consecutive repeats are folded.
 It counts the modules visited and the returns to one visited before (in all, and as
 distinct pairs of from and to), at two grains: modules, and rooms (a package such as
 ``store/`` or ``worker/`` is one room).
@@ -38,10 +39,10 @@ KINDS = ("whole", "regional", "aot", "precompile")
 
 
 def kind_names() -> list[str]:
-    try:
-        from gatekeeper import kinds
-    except ImportError:
+    if not (structure.ROOT / "kinds").is_dir():  # a checkout from before the registry
         return list(KINDS)
+    from gatekeeper import kinds
+
     return [*kinds.names(), *kinds.package_names()]
 
 
@@ -82,11 +83,22 @@ def trace_check(project: Path) -> list[str]:
     state = {"on": False, "off": False}
 
     def gk_module(frame) -> str | None:
+        """The module of the innermost gatekeeper function frame; what an import runs
+        (a module's body, the class bodies in it, and what they call) is the
+        importer's."""
+        chain = []
         while frame is not None:
-            name = frame.f_globals.get("__name__", "")
-            if name.split(".")[0] == "gatekeeper" and frame.f_code.co_name != "<module>":
-                return name
+            chain.append(frame)
             frame = frame.f_back
+        bodies = [
+            i
+            for i, f in enumerate(chain)
+            if f.f_code.co_name == "<module>" and f.f_globals.get("__name__") != "__main__"
+        ]
+        for f in chain[bodies[-1] + 1 :] if bodies else chain:
+            name = f.f_globals.get("__name__", "")
+            if name.split(".")[0] == "gatekeeper" and f.f_code.co_name != "<module>":
+                return name
         return None
 
     real_run = subprocess.run

@@ -312,23 +312,8 @@ class ModelConfig(_Strict):
     def _check_kinds(self) -> None:
         """Each kind's own fields only with that kind, and what each kind asks of the
         model (gatekeeper.kinds)."""
-        for name in kinds.names():
-            for field in kinds.get(name).owns:
-                if getattr(self, field) is not None and name not in self.strategies:
-                    raise ValueError(
-                        f"'{field}' is set but 'strategies' has no \"{name}\" "
-                        f'(add it: strategies = ["{kinds.DEFAULT}", "{name}"])'
-                    )
-        for name in self.strategies:
-            if why := kinds.get(name).check_model(self):
-                raise ValueError(why)
-        if self.tasks == ["train"]:
-            other = [s for s in self.strategies if not kinds.get(s).applies(self, "train", "fp32")]
-            if other:
-                raise ValueError(
-                    f"'strategies': a training step is compiled whole; {', '.join(other)} "
-                    'applies to inference targets only (add "infer" to tasks, or drop it)'
-                )
+        if why := kinds.check(self):
+            raise ValueError(why)
 
     def _check_shapes(self) -> None:
         """Every shape set binds exactly the dimensions the inputs name."""

@@ -53,8 +53,7 @@ from typing import Any, Literal
 from . import bundle, kinds
 from .config import InputSpec, ModelConfig
 from .errors import AccessDenied, BundleError, GatekeeperError, StoreUnavailable
-from .hashing import sha256_bytes, sha256_file
-from .sources import locate, search_path
+from .hashing import locate, search_path, sha256_bytes, sha256_file
 from .store.layout import BundleLocation, Store
 from .targets import Target
 

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 log = logging.getLogger("gatekeeper.secrecy")
@@ -81,6 +82,11 @@ _SECRET_WORD = re.compile(
 def secret_word(name: str) -> bool:
     """Whether ``name`` says it holds a credential (``HF_TOKEN``, ``MY_SIGNING_KEY``)."""
     return _SECRET_WORD.search(name) is not None
+
+
+def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less every variable :func:`is_secret` names."""
+    return {k: v for k, v in environ.items() if not is_secret(k)}
 
 
 def is_secret(name: str) -> bool:

@@ -104,8 +104,7 @@ class Target:
         targets, or its gate overrides, which are rules) and this target's shape set.
         A pull request that changes one of them changes the target (gate.governing)."""
         skip = {"name", "gate", "shapes", "modes", "tasks", "precisions", "strategies"}
-        # the fields another kind owns (regions, export) are not this target's
-        skip |= {f for n in kinds.names() if n != self.strategy for f in kinds.get(n).owns}
+        skip |= kinds.foreign(self.strategy)  # another kind's fields (regions, export)
         skip |= {"train"} if self.task != "train" else set()
         return {**self.model.model_dump(mode="json", exclude=skip), "shape_set": self.shape_set}
 
@@ -133,8 +132,7 @@ def strategies(model: ModelConfig, task: str, precision: str = "fp32") -> list[s
     (a training step is compiled whole; ``aot`` exports the float32 forward: an
     AOTInductor package runs its own kernels, which a caller's autocast cannot change),
     else the default kind."""
-    found = [s for s in model.strategies if kinds.get(s).applies(model, task, precision)]
-    return found or [kinds.DEFAULT]
+    return kinds.applying(model, task, precision)
 
 
 def one_per_bundle(targets: list[Target]) -> list[Target]:

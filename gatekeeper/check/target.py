@@ -96,17 +96,11 @@ class Check:
     recorded: BaseTarget | None  # paired: what the results record of the base's target
     out_dir: Path
     verbose: bool
+    reference: Path  # where this run's reference outputs go
+    # the Chrome trace of the target's compiled call, gzipped (Perfetto and
+    # chrome://tracing open it); paired: ``.base.json.gz`` beside it
+    trace: Path
     verdicts: dict[str, dict] = field(default_factory=dict)
-
-    @property
-    def reference(self) -> Path:
-        return self.out_dir / reference_name(self.head.target.id)
-
-    @property
-    def trace(self) -> Path:
-        """The Chrome trace of the target's compiled call, gzipped (Perfetto and
-        chrome://tracing open it); paired: ``.base.json.gz`` beside it."""
-        return self.out_dir / trace_name(self.head.target.id)
 
 
 def check_target(
@@ -119,7 +113,16 @@ def check_target(
     base = None
     if paired is not None and base_target is not None:
         base = Side(base_target, paired.config, target_key(base_target, paired.base_dir))
-    check = Check(head, base, recorded, plan.out_dir, plan.verbose)
+    out = plan.out_dir
+    check = Check(
+        head,
+        base,
+        recorded,
+        out,
+        plan.verbose,
+        reference=out / reference_name(target.id),
+        trace=out / trace_name(target.id),
+    )
     with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
         if not plan.cold:  # the measurement is of the ordinary warm start
             warm(check, store, Path(tmp))

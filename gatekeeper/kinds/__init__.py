@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from .base import DEFAULT, Kind, Launch, Package, Warming
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config import Config, ModelConfig
     from ..targets import Target
 
 __all__ = [
@@ -34,6 +34,9 @@ __all__ = [
     "Launch",
     "Package",
     "Warming",
+    "applying",
+    "check",
+    "foreign",
     "get",
     "names",
     "of",
@@ -121,6 +124,44 @@ def of_id(target_id: str) -> Kind:
     """The kind of a target id (its variant's last ``+`` part, else the default)."""
     last = target_id.rsplit("/", 1)[-1].rsplit("+", 1)
     return get(last[1]) if len(last) == 2 and last[1] in names() else get(DEFAULT)
+
+
+def check(model: ModelConfig) -> str | None:
+    """Why ``model``'s ``strategies`` cannot be (a config error), None when they can:
+    a field a kind owns set without that kind, what a kind asks of the model, and a
+    training-only model with a kind that compiles inference only."""
+    _discover()
+    for kind in _kinds.values():
+        for field in kind.owns:
+            if getattr(model, field) is not None and kind.name not in model.strategies:
+                return (
+                    f"'{field}' is set but 'strategies' has no \"{kind.name}\" "
+                    f'(add it: strategies = ["{DEFAULT}", "{kind.name}"])'
+                )
+    for name in model.strategies:
+        if why := _kinds[name].check_model(model):
+            return why
+    if model.tasks == ["train"]:
+        other = [s for s in model.strategies if not _kinds[s].applies(model, "train", "fp32")]
+        if other:
+            return (
+                f"'strategies': a training step is compiled whole; {', '.join(other)} "
+                'applies to inference targets only (add "infer" to tasks, or drop it)'
+            )
+    return None
+
+
+def applying(model: ModelConfig, task: str, precision: str) -> list[str]:
+    """The model's strategies that apply to its (task, precision), else the default."""
+    _discover()
+    found = [s for s in model.strategies if _kinds[s].applies(model, task, precision)]
+    return found or [DEFAULT]
+
+
+def foreign(name: str) -> set[str]:
+    """The ModelConfig fields the other kinds own (not part of a ``name`` target)."""
+    _discover()
+    return {f for k in _kinds.values() if k.name != name for f in k.owns}
 
 
 def package(name: str) -> Package:

@@ -35,8 +35,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..hashing import sha256_file
-from ..sources import locate, search_path
+from ..hashing import locate, search_path, sha256_file
 
 DEPS_FORMAT = 1
 _SKIP_PREFIXES = ("/proc/", "/sys/", "/dev/")

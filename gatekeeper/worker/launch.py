@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import WorkerError
-from ..secrecy import is_secret, seal
+from ..secrecy import seal, without_secrets
 from . import steps
 from .protocol import Build, Response
 
@@ -19,8 +19,9 @@ from .protocol import Build, Response
 def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a compile: this cache dir only, FX graph and AOT caches on;
     ``extra``: what a deploy's service sets besides (see :func:`gatekeeper.warm.service_env`).
-    Secrets (:func:`is_secret`) are dropped: the worker runs the user's model code."""
-    env = {k: v for k, v in os.environ.items() if not is_secret(k)} | (extra or {})
+    Secrets (:func:`gatekeeper.secrecy.is_secret`) are dropped: the worker runs the
+    user's model code."""
+    env = without_secrets(os.environ) | (extra or {})
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
     env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
