@@ -338,7 +338,8 @@ class MeasureConfig(_Strict):
 
     warmup: int = Field(5, ge=0)
     # seconds of timed rounds per target: 10 s gave the paired gate 60/60 at 10% and 0/60
-    # at 0% on a shared 2-core runner (README); `run` doubles it for a borderline target
+    # at 0% on a shared 2-core runner (docs/statistics.md, "Paired and stored, 10 s of
+    # timed rounds"); `run` doubles it for a borderline target
     min_time: float = Field(10.0, gt=0)
     max_samples: int = Field(400, ge=5)
     timeout: float = Field(1800, gt=0)  # per target subprocess, seconds

@@ -4,10 +4,10 @@ torch finds a package by the compiled forward's name (``<cache dir>/dynamo/<key>
 not by the code it was verified for. A deploy's cache dir keeps what the previous
 deploy warmed; if this warm misses a target (its bundle is gone, or refused) and still
 turns package loading on for the others, torch loads the stale package for the target
-that missed: an unverified graph of older code (README: a changed module-level alias
-loads the old graph silently). Real bundles in a real local store, real files in the
-cache dir; the packages themselves are synthetic (what torch would load is shown by
-tests/e2e/test_precompile.py).
+that missed: an unverified graph of older code (docs/precompile.md: a changed
+module-level alias loads the old graph silently). Real bundles in a real local store,
+real files in the cache dir; the packages themselves are synthetic (what torch would
+load is shown by tests/e2e/test_precompile.py).
 """
 
 from __future__ import annotations

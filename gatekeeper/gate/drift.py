@@ -17,7 +17,8 @@ from . import stats
 
 # assumed drift between processes (sd of log run medians) while a baseline's history
 # cannot estimate it yet: measured 5.8% (latency / reference) and 1.6% (compiled/eager)
-# over 58 quiet processes on a shared 2-core runner (README); these priors are wider
+# over 58 quiet processes on a 2-core runner (docs/statistics.md, "Where the noise
+# is"); these priors are wider
 DEFAULT_DRIFT = 0.10
 DEFAULT_VS_EAGER_DRIFT = 0.03
 HISTORY_FOR_NOISE = 10  # runs (processes) behind a baseline's noise figures

@@ -77,10 +77,14 @@ def register(item: Kind | Package) -> None:
         _kinds[item.name] = item
         if item.package is not None:
             _packages.setdefault(item.package.name, item.package)
-    elif isinstance(item, Package):
-        _packages[item.name] = item
     else:
-        raise TypeError(f"{item!r} is neither a gatekeeper Kind nor a Package")
+        _packages[item.name] = item
+
+
+def _add(found: object, ref: str) -> None:
+    if not isinstance(found, (Kind, Package)):
+        raise TypeError(f"{ref} is neither a gatekeeper Kind nor a Package")
+    register(found)
 
 
 def _discover() -> None:
@@ -89,10 +93,10 @@ def _discover() -> None:
         return
     _loaded = True
     for ref in BUILTIN:
-        register(load(ref))  # type: ignore[arg-type]
+        _add(load(ref), ref)
     for ep in importlib.metadata.entry_points(group=GROUP):
         try:
-            register(ep.load())
+            _add(ep.load(), ep.value)
         except Exception as e:  # a broken plugin must not take gatekeeper down with it
             log.warning("kind %s (%s) not loaded: %s: %s", ep.name, ep.value, type(e).__name__, e)
 
