@@ -245,7 +245,9 @@ LOAD_AOT = textwrap.dedent("""
     from gatekeeper.worker.parity import check_parity, fp64_reference
     from gatekeeper.worker.calls import Inputs
     ref = fp64_reference(eager, Inputs((ids,)))
-    tol = {"atol": 1e-4, "rtol": 1e-4, "cosine": 0.99}
+    from gatekeeper.config import ParityTolerance
+
+    tol = ParityTolerance(atol=1e-4, rtol=1e-4, cosine=0.99)
     parity = check_parity(Outputs.of(out), Outputs.of(want), ref.leaves if ref else None, tol)
     print(json.dumps({"import_torch_s": imported - start, "load_s": loaded - t0,
                       "first_call_s": first - loaded, "load_and_first_call_s": first - t0,

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from gatekeeper import bundle
+from gatekeeper import bundle, kinds
 from gatekeeper.compile import compile_all
 from gatekeeper.config import load_config
 from gatekeeper.key import find_bundle, target_key
@@ -58,7 +58,7 @@ from gatekeeper.runtime import PACKAGE, package_dir
 from gatekeeper.store import open_store
 from gatekeeper.targets import expand, select
 from gatekeeper.worker.launch import run_worker
-from gatekeeper.worker.protocol import Request, dynamo_skipped
+from gatekeeper.worker.protocol import PackageRef, ProbeRequest, dynamo_skipped
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,10 +74,18 @@ def first_call(
     device: str,
     megacache: Path | None = None,
     env: dict[str, str] | None = None,
-    **flags,
+    eager: bool = False,
+    precompile: bool = False,
 ):
-    req = Request.for_target(
-        "probe", target, config, device, megacache_in=str(megacache) if megacache else None, **flags
+    # precompile: the packages warm served in this cache dir load, as in the service
+    load = PackageRef.of(kinds.package("precompile"), cache_dir) if precompile else None
+    req = ProbeRequest.of(
+        target,
+        config,
+        device,
+        megacache_in=str(megacache) if megacache else None,
+        eager=eager,
+        load=load,
     )
     resp = run_worker(req, cache_dir=cache_dir, timeout=1800, label=target.id, env=env)
     if not resp.ok:
@@ -290,14 +298,16 @@ def aot_row(target, config, args, store, work: Path) -> list:
         if warmed.get("aot") != "served":
             return [target.id, f"package not served: {warmed.get('aot_reason')}"]
         package = package_dir(run / "f", target.id) / PACKAGE
-        req = Request.for_target("probe", target, config, key.device, aot_in=str(package))
+        load = PackageRef.of(kinds.package("aot"), package)
+        req = ProbeRequest.of(target, config, key.device, load=load)
         resp = run_worker(req, cache_dir=run / "f", timeout=1800, label=target.id)
-        if not resp.ok or resp.aot is None:
+        loaded = resp.packages.get("aot")
+        if not resp.ok or loaded is None:
             raise SystemExit(f"{target.id}: {resp.error}")
         first.append(resp.compile_seconds)
         imports.append(resp.import_seconds)
-        loads.append(resp.aot["load_seconds"])
-        inductor.append(resp.aot["inductor_imported"])
+        loads.append(loaded["load_seconds"])
+        inductor.append(loaded["inductor_imported"])
         print(f"{target.id} #{r + 1}: eager={eager[-1]:.3f}s f={first[-1]:.3f}s", file=sys.stderr)
     med = statistics.median
     return [target.id, med(eager), med(first), med(loads), med(imports), any(inductor)]
@@ -333,11 +343,11 @@ def print_aot(rows: list, c_of: dict[str, float], repeats: int) -> None:
             headers=[
                 "target",
                 "eager first call s",
-                "(f) aot first call s",
+                "aot first call s (f)",
                 "of which load s",
-                "f - eager (goal <= 0.1)",
-                "(c) of the whole target s",
-                "f/c (goal <= 0.1)",
+                "aot - eager (goal <= 0.1)",
+                "whole first call s (c)",
+                "aot / whole (goal <= 0.1)",
                 "import torch s (apart)",
                 "inductor imported",
             ],

@@ -1,17 +1,21 @@
 """The worker: the child process, and the only place torch compiles and measures.
 
 The parent (everything outside this package) never imports torch to compile or time a
-model: it sends a :class:`~gatekeeper.worker.protocol.Request` through
-:func:`~gatekeeper.worker.launch.run_worker`, which starts ``python -m
+model: it sends a request (:data:`~gatekeeper.worker.protocol.Request`, one model per
+action) through :func:`~gatekeeper.worker.launch.run_worker`, which starts ``python -m
 gatekeeper.worker`` in a fresh process with an isolated inductor cache dir, so a cold
 compile is really cold and torch's counters describe one target. ``protocol`` and
-``launch`` are the parent's side (no torch); every other module here runs in the child.
+``launch`` are the parent's side and its only door here (no torch); every other module
+runs in the child.
 
 * ``model``    build the user's model and its seeded inputs (and a base version's, paired)
-* ``compile``  torch.compile, the first calls, the counters that say what the cache did
+* ``compiler`` torch.compile as configured, and the counters that say what it did
+* ``kinds``    each artifact kind's worker half: how it builds, records, loads
+* ``compile``  the ``compile``, ``probe`` and ``deps`` actions
 * ``graphs``   graphs and graph breaks with their reasons and file:line
 * ``parity``   does the compiled model compute what eager (and the baseline) did?
 * ``memory``   peak memory of a call
 * ``timing``   interleaved latency rounds
 * ``measure``  all of the above for one target: the answer to ``check``
+* ``verify``   a package loaded as a deploy loads it, and its outputs compared
 """

@@ -193,7 +193,7 @@ REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
 def dynamo_skipped(counters: dict[str, int]) -> bool:
-    """Whether the compiled calls behind ``counters`` (worker.compile.snapshot_counters)
+    """Whether the compiled calls behind ``counters`` (worker.compiler.snapshot_counters)
     came from a loaded precompile package: a package was read (``dynamo_cache_hit``,
     which alone only says the file was read) and Dynamo built no graph. Not "no frame":
     the worker's audit hook runs while a package loads, and Dynamo counts it as a frame
