@@ -31,10 +31,18 @@ DEFAULT = "whole"  # the kind ids and keys leave implicit
 
 @dataclass(frozen=True)
 class Launch:
-    """How a kind's worker runs: one process (``ranks`` 1, the default), or ``ranks``
-    processes started through ``launcher`` (a module run as ``python -m``, such as
-    torch's elastic agent ``torch.distributed.run``), each writing its own response and
-    its own cache dir; the bundle then holds one set of members per rank."""
+    """How a kind's worker runs: one process (``ranks`` 1, the default: every kind
+    gatekeeper ships), or ``ranks`` processes started through ``launcher`` (a module
+    run as ``python -m``, such as torch's elastic agent ``torch.distributed.run``).
+
+    Where a kind asks for ranks, the kind is the one place that knows them: its
+    :meth:`Kind.launch` says how many, :func:`gatekeeper.worker.launch.run_worker` is
+    where the launcher would start them (each rank with its own response and cache dir,
+    the rank in its environment), its worker half builds its rank's share, and its
+    bundle holds one set of members per rank: a :class:`Package` of the kind whose
+    :meth:`Package.pack` names each rank's files under its own prefix (``rank0/...``)
+    and whose :meth:`Package.warm` installs the share a deploy asks for. The bundle
+    format, the store and the verifier take per-rank members as they are."""
 
     ranks: int = 1
     launcher: str | None = None
@@ -46,7 +54,7 @@ class Kind:
     (:func:`gatekeeper.kinds.register`, or the ``gatekeeper.kinds`` entry point)."""
 
     name: ClassVar[str]  # the value in ``strategies`` and the id's ``+name``
-    # its worker half, "module:attribute" (gatekeeper.worker.kinds.base.Build)
+    # its worker half, "module:attribute" (gatekeeper.worker.kinds.Builder)
     worker: ClassVar[str]
     title: ClassVar[str] = ""  # how the report names it, when not by its name
     # ModelConfig fields only this kind reads: set without it in ``strategies``, they are
@@ -89,7 +97,8 @@ class Kind:
 
     # -- the worker -----------------------------------------------------------------
     def launch(self, target: Target) -> Launch:
-        """How the worker that builds a target of this kind runs."""
+        """How the worker that builds a target of this kind runs (see :class:`Launch`:
+        today every kind's is one process)."""
         return Launch()
 
     def died(self, death: Death, device: str) -> str | None:
@@ -145,7 +154,7 @@ class Package:
 
     name: ClassVar[str]  # the manifest's compile.<name>, and results' and warm's field
     title: ClassVar[str]  # how messages name it ("AOTInductor", "precompile")
-    worker: ClassVar[str]  # its worker half (gatekeeper.worker.kinds.base.PackageHalf)
+    worker: ClassVar[str]  # its worker half (gatekeeper.worker.kinds.PackageHalf)
     ready: ClassVar[str]  # compile.<name>.status of a package the bundle has
     standalone: ClassVar[bool] = False  # a deploy loads it instead of compiling
     # what the verification's verdict records besides "verified"

@@ -38,7 +38,7 @@ class _Msg(BaseModel):
 
 class KindRef(_Msg):
     """A target's artifact kind as the worker meets it: its name, and its worker half
-    (``"module:attribute"``, :class:`gatekeeper.worker.kinds.base.Build`)."""
+    (``"module:attribute"``, :class:`gatekeeper.worker.kinds.Builder`)."""
 
     name: str
     worker: str
