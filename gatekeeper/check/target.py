@@ -45,7 +45,7 @@ from ..warm import WarmResult, settle, warm_target
 from ..worker.launch import run_or_fail
 from ..worker.protocol import BaseSide, MeasureRequest, PackageRef, Response
 from .paired import Mode, PairedBase
-from .verify import verify_packages
+from .verify import Restored, verify_packages
 
 log = logging.getLogger("gatekeeper.check")
 
@@ -249,15 +249,8 @@ def verify(check: Check, store: Store, resp: Response) -> dict[str, dict]:
     parity = (resp.parity.vs_eager, resp.parity.vs_baseline) if resp.parity else ()
     if head.warmed is None or not all(c.passed for c in parity if c is not None):
         return {}
-    return verify_packages(
-        head.target,
-        head.config,
-        store,
-        head.key,
-        head.warmed,
-        check.reference,
-        verbose=check.verbose,
-    )
+    restored = Restored(head.target, head.config, store, head.key, head.warmed)
+    return verify_packages(restored, check.reference, verbose=check.verbose)
 
 
 # -- 5. assemble ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__, bundle, kinds
@@ -25,42 +26,40 @@ from ..worker.protocol import PackageRef, Response, VerifyRequest
 log = logging.getLogger("gatekeeper.check")
 
 
-def verify_packages(
-    target: Target,
-    config: Config,
-    store: Store,
-    key: CacheKey,
-    warmed: WarmResult,
-    reference: Path,
-    *,
-    verbose: bool = False,
-) -> dict[str, dict]:
-    """Every package of the bundle ``warmed`` restored, verified (verdicts by name):
-    each must pass before ``warm`` serves it. A fresh worker loads it as a deploy would
-    and compares its first outputs with eager and with this check's (``reference``).
-    None for a package with nothing to verify (not this code's bundle, no package, or
-    replaced in between)."""
-    if warmed.manifest is None:
+@dataclass(frozen=True)
+class Restored:
+    """A bundle a check restored for a target: what ``warm`` found of it, where, and
+    under which key and config."""
+
+    target: Target
+    config: Config
+    store: Store
+    key: CacheKey
+    warmed: WarmResult
+
+
+def verify_packages(restored: Restored, reference: Path, *, verbose: bool = False) -> dict:
+    """Every package of the restored bundle, verified (verdicts by name): each must pass
+    before ``warm`` serves it. A fresh worker loads it as a deploy would and compares
+    its first outputs with eager and with this check's (``reference``). A package with
+    nothing to verify (not this code's bundle, no package, or replaced in between) has
+    no verdict."""
+    manifest = restored.warmed.manifest
+    if manifest is None:
         return {}
     found = {}
     for package in kinds.packages():
-        if package.present(warmed.manifest):
-            verdict = _verify(package, target, config, store, key, warmed, reference, verbose)
+        if package.present(manifest):
+            verdict = _verify(package, restored, reference, verbose)
             if verdict is not None:
                 found[package.name] = verdict
     return found
 
 
 def _verify(
-    package: kinds.Package,
-    target: Target,
-    config: Config,
-    store: Store,
-    key: CacheKey,
-    warmed: WarmResult,
-    reference: Path,
-    verbose: bool,
+    package: kinds.Package, restored: Restored, reference: Path, verbose: bool
 ) -> dict | None:
+    target, config, key, warmed = restored.target, restored.config, restored.key, restored.warmed
     manifest = warmed.manifest
     info = package.info(manifest)
     if warmed.status != "hit" or info.get("status") != package.ready:
@@ -72,7 +71,7 @@ def _verify(
         again = warm_target(
             target,
             config,
-            store,
+            restored.store,
             cache_dir,
             megacache=False,
             signing_key=signing_key(config.require_signature),
@@ -99,18 +98,10 @@ def _verify(
             label=f"{target.id} ({package.name} package)",
             env=package.verify_env(again),
         )
-    return _conclude(package, target, config, store, warmed, info, resp)
+    return _conclude(package, restored, info, resp)
 
 
-def _conclude(
-    package: kinds.Package,
-    target: Target,
-    config: Config,
-    store: Store,
-    warmed: WarmResult,
-    info: dict,
-    resp: Response,
-) -> dict:
+def _conclude(package: kinds.Package, restored: Restored, info: dict, resp: Response) -> dict:
     """A package's verdict (the worker's, with the package's fields; loading it failed
     when there is none) into the bundle's manifest and into results.json."""
     verdict = resp.packages.get(package.name) if resp.ok else None
@@ -126,22 +117,21 @@ def _conclude(
     if not verified:
         log.warning(
             "%s: %s package not verified, never served: %s",
-            target.id,
+            restored.target.id,
             package.title,
             check["reason"],
         )
     doc = {**info, "verified": verified, "check": check}
-    stored = _store_verdict(target, config, store, warmed, package.name, doc)
+    stored = _store_verdict(restored, package.name, doc)
     return {"verified": verified, **check, "now": True, "stored": stored}
 
 
-def _store_verdict(
-    target: Target, config: Config, store: Store, warmed: WarmResult, section: str, doc: dict
-) -> str:
+def _store_verdict(restored: Restored, section: str, doc: dict) -> str:
     """Write a package's verdict into the bundle's manifest (``compile.<section>``),
     re-signed, by one conditional write; says how it went."""
+    target, store, warmed = restored.target, restored.store, restored.warmed
     manifest = warmed.manifest
-    key = signing_key(config.require_signature)
+    key = signing_key(restored.config.require_signature)
     if manifest.signature and not key:
         # re-writing it unsigned would make every signed deploy refuse the bundle
         log.warning(
