@@ -72,7 +72,9 @@ def load(ref: str) -> object:
 
 
 def register(item: Kind | Package) -> None:
-    """Make a kind (with its own package) or a package known in this process."""
+    """Make a kind (with its own package) or a package known in this process, after
+    gatekeeper's own and the installed ones."""
+    _discover()
     if isinstance(item, Kind):
         _kinds[item.name] = item
         if item.package is not None:
