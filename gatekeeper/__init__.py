@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_aot", "warm_start"]
+__all__ = ["__version__", "device_mesh", "load_aot", "warm_start"]
 
 
 def warm_start(*args, **kwargs):  # documented in gatekeeper.warm
@@ -21,3 +21,15 @@ def load_aot(*args, **kwargs):  # documented in gatekeeper.runtime
 
 
 load_aot.__doc__ = "The installed AOTInductor package of a target; see gatekeeper.runtime.load_aot."
+
+
+def device_mesh():  # documented in gatekeeper.worker.team
+    from .worker.team import device_mesh as _device_mesh
+
+    return _device_mesh()
+
+
+device_mesh.__doc__ = (
+    "A distributed model's device mesh, as its config's distributed.mesh names it; "
+    "see gatekeeper.worker.team.device_mesh."
+)

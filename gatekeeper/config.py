@@ -161,6 +161,43 @@ class GateConfig(_Strict):
     parity: ParityTolerance = ParityTolerance()
 
 
+class DistributedConfig(_Strict):
+    """A model that runs as ``world_size`` ranks (torch.distributed): every rank runs
+    the factory after its process group and device are set up, and the factory
+    parallelizes the model itself (DDP, ``fully_shard``, ``parallelize_module``).
+    ``backend``: ``auto`` is ``nccl`` on CUDA, ``gloo`` on CPU. ``mesh``: the device
+    mesh's dimensions by name (``{dp = 1, tp = 2}``; their product is the world size),
+    which :func:`gatekeeper.device_mesh` builds for the factory. ``timeout``: the
+    process group's, seconds (a rank that waits longer in a collective fails)."""
+
+    world_size: int = Field(ge=1, le=1024)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    mesh: dict[str, int] | None = None
+    timeout: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _mesh(self) -> DistributedConfig:
+        if self.mesh is None:
+            return self
+        if not self.mesh or any(not re.fullmatch(r"[A-Za-z_]\w*", k) for k in self.mesh):
+            raise ValueError("distributed.mesh: name each dimension, e.g. {dp = 1, tp = 2}")
+        if any(v < 1 for v in self.mesh.values()):
+            raise ValueError("distributed.mesh: every dimension needs a size of at least 1")
+        size = 1
+        for v in self.mesh.values():
+            size *= v
+        if size != self.world_size:
+            raise ValueError(
+                f"distributed.mesh: {' x '.join(map(str, self.mesh.values()))} = {size} "
+                f"ranks, but world_size is {self.world_size}"
+            )
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        """What the key records (the rank, address and port never are)."""
+        return {"world_size": self.world_size, "backend": self.backend, "mesh": self.mesh}
+
+
 class TrainConfig(BaseModel):
     """A training target's step: ``optimizer`` is a torch.optim class by name; every
     other key of the table (``weight_decay``, ``betas`` ...) is passed to it as a keyword
@@ -234,6 +271,8 @@ class ModelConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     seed: int = 0
+    # several processes (ranks) through torch.distributed; None: one process
+    distributed: DistributedConfig | None = None
     precompile: Precompile | None = None  # default: the config's
     gate: dict[str, Any] = Field(default_factory=dict)  # per-model overrides of [gate]
 

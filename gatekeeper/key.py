@@ -222,6 +222,8 @@ def compile_spec(target: Target) -> dict:
         spec_doc["train"] = m.training.spec()
     if target.precision != "fp32":
         spec_doc["precision"] = target.precision
+    if m.distributed is not None:
+        spec_doc["distributed"] = m.distributed.spec()
     # what the artifact kind adds (the default kind nothing: those keys stay as they were)
     spec_doc.update(kinds.of(target).spec(m))
     return spec_doc

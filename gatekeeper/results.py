@@ -292,6 +292,27 @@ class Export(_Doc):
         return f"not exportable: {self.reason or 'torch.export failed'} at {self.where()}"
 
 
+class RankResult(_Doc):
+    """One rank of a distributed target: what it compiled, hit and measured. A
+    distributed step is as fast as its slowest rank: the target's latency is the
+    per-round maximum over ranks; these are each rank's own medians (``cpu``: its
+    process's CPU time per call, which names the rank that does more work when the
+    others only wait for it in a collective)."""
+
+    rank: int
+    pid: int | None = None
+    compile_seconds: float | None = None
+    fxgraph_cache_hit: int = 0
+    fxgraph_cache_miss: int = 0
+    parity: bool | None = None  # every parity check of this rank passed
+    latency_p50: float | None = None  # compiled, wall, seconds per call
+    cpu_p50: float | None = None
+    base_latency_p50: float | None = None  # paired: the base version's
+    base_cpu_p50: float | None = None
+    slowest_rounds: int | None = None  # rounds in which this rank was the slowest
+    cache_used: list[str] | None = None  # compile: the cache files it read or wrote
+
+
 class TargetResult(_Doc):
     target: str
     model: str
@@ -323,6 +344,7 @@ class TargetResult(_Doc):
     rules: GateConfig | None = None
     definition: dict[str, Any] | None = None
     base_target: BaseTarget | None = None  # paired: the base commit's definition of it
+    ranks: list[RankResult] | None = None  # a distributed target's ranks
 
 
 class Results(_Doc):

@@ -3,8 +3,9 @@ stable readable id.
 
 The id has exactly three '/'-separated parts — ``<model>/<shapes>/<variant>`` — e.g.
 ``mlp/b8/default``, ``gpt-block/b2-s64/max-autotune+dynamic``,
-``gpt2/b4/default+train+bf16`` or ``gpt12/b1-s128/default+regional``: the training task,
-an autocast precision and a compile strategy (an artifact kind, :mod:`gatekeeper.kinds`)
+``gpt2/b4/default+train+bf16``, ``gpt12/b1-s128/default+regional`` or
+``mlp/b8/default+train+ws2``: the training task, an autocast precision, a distributed
+model's world size and a compile strategy (an artifact kind, :mod:`gatekeeper.kinds`)
 join the third part with ``+`` so every store path keeps its depth. Inference, float32
 and the default kind (``whole``) are implicit, so the ids (and store paths) of targets
 from before they existed are unchanged. Each kind says which (task, precision) of a
@@ -61,8 +62,15 @@ class Target:
             + ("+dynamic" if self.dynamic else "")
             + ("+train" if self.task == "train" else "")
             + (f"+{self.precision}" if self.precision != "fp32" else "")
+            + (f"+ws{self.world_size}" if self.world_size else "")
             + (f"+{self.strategy}" if self.strategy != kinds.DEFAULT else "")
         )
+
+    @property
+    def world_size(self) -> int | None:
+        """Its ranks, when the model is ``distributed`` (the id's ``+ws<N>``)."""
+        d = self.model.distributed
+        return d.world_size if d is not None else None
 
     @property
     def id(self) -> str:
@@ -96,6 +104,8 @@ class Target:
             d["precision"] = self.precision
         if self.strategy != kinds.DEFAULT:
             d["strategy"] = self.strategy
+        if self.model.distributed is not None:
+            d["distributed"] = self.model.distributed.spec()
         return d
 
     def definition(self) -> dict[str, Any]:

@@ -361,6 +361,7 @@ def _measured(check: Check, resp: Response, ident: dict, pair: Paired | None) ->
         profile=resp.profile.model_copy(update={"trace": os.path.relpath(check.trace, out_dir)})
         if resp.profile
         else None,
+        ranks=resp.ranks,
         reference=ReferenceOutputs(
             file=os.path.relpath(check.reference, out_dir),
             sha256=sha256_bytes(data),

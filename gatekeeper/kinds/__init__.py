@@ -147,6 +147,11 @@ def check(model: ModelConfig) -> str | None:
     for name in model.strategies:
         if why := _kinds[name].check_model(model):
             return why
+        if model.distributed is not None and not _kinds[name].distributable:
+            return (
+                f"'strategies': a distributed model is compiled {DEFAULT} in each rank; "
+                f'"{name}" does not run as ranks (drop it, or drop distributed)'
+            )
     if model.tasks == ["train"]:
         other = [s for s in model.strategies if not _kinds[s].applies(model, "train", "fp32")]
         if other:

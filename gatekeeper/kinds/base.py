@@ -31,18 +31,15 @@ DEFAULT = "whole"  # the kind ids and keys leave implicit
 
 @dataclass(frozen=True)
 class Launch:
-    """How a kind's worker runs: one process (``ranks`` 1, the default: every kind
-    gatekeeper ships), or ``ranks`` processes started through ``launcher`` (a module
-    run as ``python -m``, such as torch's elastic agent ``torch.distributed.run``).
+    """How a target's worker runs: one process (``ranks`` 1, ``launcher`` None), or
+    ``ranks`` processes started by torch's elastic agent from a launcher process
+    (``launcher``: the module run as ``python -m``, :mod:`gatekeeper.worker.launcher`).
 
-    Where a kind asks for ranks, the kind is the one place that knows them: its
-    :meth:`Kind.launch` says how many, :func:`gatekeeper.worker.launch.run_worker` is
-    where the launcher would start them (each rank with its own response and cache dir,
-    the rank in its environment), its worker half builds its rank's share, and its
-    bundle holds one set of members per rank: a :class:`Package` of the kind whose
-    :meth:`Package.pack` names each rank's files under its own prefix (``rank0/...``)
-    and whose :meth:`Package.warm` installs the share a deploy asks for. The bundle
-    format, the store and the verifier take per-rank members as they are."""
+    A model with ``distributed`` set runs as its world size's ranks
+    (:meth:`Kind.launch`); :func:`gatekeeper.worker.launch.run_worker` starts them,
+    each rank answers for itself and the parent reads one merged answer
+    (:mod:`gatekeeper.worker.gather`): the slowest rank's latency per round, every
+    rank's cache files (shared where all ranks used a file, per rank where not)."""
 
     ranks: int = 1
     launcher: str | None = None
@@ -67,6 +64,8 @@ class Kind:
     # not (said in the manifest and the results)
     carries: ClassVar[tuple[str, ...]] = ()
     refusals: ClassVar[dict[str, str]] = {}
+    # whether a model with ``distributed`` set may have targets of this kind
+    distributable: ClassVar[bool] = False
 
     # -- config and targets ---------------------------------------------------------
     def check_model(self, model: ModelConfig) -> str | None:
@@ -96,10 +95,12 @@ class Kind:
         return self.ships_cache
 
     # -- the worker -----------------------------------------------------------------
-    def launch(self, target: Target) -> Launch:
-        """How the worker that builds a target of this kind runs (see :class:`Launch`:
-        today every kind's is one process)."""
-        return Launch()
+    def launch(self, model: ModelConfig) -> Launch:
+        """How the worker that builds a target of this kind of ``model`` runs: its
+        world size's ranks when it is ``distributed``, else one process."""
+        if model.distributed is None:
+            return Launch()
+        return Launch(model.distributed.world_size, "gatekeeper.worker.launcher")
 
     def died(self, death: Death, device: str) -> str | None:
         """A worker of this kind killed by a signal: the one line of an ``unavailable``

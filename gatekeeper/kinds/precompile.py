@@ -69,6 +69,11 @@ class Precompile(Package):
                 "a package recorded under autocast never loads (torch records its input "
                 "guards without the Autocast dispatch key, so every call misses them)"
             )
+        if target.model.distributed is not None:
+            return (
+                "a distributed target's ranks warm from the compile cache: a package "
+                "is recorded per process, and no rank may skip Dynamo while another traces"
+            )
         from . import of
 
         return of(target).refuses(self.name)

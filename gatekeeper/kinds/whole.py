@@ -16,6 +16,7 @@ class Whole(Kind):
     name = DEFAULT
     worker = "gatekeeper.worker.kinds.whole:WHOLE"
     carries = ("precompile",)
+    distributable = True
 
     def applies(self, model: ModelConfig, task: str, precision: str) -> bool:
         return True  # training steps too

@@ -113,14 +113,32 @@ def main(argv: list[str]) -> int:
     steps.begin(response_path)
     faulthandler.enable(all_threads=False)
     req = REQUEST.validate_json(request_path.read_text())
+    team = None
     try:
+        if req.model.distributed is not None:  # one rank of several (worker.team)
+            from . import team as teams
+            from .ranks import backend_of
+
+            steps.enter("join the process group")
+            team = teams.join(req, backend_of(req))
+            req = teams.localize(req, team)
         resp = handle(req)
+        if team is not None:
+            resp = teams.finish(req, team, resp)
     except ConfigError as e:
         resp = Response.failure("config", str(e))
     except Exception as e:  # the model's own failure: report it, let other targets run
         traceback.print_exc(file=sys.stderr)
         resp = Response.failure("compile", describe(e, req.base_path))
     response_path.write_text(resp.model_dump_json())
+    if req.model.distributed is None:
+        return 0
+    if not resp.ok:  # the agent stops the other ranks at once, not at their timeout
+        sys.stderr.flush()
+        os._exit(1)
+    from .team import leave
+
+    leave()
     return 0
 
 

@@ -52,11 +52,15 @@ def protected_dirs(writable: list[Path]) -> list[str]:
     return [str(p) for p in found if not any(q in p.parents for q in found)]
 
 
-def worker_command(*args: str, writable: list[Path]) -> list[str]:
+def worker_command(
+    *args: str, writable: list[Path], module: str = "gatekeeper.worker"
+) -> list[str]:
     """``python -m gatekeeper.worker ARGS``; on Linux started confined (``confine.py``:
     no capability or namespace to read its ancestors' memory, and the parent's code
-    read-only, before any code of the model or of its site-packages runs)."""
-    cmd = [sys.executable, "-m", "gatekeeper.worker", *args]
+    read-only, before any code of the model or of its site-packages runs). A
+    distributed target's ``module`` is its launcher: the ranks it starts are its
+    children, confined alike."""
+    cmd = [sys.executable, "-m", module, *args]
     if sys.platform != "linux":
         return cmd
     confine = [sys.executable, "-I", "-S", str(Path(__file__).with_name("confine.py"))]
@@ -80,6 +84,15 @@ def run_worker(
     :class:`WorkerDied` (a signal or an exit), naming the step the worker was in.
     """
     seal()  # before the first worker: this process's secrets out of its reach
+    from .. import kinds
+
+    how = kinds.get(request.kind.name).launch(request.model)
+    if how.launcher is not None:
+        from .ranks import run_ranks
+
+        return run_ranks(
+            request, how, cache_dir=cache_dir, timeout=timeout, verbose=verbose, label=label, env=env
+        )
     with tempfile.TemporaryDirectory(prefix="gk-worker-") as tmp:
         req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
         log_path = Path(tmp, "worker.log")

@@ -244,6 +244,7 @@ def _measured(
         outputs=cand.summary(),
         memory=memory,
         latency=lat,
+        cpu_samples=lat.pop("cpu", None),
         paired=paired,
         work=work,
         profile=prof,

@@ -74,7 +74,7 @@ class Outputs:
         return Outputs(
             self.structure,
             {
-                k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                k: _local(v).detach().cpu() if isinstance(v, torch.Tensor) else v
                 for k, v in self.leaves.items()
             },
         )
@@ -99,8 +99,22 @@ class Outputs:
         }
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of a distributed model's output: a DTensor's whole value (a
+    collective: every rank calls it alike), an async collective's result waited for."""
+    if type(t) is torch.Tensor:
+        return t
+    full = getattr(t, "full_tensor", None)
+    if callable(full):
+        t = full()
+    wait = getattr(t, "wait", None)
+    if callable(wait) and type(t) is not torch.Tensor:
+        t = wait()
+    return t
+
+
 def _clone(v: Any) -> Any:
-    return v.detach().clone() if isinstance(v, torch.Tensor) else v
+    return _local(v).detach().clone() if isinstance(v, torch.Tensor) else v
 
 
 def _plain(obj: Any) -> Any:

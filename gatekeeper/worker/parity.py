@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import sys
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,9 @@ MAX_NAMED = 8  # leaves named in a failure's detail besides the first
 # compiled may be this many times further from fp64 than eager is (PyTorch's same(): 3 for
 # fp16/bf16 and small tensors, 2 for larger fp32 ones)
 RMSE_MULTIPLIER = 3.0
-REFERENCE_FORMAT = 2  # reference files: {"format", "structure", "leaves", "fp64"}
+# reference files: {"format", "structure", "leaves", "fp64"}; a distributed target's
+# (rank 0's) adds "ranks": {"<rank>": the same three of each other rank}
+REFERENCE_FORMAT = 2
 
 
 def save_reference(path: str, compiled: Outputs, fp64: Outputs | None) -> None:
@@ -60,9 +63,25 @@ def save_reference(path: str, compiled: Outputs, fp64: Outputs | None) -> None:
     )
 
 
-def load_reference(path: str) -> tuple[Outputs, dict[str, Any] | None]:
-    """A baseline's reference outputs (and their fp64 twin), of either format."""
+def gather_references(path: str, world_size: int) -> None:
+    """Rank 0's reference file made to hold every rank's (each wrote ``<path>.rank<n>``)."""
     doc = torch.load(path, weights_only=True)
+    doc["ranks"] = {}
+    for rank in range(1, world_size):
+        other = Path(f"{path}.rank{rank}")
+        doc["ranks"][str(rank)] = torch.load(other, weights_only=True)
+        other.unlink()
+    torch.save(doc, path)
+
+
+def load_reference(path: str) -> tuple[Outputs, dict[str, Any] | None]:
+    """A baseline's reference outputs (and their fp64 twin), of either format; a
+    distributed target's rank reads its own."""
+    doc = torch.load(path, weights_only=True)
+    from .team import current
+
+    if (team := current()) is not None and team.rank != 0:
+        doc = doc.get("ranks", {}).get(str(team.rank), doc)
     if doc.get("format") == REFERENCE_FORMAT:
         return Outputs(doc["structure"], doc["leaves"]), doc.get("fp64")
     # format 1: flat lists in tree_flatten order, no structure

@@ -21,6 +21,7 @@ from .. import kinds
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance, Precision, Task
 from ..results import (
     Graphs,
+    RankResult,
     Latency,
     Memory,
     OutputsSummary,
@@ -263,6 +264,11 @@ class Response(_Msg):
     # call (probe, measure), or its verdict (verify)
     packages: dict[str, dict[str, Any]] = Field(default_factory=dict)
     pid: int | None = None
+    # a rank of a distributed target: its rank, and its CPU seconds per call of each
+    # timed function, sample by sample (gatekeeper.worker.timing)
+    rank: int | None = None
+    cpu_samples: dict[str, list[float]] | None = None
+    ranks: list[RankResult] | None = None  # the merged answer of a distributed target
 
     @classmethod
     def failure(cls, kind: str, error: str) -> Response:

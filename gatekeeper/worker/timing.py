@@ -107,13 +107,30 @@ class CpuWatch:
         self.others = max(0.0, (end[1] - self.start[1] - own) / wall)
 
 
-def _timed(fn: Callable[[], Any], loops: int, device: str) -> float:
+def _timed(fn: Callable[[], Any], loops: int, device: str, cpu: list[float] | None = None) -> float:
+    """Wall seconds per call; ``cpu``: also this process's CPU seconds per call."""
     sync(device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(loops):
         fn()
     sync(device)
+    if cpu is not None:
+        cpu.append((time.process_time() - cpu_start) / loops)
     return (time.perf_counter() - start) / loops
+
+
+class _Alone:
+    """One process: nothing to agree on (a distributed target's ranks use
+    :class:`gatekeeper.worker.team.Team`)."""
+
+    def max(self, value: float) -> float:
+        return value
+
+    def any(self, flag: bool) -> bool:
+        return flag
+
+    def barrier(self) -> None:
+        pass
 
 
 def _loops(one_call: float) -> int:
@@ -172,15 +189,24 @@ def latency(
     the rounds are taken (paired: both sides compiled again, in the other order), and
     every function is warmed up again after it; its seconds do not count as timed. The
     rounds after it are at least as many as those before it."""
+    from .team import current
+
+    # a distributed target's ranks agree on the loops, the rounds and when to stop,
+    # and start every round together: its sample is then the slowest rank's
+    team: Any = current() or _Alone()
     ref = DriftReference(device)
     fns: dict[str, Callable[[], Any]] = {"eager": eager, "compiled": compiled, "reference": ref}
     if base is not None:
         fns = {"base": base, **fns}
     _warm_up(fns, budget.warmup)
     one = max(max(_timed(fn, 1, device) for name, fn in fns.items() if name != "reference"), 1e-7)
-    loops = _loops(one)
-    ref_loops = _loops(max(_timed(ref, 1, device), 1e-7))  # same sample length as the model's
+    loops = _loops(team.max(one))
+    # same sample length as the model's
+    ref_loops = _loops(team.max(max(_timed(ref, 1, device), 1e-7)))
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    cpu: dict[str, list[float]] | None = None
+    if not isinstance(team, _Alone):
+        cpu = {name: [] for name in fns}
     watch = CpuWatch()
     start = time.perf_counter()
     half = 0  # rounds taken before halfway ran
@@ -188,8 +214,8 @@ def latency(
         n, elapsed = len(samples["eager"]), time.perf_counter() - start
         # The second half takes at least as many rounds as the first, however long a
         # stalled round made the first: else one half's order effects outweigh the other's.
-        done = elapsed >= budget.min_time and n >= max(5, 2 * half)
-        if halfway is not None and (
+        done = team.any(elapsed >= budget.min_time and n >= max(5, 2 * half))
+        if halfway is not None and team.any(
             done or elapsed >= budget.min_time / 2 or n >= budget.max_samples // 2
         ):
             half, done = n, False
@@ -200,9 +226,15 @@ def latency(
             start += time.perf_counter() - paused
         if done:
             break
+        team.barrier()
         for name in _round_order(list(fns), n):
             samples[name].append(
-                _timed(fns[name], ref_loops if name == "reference" else loops, device)
+                _timed(
+                    fns[name],
+                    ref_loops if name == "reference" else loops,
+                    device,
+                    cpu[name] if cpu is not None else None,
+                )
             )
     watch.stop()
     e, c = _summary(samples["eager"]), _summary(samples["compiled"])
@@ -214,6 +246,7 @@ def latency(
         "throughput": 1.0 / c["p50"],
         "inner_loops": loops,
         "samples": samples,
+        "cpu": cpu,
         "disturbance": {
             "others_cores": watch.others,
             "own_cores": watch.own,

@@ -148,6 +148,7 @@ def measure_train(req: MeasureRequest) -> Response:
         parity=parity,
         memory=memory,
         latency=lat,
+        cpu_samples=lat.pop("cpu", None),
         paired=paired,
         work=work,
         profile=prof,

@@ -1,0 +1,221 @@
+"""A distributed target's worker, parent side (no torch): start its launcher
+(:mod:`gatekeeper.worker.launcher`, confined like any worker, in a session of its own),
+which starts the ranks through torch's elastic agent; wait with a wall-clock limit;
+then read every rank's answer and merge them into one (:mod:`gatekeeper.worker.gather`).
+
+A rank that fails ends the target with one line naming it: its own error (read from its
+answer) before a rank that only lost its peer, before one the agent stopped. At the time
+limit the launcher gets SIGTERM (its agent stops every rank), SIGKILL after a grace, and
+whatever still carries this run's marker in its environment is killed: ranks live in
+sessions of their own, and each also dies with its launcher (``PR_SET_PDEATHSIG``,
+:mod:`gatekeeper.worker.team`). No process outlives the target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import WorkerError
+from . import steps
+from .gather import merge
+from .protocol import Build, Response
+
+if TYPE_CHECKING:
+    from ..kinds import Launch
+
+MARKER = "GATEKEEPER_RUN"  # in every rank's environment: what the sweep looks for
+GRACE = 10.0  # seconds the launcher has to stop its ranks after SIGTERM
+_PEER_LOST = ("Connection closed by peer", "Connection reset", "Read error", "Broken pipe")
+
+
+def backend_of(request: Build) -> str:
+    """The process group's backend: the configured one, or NCCL on CUDA, gloo on CPU."""
+    assert request.model.distributed is not None
+    chosen = request.model.distributed.backend
+    if chosen != "auto":
+        return chosen
+    return "nccl" if request.device.startswith("cuda") else "gloo"
+
+
+def leftovers(marker: str) -> list[int]:
+    """The processes that carry ``marker`` in their environment (this run's ranks)."""
+    found = []
+    needle = f"{MARKER}={marker}".encode()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            if needle in (p / "environ").read_bytes().split(b"\0"):
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+def sweep(marker: str) -> list[int]:
+    """Kill what is left of a run; the pids killed."""
+    pids = leftovers(marker)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher's session (its agent stops the ranks), SIGKILL after GRACE."""
+    for sig, wait in ((signal.SIGTERM, GRACE), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_ranks(
+    request: Build,
+    how: Launch,
+    *,
+    cache_dir: Path,
+    timeout: float,
+    verbose: bool = False,
+    label: str = "",
+    env: dict[str, str] | None = None,
+) -> Response:
+    """Run ``request`` as ``how.ranks`` ranks; the merged response (``ok`` false: the
+    failing rank's answer, named), or WorkerError naming the rank that died or the
+    step each rank was in at the time limit."""
+    from .launch import cache_env, worker_command
+
+    assert how.launcher is not None
+    with tempfile.TemporaryDirectory(prefix="gk-ranks-") as tmp:
+        req_path, out_path = Path(tmp, "request.json"), Path(tmp, "launched.json")
+        req_path.write_text(request.model_dump_json())
+        spec = {
+            "world_size": how.ranks,
+            "backend": backend_of(request),
+            "device": request.device,
+            "request": str(req_path),
+            "responses": str(Path(tmp, "response.${local_rank}.json")),
+            "log_dir": str(Path(tmp, "logs")),
+        }
+        spec_path = Path(tmp, "spec.json")
+        spec_path.write_text(json.dumps(spec))
+        marker = uuid.uuid4().hex
+        run_env = cache_env(cache_dir, env) | {
+            MARKER: marker,
+            # one hash seed in every rank: the same graph gives every rank the same key
+            "PYTHONHASHSEED": "0",
+        }
+        writable = [cache_dir, Path(request.base_dir), Path(tmp)]
+        cmd = worker_command(str(spec_path), str(out_path), writable=writable, module=how.launcher)
+        with open(Path(tmp, "launcher.log"), "wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                env=run_env,
+                stdin=subprocess.DEVNULL,
+                stdout=None if verbose else log,
+                stderr=None if verbose else subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+                sweep(marker)
+                where = _steps(Path(tmp), how.ranks)
+                raise WorkerError(
+                    f"{label}: ranks timed out after {timeout:.0f} s ({where})"
+                ) from None
+        time.sleep(0.05)
+        sweep(marker)  # a rank the agent could not stop (it never should be there)
+        launched = json.loads(out_path.read_text()) if out_path.is_file() else {}
+        if launched.get("config"):
+            return Response.failure("config", f"{label}: {launched['config']}")
+        answers = _answers(Path(tmp), how.ranks)
+        if launched.get("ok") and all(a is not None and a.ok for a in answers):
+            return merge([a for a in answers if a is not None])
+        return _failed(label, launched, answers, Path(tmp), proc.returncode)
+
+
+def _log_tail(tmp: Path, rank: int) -> str:
+    """The end of a rank's output, from the agent's per-rank logs."""
+    for path in sorted(tmp.glob(f"logs/*/attempt_*/{rank}/stderr.log")):
+        try:
+            return path.read_text(errors="replace")[-20000:]
+        except OSError:
+            continue
+    return ""
+
+
+def request_base(tmp: Path) -> str:
+    """The config folder of the request in ``tmp`` (model lines are shown from there)."""
+    try:
+        return json.loads((tmp / "request.json").read_text())["base_dir"]
+    except (OSError, ValueError, KeyError):
+        return "."
+
+
+def _answers(tmp: Path, ranks: int) -> list[Response | None]:
+    found: list[Response | None] = []
+    for rank in range(ranks):
+        path = tmp / f"response.{rank}.json"
+        found.append(Response.model_validate_json(path.read_text()) if path.is_file() else None)
+    return found
+
+
+def _steps(tmp: Path, ranks: int) -> str:
+    """Where each rank was: ``rank 0 in measure, rank 1 in compile``."""
+    parts = []
+    for rank in range(ranks):
+        step = steps.read(tmp / f"response.{rank}.json", 0).step
+        parts.append(f"rank {rank} in {step or 'start-up'}")
+    return ", ".join(parts)
+
+
+def _failed(
+    label: str, launched: dict, answers: list[Response | None], tmp: Path, code: int | None
+) -> Response:
+    """The failing rank's answer, named; a rank that died without answering raises."""
+    lines = launched.get("failures") or {}
+    errors: dict[int, tuple[str, str | None]] = {}  # rank -> (line, kind of a failed answer)
+    for rank, answer in enumerate(answers):
+        if answer is not None and not answer.ok:
+            errors[rank] = (answer.error or "failed", answer.kind)
+        elif str(rank) in lines:
+            errors[rank] = (lines[str(rank)], None)
+    if not errors:
+        line = launched.get("line") or f"the launcher exited with code {code}"
+        raise WorkerError(f"{label}: {line}")
+
+    def order(rank: int) -> tuple:
+        text, kind = errors[rank]
+        stopped = kind is None and text in ("killed by SIGTERM", "killed by SIGKILL")
+        peer = any(w in text for w in _PEER_LOST)
+        return (2 if stopped else 1 if peer else 0, 0 if kind else 1, rank)
+
+    root = min(errors, key=order)
+    text, kind = errors[root]
+    same = len(errors) == len(answers) and len({t for t, _ in errors.values()}) == 1
+    named = text if same and kind is not None else f"rank {root}: {text}"
+    if kind is None:
+        log = _log_tail(tmp, root)
+        death = steps.read(tmp / f"response.{root}.json", 0, log, Path(request_base(tmp)))
+        step = f" (in {death.step})" if death.step else ""
+        at = f" at {death.frame}" if death.frame else ""
+        last = log.strip().splitlines()[-1][:200] if log.strip() else ""
+        raise WorkerError(f"{label}: {named}{step}{at}" + (f"; last output: {last}" if last else ""))
+    return Response.failure(kind, named)
