@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, bundle, kinds
+from . import __version__, bundle, distributed, kinds
 from .bundle import signing_key
 from .config import Config
 from .errors import BundleError, ObjectTooLarge, StoreError
@@ -250,7 +250,7 @@ def compile_target(
             only, result.seed = _shipped(cache_dir, seed, resp.cache_used, result.counters)
         if kind.package is not None:  # the package is what deploys load
             only = set()
-        _publish(result, store, key, resp, Path(tmp), members, only, seed, config, force)
+        _publish(result, store, key, resp, Path(tmp), members, only, seed, config, force, target)
     return result
 
 
@@ -265,6 +265,7 @@ def _publish(
     seed: Seed | None,
     config: Config,
     force: bool,
+    target: Target,
 ) -> None:
     """Pack the compile's bundle and publish it at its key (a manifest already there
     that does not verify is replaced)."""
@@ -281,6 +282,7 @@ def _publish(
             "torch": resp.torch,
             **_cold_figure(resp.compile_seconds, result.counters, seed),
             **({"seed": result.seed} if result.seed else {}),
+            **distributed.manifest_section(target, resp),
             **result.packages,
         },
         creator=creator(),

@@ -6,6 +6,7 @@ on one line. Expansion into targets lives in :mod:`gatekeeper.targets`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -46,20 +47,8 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 # torch.optim classes a training step can use by name (LBFGS needs a closure, SparseAdam
 # sparse gradients: neither fits one compiled step)
-OPTIMIZERS = (
-    "Adafactor",
-    "Adadelta",
-    "Adagrad",
-    "Adam",
-    "Adamax",
-    "AdamW",
-    "ASGD",
-    "Muon",
-    "NAdam",
-    "RAdam",
-    "RMSprop",
-    "Rprop",
-    "SGD",
+OPTIMIZERS = tuple(
+    "Adafactor Adadelta Adagrad Adam Adamax AdamW ASGD Muon NAdam RAdam RMSprop Rprop SGD".split()
 )
 
 
@@ -162,13 +151,11 @@ class GateConfig(_Strict):
 
 
 class DistributedConfig(_Strict):
-    """A model that runs as ``world_size`` ranks (torch.distributed): every rank runs
-    the factory after its process group and device are set up, and the factory
-    parallelizes the model itself (DDP, ``fully_shard``, ``parallelize_module``).
-    ``backend``: ``auto`` is ``nccl`` on CUDA, ``gloo`` on CPU. ``mesh``: the device
-    mesh's dimensions by name (``{dp = 1, tp = 2}``; their product is the world size),
-    which :func:`gatekeeper.device_mesh` builds for the factory. ``timeout``: the
-    process group's, seconds (a rank that waits longer in a collective fails)."""
+    """A model run as ``world_size`` ranks (docs/distributed.md): each rank calls the
+    factory after joining the process group, and the factory parallelizes the model.
+    ``backend`` ``auto``: ``nccl`` on CUDA, ``gloo`` on CPU. ``mesh``: the dimensions
+    :func:`gatekeeper.device_mesh` builds (``{dp = 1, tp = 2}``). ``timeout``: the
+    process group's, in seconds."""
 
     world_size: int = Field(ge=1, le=1024)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
@@ -177,19 +164,12 @@ class DistributedConfig(_Strict):
 
     @model_validator(mode="after")
     def _mesh(self) -> DistributedConfig:
-        if self.mesh is None:
-            return self
-        if not self.mesh or any(not re.fullmatch(r"[A-Za-z_]\w*", k) for k in self.mesh):
-            raise ValueError("distributed.mesh: name each dimension, e.g. {dp = 1, tp = 2}")
-        if any(v < 1 for v in self.mesh.values()):
-            raise ValueError("distributed.mesh: every dimension needs a size of at least 1")
-        size = 1
-        for v in self.mesh.values():
-            size *= v
-        if size != self.world_size:
+        sizes = list((self.mesh or {"ranks": self.world_size}).values())
+        if any(not re.fullmatch(r"[A-Za-z_]\w*", k) for k in self.mesh or {}) or min(sizes) < 1:
+            raise ValueError("distributed.mesh: name each dimension and size it, {dp = 1, tp = 2}")
+        if math.prod(sizes) != self.world_size:
             raise ValueError(
-                f"distributed.mesh: {' x '.join(map(str, self.mesh.values()))} = {size} "
-                f"ranks, but world_size is {self.world_size}"
+                f"distributed.mesh: {sizes} make {math.prod(sizes)} ranks, not {self.world_size}"
             )
         return self
 

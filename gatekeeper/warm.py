@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import bundle, kinds
+from . import bundle, distributed, kinds
 from .bundle import signing_key
 from .config import Config, load_config
 from .errors import BundleError, StoreError
@@ -135,6 +135,9 @@ def warm_target(
             result.reason = reason
             return result
         manifest = match.manifest
+        if split := distributed.would_split(manifest, target):
+            result.reason = split
+            return result
         result.cold_compile_seconds = bundle.cold_seconds(manifest)
         result.bundle_bytes = manifest.archive.size
         with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
@@ -243,6 +246,8 @@ class Probe:
     dynamo: str | None = None  # skipped | traced
     inductor_imported: bool | None = None
     probe_error: str | None = None
+    # a distributed target's: each rank's first call and FX cache hits and misses
+    ranks: list[dict[str, Any]] | None = None
     note: str = ""  # the progress line
 
     def as_dict(self) -> dict[str, Any]:
@@ -286,6 +291,11 @@ def probe(
     return _read_probe(result, resp)
 
 
+def _all_ranks(resp: Any) -> str:
+    """``, 2 ranks`` after a distributed target's probe (every rank made its first call)."""
+    return f", {len(resp.ranks)} ranks" if resp.ranks else ""
+
+
 def _read_probe(result: WarmResult, resp: Any) -> Probe:
     from .worker.protocol import dynamo_skipped
 
@@ -307,6 +317,9 @@ def _read_probe(result: WarmResult, resp: Any) -> Probe:
         return Probe(probe_error=resp.error, note=f"error: {resp.error}")
     c = resp.counters
     result.status = settle(result.status, c)  # a hit whose graphs all miss
+    split = distributed.split_note(resp)
+    if split and result.status == "hit":
+        result.status = "partial"
     dynamo = "skipped" if dynamo_skipped(c) else "traced"
     for package in kinds.packages():
         package.probed(result, dynamo)
@@ -320,7 +333,18 @@ def _read_probe(result: WarmResult, resp: Any) -> Probe:
         autograd_cache_hit=c.get("autograd_cache_hit", 0),
         autograd_cache_miss=c.get("autograd_cache_miss", 0),
         dynamo=dynamo,
-        note=f"{first:.2f} s, dynamo {dynamo}{stale}",
+        ranks=[
+            {
+                "rank": r.rank,
+                "first_call_seconds": r.compile_seconds,
+                "fxgraph_cache_hit": r.fxgraph_cache_hit,
+                "fxgraph_cache_miss": r.fxgraph_cache_miss,
+            }
+            for r in resp.ranks
+        ]
+        if resp.ranks
+        else None,
+        note=f"{first:.2f} s, dynamo {dynamo}{stale}{split}{_all_ranks(resp)}",
     )
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, distributed
 from ..bundle import now_iso
 from ..config import Config
 from ..errors import ConfigError
@@ -100,6 +100,7 @@ def _check_all(
                 step.done(
                     f"p50 {r.latency.compiled.p50 * 1e3:.3f} ms, "
                     f"speedup {r.latency.speedup:.2f}x, cache {r.compile.cache}"
+                    + (f"; {distributed.spread(r.ranks)}" if r.ranks else "")
                 )
     return Results(
         created_at=now_iso(),

@@ -60,7 +60,7 @@ from ..results import Baseline, GraphBreak, Graphs, TargetResult, Work
 from . import stats
 from .drift import disturbance
 from .governing import definition_changes, governing, notes, rule_changes
-from .timing import gate_runs, timing
+from .timing import gate_runs, name_rank, timing
 from .verdicts import ORDER as ORDER  # the order of severity, re-exported
 from .verdicts import TargetVerdict as TargetVerdict
 from .verdicts import Verdict, worst
@@ -294,6 +294,7 @@ def _gate_paired(
         threshold=rules.latency_regression,
     )
     timing(v, found, "latency", comp)
+    name_rank(v, result)
     v.notes.append(f"paired with {pair.base_ref} ({pair.base_commit[:12]}) in one process")
     if result.graphs:
         _graph_breaks(v, found, pair.graphs, result.graphs, rules)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import GateConfig
+from ..distributed import slow_rank
 from ..results import Baseline, TargetResult
 from . import stats
 from .drift import DEFAULT_DRIFT, DEFAULT_VS_EAGER_DRIFT, is_normalised, run_medians
@@ -48,6 +49,7 @@ def gate_runs(
         threshold=rules.latency_regression,
     )
     timing(v, found, "latency", dataclasses.replace(lat, normalised=normalised))
+    name_rank(v, result, base)
     timing(
         v,
         found,
@@ -66,6 +68,18 @@ def gate_runs(
             f"drift; assumed ±{DEFAULT_DRIFT:.0%} (publish more baselines, or "
             "pair with the base commit)"
         )
+
+
+def name_rank(v: TargetVerdict, result: TargetResult, base: TargetResult | None = None) -> None:
+    """A distributed target's latency regression: say which rank it is on (its CPU time
+    per call rose most; the others wait for it in a collective)."""
+    if not result.ranks or v.latency is None or v.latency.verdict != "regressed":
+        return
+    if (which := slow_rank(result, base)) is None:
+        return
+    for i, reason in enumerate(v.reasons):
+        if reason.startswith("latency "):
+            v.reasons[i] = f"{reason} on {which}"
 
 
 def timing(v: TargetVerdict, found: set[Verdict], name: str, comp: stats.Comparison) -> None:

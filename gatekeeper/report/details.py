@@ -344,11 +344,39 @@ def details_section(row: GateRow, everything: bool = False) -> str:
         ("Work per call (deterministic)", _work_table(row)),
         ("Peak memory", _memory_table(row)),
         ("Parity", _parity_table(r)),
+        ("Ranks", _ranks_table(r)),
     ):
         if table:
             parts += [f"**{title}**\n", table, ""]
     parts += ["**Environment**\n", *_environment(row), "", "</details>"]
     return "\n".join(parts)
+
+
+def _ranks_table(r: TargetResult) -> str | None:
+    """A distributed target's ranks: each one's medians (its latency is the slowest
+    rank's, round by round), its cache hits and its parity."""
+    if not r.ranks:
+        return None
+    paired = any(x.base_latency_p50 is not None for x in r.ranks)
+
+    def ms(x: float | None) -> str:
+        return f"{x * 1e3:.3f}" if x is not None else "-"
+
+    head = ["rank", "compiled p50 ms", "CPU p50 ms"]
+    head += ["base p50 ms", "base CPU p50 ms"] if paired else []
+    head += ["slowest in rounds", "FX hits / misses", "parity"]
+    rows = []
+    for x in r.ranks:
+        row = [str(x.rank), ms(x.latency_p50), ms(x.cpu_p50)]
+        row += [ms(x.base_latency_p50), ms(x.base_cpu_p50)] if paired else []
+        parity = "-" if x.parity is None else "pass" if x.parity else "**fail**"
+        row += [
+            str(x.slowest_rounds) if x.slowest_rounds is not None else "-",
+            f"{x.fxgraph_cache_hit} / {x.fxgraph_cache_miss}",
+            parity,
+        ]
+        rows.append(row)
+    return md_table(rows, head)
 
 
 def _outcome(r: TargetResult) -> list[str]:

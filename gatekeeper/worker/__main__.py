@@ -125,6 +125,10 @@ def main(argv: list[str]) -> int:
         resp = handle(req)
         if team is not None:
             resp = teams.finish(req, team, resp)
+            if resp.ok:
+                from .parity import gather_references
+
+                gather_references(getattr(req, "reference_out", None))
     except ConfigError as e:
         resp = Response.failure("config", str(e))
     except Exception as e:  # the model's own failure: report it, let other targets run

@@ -32,7 +32,9 @@ def merge(answers: list[Response]) -> Response:
         "import_seconds": _most(a.import_seconds for a in answers),
         "call_seconds": _per_index_max([a.call_seconds for a in answers]),
         "counters": _counters([a.counters for a in answers]),
-        "cache_used": sorted(set().union(*used)) if all(u is not None for u in used) else None,
+        "cache_used": sorted({f for u in used for f in u or ()})
+        if all(u is not None for u in used)
+        else None,
         "parity": _parity([a.parity for a in answers]),
         "memory": _memory(answers),
         "ranks": [_rank(n, a) for n, a in enumerate(answers)],
@@ -79,7 +81,9 @@ def _memory(answers: list[Response]) -> Any:
 def _worst(checks: list[tuple[int, ParityCheck]]) -> ParityCheck:
     failed = [(r, c) for r, c in checks if not c.passed]
     rank, check = failed[0] if failed else max(checks, key=lambda rc: rc[1].max_abs_err or 0.0)
-    said = f"rank {rank} of {len(checks)}" if failed else f"worst of {len(checks)} ranks: rank {rank}"
+    said = (
+        f"rank {rank} of {len(checks)}" if failed else f"worst of {len(checks)} ranks: rank {rank}"
+    )
     detail = f"{said}: {check.detail}" if check.detail else said
     return check.model_copy(update={"detail": detail})
 
@@ -117,9 +121,7 @@ def round_max(series: list[list[float]]) -> list[float]:
 
 
 def _latency(each: list[Latency]) -> Latency:
-    samples = {
-        name: round_max([lat.samples[name] for lat in each]) for name in each[0].samples
-    }
+    samples = {name: round_max([lat.samples[name] for lat in each]) for name in each[0].samples}
     eager, compiled = _summary(samples["eager"]), _summary(samples["compiled"])
     disturbed = [lat.disturbance for lat in each if lat.disturbance is not None]
     worst = max(disturbed, key=lambda d: d.others_cores or 0.0) if disturbed else None

@@ -8,7 +8,7 @@ output in its own log. When a rank raises, dies or exits, the agent stops the ot
 at once; OUT.json then says which rank failed first and how, in one line.
 
 Before any rank starts it refuses what cannot run here: a backend torch lacks, NCCL
-without CUDA, more ranks than CUDA devices.
+without CUDA, more ranks than CUDA devices (on CPU: than cores).
 """
 
 from __future__ import annotations
@@ -42,6 +42,15 @@ def refusal(backend: str, device: str, world_size: int) -> str | None:
             )
     elif backend == "nccl":
         return 'distributed.backend "nccl" needs CUDA devices; on CPU use "gloo"'
+    else:
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if world_size > (cores or 1):
+            return (
+                f"distributed.world_size {world_size} needs a CPU core per rank, "
+                f"this machine has {cores}"
+            )
     return None
 
 

@@ -50,7 +50,12 @@ def eager_model(model: torch.nn.Module, paired: bool) -> torch.nn.Module:
     hot in the CPU's caches for the head alone, and an identical head would read faster
     than its base (2-7% on a 20-layer MLP, 1 or 2 threads: docs/gate.md). On a copy of
     its own neither side is favoured."""
-    return copy.deepcopy(model) if paired else model
+    if not paired:
+        return model
+    try:
+        return copy.deepcopy(model)
+    except Exception:  # FSDP2 refuses a deep copy: eager then runs on the head's own
+        return model
 
 
 def same_placement(first: object, second: object) -> None:
@@ -73,6 +78,8 @@ def same_placement(first: object, second: object) -> None:
     def movable(m: torch.nn.Module) -> list[torch.Tensor]:
         seen: dict[int, list[torch.Tensor]] = {}
         for t in [*m.parameters(), *m.buffers()]:
+            if type(t.data) is not torch.Tensor:  # a DTensor's shard has no storage here
+                continue
             seen.setdefault(t.untyped_storage().data_ptr(), []).append(t)
         return [
             ts[0]

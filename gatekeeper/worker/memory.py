@@ -37,6 +37,10 @@ def peak_memory(fn: Callable[[], Any], device: str, held: int = 0) -> int | None
             fn()
         torch.cuda.synchronize()
         return max(torch.cuda.max_memory_allocated() - before, held)
+    from .team import current
+
+    if current() is not None:  # a rank: no profiler beside gloo's threads (worker.task)
+        return None
     try:
         return _cpu_peak(fn)
     except Exception:  # a profiler that cannot run here: say unknown, never 0

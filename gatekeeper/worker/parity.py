@@ -19,9 +19,9 @@ from __future__ import annotations
 import copy
 import math
 import sys
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,11 +63,21 @@ def save_reference(path: str, compiled: Outputs, fp64: Outputs | None) -> None:
     )
 
 
-def gather_references(path: str, world_size: int) -> None:
-    """Rank 0's reference file made to hold every rank's (each wrote ``<path>.rank<n>``)."""
+def gather_references(path: str | None) -> None:
+    """A distributed target's ranks, once each wrote its reference outputs (rank ``n``
+    to ``<path>.rank<n>``, :func:`gatekeeper.worker.team.localize`): rank 0's file
+    made to hold every rank's."""
+    from .team import current
+
+    team = current()
+    if team is None or not path:
+        return
+    team.barrier()  # every rank's file is written
+    if team.rank != 0:
+        return
     doc = torch.load(path, weights_only=True)
     doc["ranks"] = {}
-    for rank in range(1, world_size):
+    for rank in range(1, team.world_size):
         other = Path(f"{path}.rank{rank}")
         doc["ranks"][str(rank)] = torch.load(other, weights_only=True)
         other.unlink()

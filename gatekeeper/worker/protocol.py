@@ -21,13 +21,13 @@ from .. import kinds
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance, Precision, Task
 from ..results import (
     Graphs,
-    RankResult,
     Latency,
     Memory,
     OutputsSummary,
     Parity,
     ParityCheck,
     Profile,
+    RankResult,
     Work,
 )
 from ..targets import Target

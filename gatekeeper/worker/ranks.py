@@ -27,6 +27,7 @@ from ..errors import WorkerError
 from . import steps
 from .gather import merge
 from .protocol import Build, Response
+from .spawn import cache_env, worker_command
 
 if TYPE_CHECKING:
     from ..kinds import Launch
@@ -98,8 +99,6 @@ def run_ranks(
     """Run ``request`` as ``how.ranks`` ranks; the merged response (``ok`` false: the
     failing rank's answer, named), or WorkerError naming the rank that died or the
     step each rank was in at the time limit."""
-    from .launch import cache_env, worker_command
-
     assert how.launcher is not None
     with tempfile.TemporaryDirectory(prefix="gk-ranks-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "launched.json")
@@ -144,7 +143,7 @@ def run_ranks(
         sweep(marker)  # a rank the agent could not stop (it never should be there)
         launched = json.loads(out_path.read_text()) if out_path.is_file() else {}
         if launched.get("config"):
-            return Response.failure("config", f"{label}: {launched['config']}")
+            return Response.failure("config", launched["config"])
         answers = _answers(Path(tmp), how.ranks)
         if launched.get("ok") and all(a is not None and a.ok for a in answers):
             return merge([a for a in answers if a is not None])
@@ -217,5 +216,7 @@ def _failed(
         step = f" (in {death.step})" if death.step else ""
         at = f" at {death.frame}" if death.frame else ""
         last = log.strip().splitlines()[-1][:200] if log.strip() else ""
-        raise WorkerError(f"{label}: {named}{step}{at}" + (f"; last output: {last}" if last else ""))
+        raise WorkerError(
+            f"{label}: {named}{step}{at}" + (f"; last output: {last}" if last else "")
+        )
     return Response.failure(kind, named)

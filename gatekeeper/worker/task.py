@@ -32,6 +32,7 @@ from .calls import Inputs, entry, loss_inputs
 from .memory import peak_memory
 from .model import load_callable
 from .profile import profile_calls
+from .team import current
 from .timing import latency
 
 if TYPE_CHECKING:
@@ -426,12 +427,20 @@ def measure_calls(
     if before_timing is not None:
         before_timing()
     lat = latency(eager_fn, compiled_fn, device, req.budget, base=base_fn, halfway=halfway)
-    prof = profile_calls(compiled_fn, device, trace=req.trace_out)
+    # A distributed target's ranks run no profiler: beside gloo's threads it corrupted
+    # the heap (glibc "unaligned fastbin chunk", SIGABRT) in 1 of 7 runs of a tensor-
+    # parallel MLP on torch 2.13 CPU, and in none of 17 without it.
+    profiled = current() is None
+    prof = profile_calls(compiled_fn, device, trace=req.trace_out) if profiled else None
     if base_fn is not None and paired is not None:
-        paired["profile"] = profile_calls(
-            base_fn,
-            device,
-            trace=req.trace_out.replace(".json.gz", ".base.json.gz") if req.trace_out else None,
+        paired["profile"] = (
+            profile_calls(
+                base_fn,
+                device,
+                trace=req.trace_out.replace(".json.gz", ".base.json.gz") if req.trace_out else None,
+            )
+            if profiled
+            else None
         )
         paired["samples"] = lat["samples"].pop("base")
     graphs["recompiles"], graphs["recompile_guards"] = recompiles()

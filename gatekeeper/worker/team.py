@@ -142,14 +142,14 @@ def localize(req: Request, team: Team) -> Request:
         for name in ("megacache_out", "trace_out"):
             if getattr(req, name, None):
                 update[name] = None
-        if getattr(req, "reference_out", None):
-            update["reference_out"] = f"{req.reference_out}.rank{team.rank}"
+        if ref := getattr(req, "reference_out", None):
+            update["reference_out"] = f"{ref}.rank{team.rank}"
     return req.model_copy(update=update) if update else req
 
 
 def finish(req: Request, team: Team, resp: Response) -> Response:
-    """This rank's answer: its rank, a config error when the model never used the
-    process group, and rank 0's reference outputs holding every rank's."""
+    """This rank's answer: its rank, and a config error when the model never used the
+    process group."""
     if resp.ok and team.world_size > 1 and team.collectives() <= team.start_seq:
         resp = Response.failure(
             "config",
@@ -157,13 +157,6 @@ def finish(req: Request, team: Team, resp: Response) -> Response:
             "called a collective: parallelize the model in the factory (DistributedDataParallel, "
             "fully_shard, parallelize_module)",
         )
-    ref = getattr(req, "reference_out", None)
-    if resp.ok and ref:
-        team.barrier()  # every rank's reference is written
-        if team.rank == 0:
-            from .parity import gather_references
-
-            gather_references(ref, team.world_size)
     return resp.model_copy(update={"rank": team.rank})
 
 
@@ -181,9 +174,7 @@ def device_mesh() -> Any:
     if not _team.mesh:
         return init_device_mesh(_team.device_type, (_team.world_size,))
     names = tuple(_team.mesh)
-    return init_device_mesh(
-        _team.device_type, tuple(_team.mesh.values()), mesh_dim_names=names
-    )
+    return init_device_mesh(_team.device_type, tuple(_team.mesh.values()), mesh_dim_names=names)
 
 
 def leave() -> None:
