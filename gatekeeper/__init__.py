@@ -23,13 +23,13 @@ def load_aot(*args, **kwargs):  # documented in gatekeeper.runtime
 load_aot.__doc__ = "The installed AOTInductor package of a target; see gatekeeper.runtime.load_aot."
 
 
-def device_mesh():  # documented in gatekeeper.worker.team
-    from .worker.team import device_mesh as _device_mesh
+def device_mesh():  # documented in gatekeeper.runtime
+    from .runtime import device_mesh as _device_mesh
 
     return _device_mesh()
 
 
 device_mesh.__doc__ = (
     "A distributed model's device mesh, as its config's distributed.mesh names it; "
-    "see gatekeeper.worker.team.device_mesh."
+    "see gatekeeper.runtime.device_mesh."
 )

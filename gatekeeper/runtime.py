@@ -43,6 +43,28 @@ INFO = "package.json"  # what warm installed: target, code hash, sha256, the che
 MANIFEST = "manifest.json"  # the bundle's signed manifest, as warm verified it
 
 
+MESH_ENV = "GATEKEEPER_DEVICE_MESH"  # set in a distributed target's ranks
+
+
+def device_mesh() -> Any:
+    """The device mesh of a distributed model's ranks, for its factory: its config's
+    ``distributed.mesh`` (``{dp = 1, tp = 2}``: a 2-D mesh with those dimension names),
+    else one dimension over every rank (``gatekeeper.device_mesh()``)."""
+    spec = os.environ.get(MESH_ENV)
+    if not spec:
+        raise GatekeeperError(
+            "gatekeeper.device_mesh() is for the factory of a model with distributed set, "
+            "called in its ranks"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    doc = json.loads(spec)
+    if not doc["mesh"]:
+        return init_device_mesh(doc["device"], (doc["world_size"],))
+    names, sizes = tuple(doc["mesh"]), tuple(doc["mesh"].values())
+    return init_device_mesh(doc["device"], sizes, mesh_dim_names=names)
+
+
 def resolve_device(device: str) -> str:
     """``auto`` → ``cuda`` where torch sees a CUDA device, else ``cpu``; a configured
     ``cuda`` without one is a config error."""

@@ -25,6 +25,7 @@ the same number of rounds, each round started together.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError
+from ..runtime import MESH_ENV
 from .protocol import Request, Response
 
 _PR_SET_PDEATHSIG = 1
@@ -48,8 +49,6 @@ class Team:
     world_size: int
     group: Any  # gatekeeper's own gloo group
     start_seq: int  # the model's collectives counted before the factory ran
-    device_type: str = "cpu"
-    mesh: dict[str, int] | None = None  # distributed.mesh
 
     def max(self, value: float) -> float:
         """The largest ``value`` over the ranks."""
@@ -126,7 +125,10 @@ def join(req: Request, backend: str) -> Team:
     _stable_mesh_hash()
     dist.init_process_group(backend, timeout=timedelta(seconds=dcfg.timeout))
     group = dist.new_group(backend="gloo") if backend != "gloo" else dist.new_group()
-    _team = Team(rank, local, world, group, 0, req.device.split(":")[0], dcfg.mesh)
+    _team = Team(rank, local, world, group, 0)
+    # what gatekeeper.device_mesh() builds in the factory (gatekeeper.runtime)
+    mesh = {"device": req.device.split(":")[0], "world_size": world, "mesh": dcfg.mesh}
+    os.environ[MESH_ENV] = json.dumps(mesh)
     _team.start_seq = _team.collectives()
     return _team
 
@@ -158,23 +160,6 @@ def finish(req: Request, team: Team, resp: Response) -> Response:
             "fully_shard, parallelize_module)",
         )
     return resp.model_copy(update={"rank": team.rank})
-
-
-def device_mesh() -> Any:
-    """The device mesh of the model's ``distributed.mesh`` (``{dp = 1, tp = 2}``: a 2-D
-    mesh with those dimension names), or a 1-D mesh over every rank; for a factory,
-    called in a rank (``gatekeeper.device_mesh()``)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if _team is None:
-        raise ConfigError(
-            "gatekeeper.device_mesh() is for the factory of a model with distributed set, "
-            "called in its ranks"
-        )
-    if not _team.mesh:
-        return init_device_mesh(_team.device_type, (_team.world_size,))
-    names = tuple(_team.mesh)
-    return init_device_mesh(_team.device_type, tuple(_team.mesh.values()), mesh_dim_names=names)
 
 
 def leave() -> None:

@@ -151,6 +151,21 @@ def _round_order(names: list[str], k: int) -> list[str]:
     return pair + [n for n in names if n not in pair]
 
 
+def _round(
+    fns: dict[str, Callable[[], Any]],
+    n: int,
+    loops: tuple[int, int],
+    device: str,
+    samples: dict[str, list[float]],
+    cpu: dict[str, list[float]] | None,
+) -> None:
+    """Round ``n``: one sample of each function (``loops``: the model's calls per
+    sample, the reference's)."""
+    for name in _round_order(list(fns), n):
+        count = loops[1] if name == "reference" else loops[0]
+        samples[name].append(_timed(fns[name], count, device, cpu[name] if cpu else None))
+
+
 def _warm_up(fns: dict[str, Callable[[], Any]], rounds: int) -> None:
     for _ in range(rounds):
         for fn in fns.values():
@@ -227,15 +242,7 @@ def latency(
         if done:
             break
         team.barrier()
-        for name in _round_order(list(fns), n):
-            samples[name].append(
-                _timed(
-                    fns[name],
-                    ref_loops if name == "reference" else loops,
-                    device,
-                    cpu[name] if cpu is not None else None,
-                )
-            )
+        _round(fns, n, (loops, ref_loops), device, samples, cpu)
     watch.stop()
     e, c = _summary(samples["eager"]), _summary(samples["compiled"])
     return {
