@@ -42,6 +42,7 @@ def manifest_section(target: Target, resp: Response) -> dict[str, Any]:
                 str(r.rank): sorted(u - shared) for r, u in zip(resp.ranks, used, strict=True)
             },
             "fxgraph_cache_hit": {str(r.rank): r.fxgraph_cache_hit for r in resp.ranks},
+            "seconds": {str(r.rank): r.compile_seconds for r in resp.ranks},
         }
     }
 

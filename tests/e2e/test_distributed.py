@@ -17,128 +17,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.distributed import CONFIG, MODELS, SLOW_RANK_1, TARGETS
 from support.helpers import git, gk
 from support.projects import QUIET, run_gate
-
-MODELS = textwrap.dedent("""
-    import ctypes
-    import os
-
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-
-    import gatekeeper
-
-
-    class MLP(nn.Module):
-        def __init__(self, d=64):
-            super().__init__()
-            self.fc1 = nn.Linear(d, 4 * d)
-            self.fc2 = nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            return self.fc2(torch.relu(self.fc1(x)))
-
-
-    def ddp():
-        from torch.nn.parallel import DistributedDataParallel
-
-        torch.manual_seed(0)
-        return DistributedDataParallel(MLP())
-
-
-    def tp():
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-
-        torch.manual_seed(0)
-        plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-        return parallelize_module(MLP(), gatekeeper.device_mesh(), plan)
-
-
-    def fsdp():
-        from torch.distributed.fsdp import fully_shard
-
-        torch.manual_seed(0)
-        m = MLP()
-        fully_shard(m.fc1)
-        fully_shard(m.fc2)
-        fully_shard(m)
-        return m
-
-
-    def plain():
-        torch.manual_seed(0)
-        return MLP()
-
-
-    class Crash(nn.Module):
-        def forward(self, x):
-            if dist.get_rank() == 1:
-                ctypes.string_at(0)  # rank 1 dies by SIGSEGV
-            dist.all_reduce(x)
-            return x * 2
-
-
-    def crash():
-        return Crash()
-""")
-
-# rank 1 runs eight 256x256 matmuls more per call, on values that depend on the input
-# (nothing to fold at compile time); the output moves by 1e-30 (nothing at float32 next
-# to values near 1), so parity against the base still passes
-SLOW_RANK_1 = """
-        def forward(self, x):
-            h = torch.relu(self.fc1(x))
-            if dist.get_rank() == 1:
-                z = (h.mean() + torch.ones(256, 256)) / 256
-                for _ in range(8):
-                    z = torch.tanh(z @ z)
-                h = h + 1e-30 * z.mean()
-            return self.fc2(h)
-"""
-
-CONFIG = textwrap.dedent("""
-    store = "store"
-    precompile = "off"
-
-    [measure]
-    min_time = 1.0
-
-    # wide thresholds: the mechanism is tested, on a shared 2-core machine
-    [gate]
-    latency_regression = 0.5
-    speedup_regression = 0.5
-    compile_time_regression = 1.0
-
-    [[models]]
-    name = "ddp"
-    factory = "distmodels:ddp"
-    inputs = [{ shape = ["batch", 64] }]
-    shapes = [{ batch = 8 }]
-    tasks = ["train"]
-    distributed = { world_size = 2 }
-
-    [[models]]
-    name = "tp"
-    factory = "distmodels:tp"
-    inputs = [{ shape = ["batch", 64] }]
-    shapes = [{ batch = 8 }]
-    distributed = { world_size = 2, mesh = { tp = 2 } }
-
-    [[models]]
-    name = "fsdp"
-    factory = "distmodels:fsdp"
-    inputs = [{ shape = ["batch", 64] }]
-    shapes = [{ batch = 8 }]
-    distributed = { world_size = 2 }
-""")
-
-TARGETS = ["ddp/b8/default+train+ws2", "tp/b8/default+ws2", "fsdp/b8/default+ws2"]
 
 
 def one_model(factory: str, distributed: str) -> str:
@@ -253,7 +134,8 @@ def test_a_rank_that_crashes_is_one_line_and_leaves_no_process(project: Path) ->
     proc = gk("compile", "--config", "crash.toml", cwd=project, env=QUIET)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    line = next(ln for ln in proc.stderr.splitlines() if "one/b8/default+ws2" in ln and "rank" in ln)
+    lines = proc.stderr.splitlines()
+    line = next(ln for ln in lines if "one/b8/default+ws2" in ln and "rank" in ln)
     assert "rank 1: killed by SIGSEGV" in line, proc.stderr
     assert leftover_processes(project) == []
 
