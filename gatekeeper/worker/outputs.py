@@ -74,7 +74,7 @@ class Outputs:
         return Outputs(
             self.structure,
             {
-                k: _local(v).detach().cpu() if isinstance(v, torch.Tensor) else v
+                k: plain_tensor(v).detach().cpu() if isinstance(v, torch.Tensor) else v
                 for k, v in self.leaves.items()
             },
         )
@@ -99,7 +99,7 @@ class Outputs:
         }
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def plain_tensor(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor of a distributed model's output: a DTensor's whole value (a
     collective: every rank calls it alike), an async collective's result waited for."""
     if type(t) is torch.Tensor:
@@ -114,7 +114,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _clone(v: Any) -> Any:
-    return _local(v).detach().clone() if isinstance(v, torch.Tensor) else v
+    return plain_tensor(v).detach().clone() if isinstance(v, torch.Tensor) else v
 
 
 def _plain(obj: Any) -> Any:

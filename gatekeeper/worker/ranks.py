@@ -168,6 +168,18 @@ def request_base(tmp: Path) -> str:
         return "."
 
 
+def _late(tmp: Path, answers: list[Response | None], root: int) -> str:
+    """After a rank timed out in a collective: the ranks that never answered and the
+    step each was in (the late one is among them)."""
+    late = [n for n, a in enumerate(answers) if a is None and n != root]
+    said = [f"rank {n} did not answer (in {_step(tmp, n)})" for n in late]
+    return f"; {', '.join(said)}" if said else ""
+
+
+def _step(tmp: Path, rank: int) -> str:
+    return steps.read(tmp / f"response.{rank}.json", 0).step or "start-up"
+
+
 def _answers(tmp: Path, ranks: int) -> list[Response | None]:
     found: list[Response | None] = []
     for rank in range(ranks):
@@ -178,11 +190,7 @@ def _answers(tmp: Path, ranks: int) -> list[Response | None]:
 
 def _steps(tmp: Path, ranks: int) -> str:
     """Where each rank was: ``rank 0 in measure, rank 1 in compile``."""
-    parts = []
-    for rank in range(ranks):
-        step = steps.read(tmp / f"response.{rank}.json", 0).step
-        parts.append(f"rank {rank} in {step or 'start-up'}")
-    return ", ".join(parts)
+    return ", ".join(f"rank {rank} in {_step(tmp, rank)}" for rank in range(ranks))
 
 
 def _failed(
@@ -210,6 +218,8 @@ def _failed(
     text, kind = errors[root]
     same = len(errors) == len(answers) and len({t for t, _ in errors.values()}) == 1
     named = text if same and kind is not None else f"rank {root}: {text}"
+    if any(w in text.lower() for w in ("timed out", "timeout")):
+        named += _late(tmp, answers, root)
     if kind is None:
         log = _log_tail(tmp, root)
         death = steps.read(tmp / f"response.{root}.json", 0, log, Path(request_base(tmp)))

@@ -30,7 +30,8 @@ from ..config import ModelConfig, ParityTolerance, TrainConfig
 from ..errors import ConfigError
 from .calls import Inputs, entry, loss_inputs
 from .memory import peak_memory
-from .model import load_callable
+from .model import build_model, load_callable
+from .outputs import plain_tensor
 from .profile import profile_calls
 from .team import current
 from .timing import latency
@@ -197,8 +198,15 @@ class Trainer:
         loss_fn: Callable,
         device: str,
         precision: str,
+        base_dir: Path,
     ) -> Trainer:
-        return cls(copy.deepcopy(model), cfg, loss_fn, device, precision)
+        """A trainer of a copy of ``model``: a deep copy, or, for a model that refuses
+        one (FSDP2's), the factory's model built again (seeded: the same weights)."""
+        try:
+            fresh = copy.deepcopy(model)
+        except Exception:
+            fresh = build_model(cfg, base_dir, device)
+        return cls(fresh, cfg, loss_fn, device, precision)
 
     def tensors(self) -> list[torch.Tensor]:
         """Everything a step reads and writes: parameters, buffers, optimizer state."""
@@ -215,7 +223,9 @@ class Trainer:
         """What training parity compares: the updated parameters (first: they say which
         layer stopped learning) and the loss trajectory."""
         return {
-            "params": {n: p.detach().clone() for n, p in self.model.named_parameters()},
+            "params": {
+                n: plain_tensor(p.detach()).clone() for n, p in self.model.named_parameters()
+            },
             "loss": torch.stack(
                 [x.detach().float() if x.dtype != torch.float64 else x for x in losses]
             ),

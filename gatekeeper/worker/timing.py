@@ -59,17 +59,22 @@ class CpuWatch:
     machine's busy time (/proc/stat) minus this process's and its children's, per second
     of wall time, in cores. On a quiet runner ``others`` stays near 0; another job on the
     cores shows at once. Whether it disturbed us depends on the cores left over
-    (gate.drift: others + ours near the core count means threads waited for a core)."""
+    (gate.drift: others + ours near the core count means threads waited for a core).
+    A distributed target's rank counts its whole team as its own (``root``: the agent
+    that started the ranks): its sibling ranks are the measurement, not a disturbance."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: int | None = None) -> None:
+        self.root = root
         self.start = self._read()
         self.others: float | None = None
         self.own: float | None = None
 
     @staticmethod
-    def _tree_cpu(ticks: int) -> float:
-        """CPU seconds of this process's children (compile workers, ...), by /proc."""
+    def _tree_cpu(ticks: int, root: int | None = None) -> float:
+        """CPU seconds of this process's children (compile workers, ...), by /proc; with
+        ``root``: that process's and all its descendants' instead."""
         parents: dict[int, list[tuple[int, int]]] = {}
+        mine = 0
         for p in Path("/proc").iterdir():
             if not p.name.isdigit():
                 continue
@@ -78,15 +83,16 @@ class CpuWatch:
             except OSError:  # it ended meanwhile
                 continue
             parents.setdefault(int(f[1]), []).append((int(p.name), int(f[11]) + int(f[12])))
-        total, stack = 0, [os.getpid()]
+            if int(p.name) == root:
+                mine = int(f[11]) + int(f[12])
+        total, stack = mine, [root or os.getpid()]
         while stack:
             for child, cpu in parents.get(stack.pop(), []):
                 total += cpu
                 stack.append(child)
         return total / ticks
 
-    @classmethod
-    def _read(cls) -> tuple[float, float, float] | None:
+    def _read(self) -> tuple[float, float, float] | None:
         try:
             fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         except OSError:
@@ -94,8 +100,10 @@ class CpuWatch:
         ticks = os.sysconf("SC_CLK_TCK")
         user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
         busy = (user + nice + system + irq + softirq + steal) / ticks
+        if self.root is not None:
+            return time.perf_counter(), busy, self._tree_cpu(ticks, self.root)
         own = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), busy, own.ru_utime + own.ru_stime + cls._tree_cpu(ticks)
+        return time.perf_counter(), busy, own.ru_utime + own.ru_stime + self._tree_cpu(ticks)
 
     def stop(self) -> None:
         end = self._read()
@@ -222,7 +230,7 @@ def latency(
     cpu: dict[str, list[float]] | None = None
     if not isinstance(team, _Alone):
         cpu = {name: [] for name in fns}
-    watch = CpuWatch()
+    watch = CpuWatch(None if isinstance(team, _Alone) else os.getppid())
     start = time.perf_counter()
     half = 0  # rounds taken before halfway ran
     while len(samples["eager"]) < budget.max_samples:

@@ -70,7 +70,7 @@ def compile_steps(req: CompileRequest | ProbeRequest) -> tuple[Response, Callabl
     model, inputs, deps = build_recorded(cfg, req.shapes, req.base_path, device)
     loss_fn = prepare(req, req.base_path, model, inputs)
     record_inductor_metrics()
-    trainer = Trainer.copy_of(model, cfg, loss_fn, device, req.precision)
+    trainer = Trainer.copy_of(model, cfg, loss_fn, device, req.precision, req.base_path)
     cstep = compile_model(trainer.step, cfg, req.mode, req.dynamic, fullgraph=False)
     calls = [first_call(cstep, inputs, device)[1] for _ in range(max(2, cfg.training.steps))]
     return Response(
@@ -91,7 +91,7 @@ def measure_train(req: MeasureRequest) -> Response:
     loss_fn = prepare(req, base_dir, model, inputs)
 
     def new(m):
-        return Trainer.copy_of(m, cfg, loss_fn, device, req.precision)
+        return Trainer.copy_of(m, cfg, loss_fn, device, req.precision, base_dir)
 
     # explain() runs the step and resets dynamo: on throwaway copies, before compiling
     graphs = graph_breaks(new(model).step, inputs, base_dir, grad=True)
@@ -178,7 +178,12 @@ class _BaseSteps:
 
     def new(self) -> Trainer:
         return Trainer.copy_of(
-            self.model, self.req.model, self.loss, self.req.device, self.req.precision
+            self.model,
+            self.req.model,
+            self.loss,
+            self.req.device,
+            self.req.precision,
+            self.req.base_path,
         )
 
     def call(self) -> Any:

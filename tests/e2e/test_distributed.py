@@ -22,30 +22,39 @@ from support.helpers import git, gk
 from support.projects import QUIET, run_gate
 
 
-def one_model(factory: str, distributed: str) -> str:
+def one_model(factory: str, distributed: str, tasks: str = '["infer"]') -> str:
     return textwrap.dedent(f"""
         store = "store"
         precompile = "off"
+
+        [measure]
+        min_time = 0.5
 
         [[models]]
         name = "one"
         factory = "distmodels:{factory}"
         inputs = [{{ shape = ["batch", 64] }}]
         shapes = [{{ batch = 8 }}]
+        tasks = {tasks}
         distributed = {distributed}
     """)
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The three models compiled once, committed on main."""
-    root = tmp_path_factory.mktemp("distributed")
+def committed(root: Path) -> Path:
+    """The three models' project, committed on main."""
     (root / "distmodels.py").write_text(MODELS)
     (root / "gatekeeper.toml").write_text(CONFIG)
     (root / ".gitignore").write_text("store/\nresults.json\nreferences/\n__pycache__/\n*.md\n")
     git(root, "init", "-q", "-b", "main")
     git(root, "add", "-A")
     git(root, "commit", "-qm", "base")
+    return root
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The three models compiled once, committed on main."""
+    root = committed(tmp_path_factory.mktemp("distributed"))
     proc = gk("compile", "--json", cwd=root, env=QUIET)
     assert proc.returncode == 0, proc.stderr
     return root
@@ -112,7 +121,9 @@ def test_unchanged_pull_request_passes_with_parity_on_both_ranks(project: Path) 
     assert verdicts == dict.fromkeys(TARGETS, "pass"), doc
 
 
-def test_pull_request_that_slows_rank_1_regresses_naming_rank_1(project: Path) -> None:
+@pytest.mark.serial  # a latency verdict: other tests beside it make it `inconclusive`
+def test_pull_request_that_slows_rank_1_regresses_naming_rank_1(tmp_path: Path) -> None:
+    project = committed(tmp_path)  # its own: the serial run shares no fixture's compile
     git(project, "checkout", "-q", "-b", "slow-rank-1", "main")
     models = (project / "distmodels.py").read_text()
     head, found, tail = models.partition(
@@ -129,6 +140,19 @@ def test_pull_request_that_slows_rank_1_regresses_naming_rank_1(project: Path) -
         assert any("on rank 1: CPU per call" in r for r in t["reasons"]), t["reasons"]
 
 
+def test_an_fsdp2_training_step_checks_on_both_ranks(project: Path) -> None:
+    """FSDP2 refuses a deep copy (the eager and compiled trainers are built by the
+    factory again) and its parameters are DTensors (parity compares their full values)."""
+    (project / "fsdp-train.toml").write_text(one_model("fsdp", "{ world_size = 2 }", '["train"]'))
+    for command in ("compile", "check"):
+        proc = gk(command, "--config", "fsdp-train.toml", cwd=project, env=QUIET)
+        assert proc.returncode == 0, proc.stderr
+    (result,) = json.loads((project / "results.json").read_text())["targets"]
+    assert result["target"] == "one/b8/default+train+ws2" and result["status"] == "ok", result
+    assert result["compile"]["cache"] == "hit"
+    assert [r["parity"] for r in result["ranks"]] == [True, True], result["ranks"]
+
+
 def test_a_rank_that_crashes_is_one_line_and_leaves_no_process(project: Path) -> None:
     (project / "crash.toml").write_text(one_model("crash", "{ world_size = 2 }"))
     proc = gk("compile", "--config", "crash.toml", cwd=project, env=QUIET)
@@ -137,6 +161,19 @@ def test_a_rank_that_crashes_is_one_line_and_leaves_no_process(project: Path) ->
     lines = proc.stderr.splitlines()
     line = next(ln for ln in lines if "one/b8/default+ws2" in ln and "rank" in ln)
     assert "rank 1: killed by SIGSEGV" in line, proc.stderr
+    assert leftover_processes(project) == []
+
+
+def test_a_rank_that_hangs_fails_at_the_process_group_timeout_naming_it(project: Path) -> None:
+    (project / "hang.toml").write_text(one_model("hang", "{ world_size = 2, timeout = 5 }"))
+    proc = gk("compile", "--config", "hang.toml", cwd=project, env=QUIET, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    line = next(ln for ln in lines if "one/b8/default+ws2" in ln and "rank" in ln)
+    # rank 0 waited in the collective until the timeout; rank 1 is named as the late one
+    assert "rank 0:" in line and "imed out" in line, line
+    assert "rank 1 did not answer (in first call)" in line, line
     assert leftover_processes(project) == []
 
 

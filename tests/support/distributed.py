@@ -10,6 +10,7 @@ import textwrap
 MODELS = textwrap.dedent("""
     import ctypes
     import os
+    import time
 
     import torch
     import torch.distributed as dist
@@ -73,6 +74,18 @@ MODELS = textwrap.dedent("""
 
     def crash():
         return Crash()
+
+
+    class Hang(nn.Module):
+        def forward(self, x):
+            if dist.get_rank() == 1:
+                time.sleep(120)  # rank 1 never reaches the collective in time
+            dist.all_reduce(x)
+            return x * 2
+
+
+    def hang():
+        return Hang()
 """)
 
 # rank 1 runs eight 256x256 matmuls more per call, on values that depend on the input

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from gatekeeper.config import ModelConfig, ParityTolerance
@@ -48,7 +50,7 @@ def test_copy_state_is_in_place_so_compiled_guards_keep_their_tensors():
     torch.manual_seed(0)
     loss = make_loss(CFG, None, torch.zeros(1))
     src = Trainer(torch.nn.Linear(4, 2), CFG, loss, "cpu", "fp32")
-    dst = Trainer.copy_of(src.model, CFG, loss, "cpu", "fp32")
+    dst = Trainer.copy_of(src.model, CFG, loss, "cpu", "fp32", Path("."))
     x = torch.randn(3, 4)
     src.step(x)
     src.step(x)
