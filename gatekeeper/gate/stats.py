@@ -136,6 +136,21 @@ def summarize(samples: ArrayLike) -> Summary:
     )
 
 
+def summary_doc(samples: ArrayLike) -> dict[str, float]:
+    """:func:`summarize` as the results' ``LatencySummary`` fields (``p50`` the median)."""
+    s = summarize(samples)
+    return {
+        "n": s.n,
+        "mean": s.mean,
+        "p50": s.median,
+        "p95": s.p95,
+        "p99": s.p99,
+        "min": s.min,
+        "max": s.max,
+        "stdev": s.stdev,
+    }
+
+
 def noise(samples: ArrayLike) -> float:
     """Relative robust spread of latency samples: ``1.4826 * MAD / median``.
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
+from ..gate import stats
 from ..results import Latency, Parity, ParityCheck, RankResult
 from .protocol import BaseMeasured, Response
 
@@ -99,22 +100,6 @@ def _parity(each: list[Parity | None]) -> Parity | None:
     )
 
 
-def _summary(xs: list[float]) -> dict[str, float]:
-    from ..gate import stats
-
-    s = stats.summarize(xs)
-    return {
-        "n": s.n,
-        "mean": s.mean,
-        "p50": s.median,
-        "p95": s.p95,
-        "p99": s.p99,
-        "min": s.min,
-        "max": s.max,
-        "stdev": s.stdev,
-    }
-
-
 def round_max(series: list[list[float]]) -> list[float]:
     """Each round's slowest rank."""
     return [max(xs) for xs in zip(*series, strict=True)]
@@ -122,7 +107,7 @@ def round_max(series: list[list[float]]) -> list[float]:
 
 def _latency(each: list[Latency]) -> Latency:
     samples = {name: round_max([lat.samples[name] for lat in each]) for name in each[0].samples}
-    eager, compiled = _summary(samples["eager"]), _summary(samples["compiled"])
+    eager, compiled = stats.summary_doc(samples["eager"]), stats.summary_doc(samples["compiled"])
     disturbed = [lat.disturbance for lat in each if lat.disturbance is not None]
     worst = max(disturbed, key=lambda d: d.others_cores or 0.0) if disturbed else None
     return Latency.model_validate(
@@ -131,7 +116,9 @@ def _latency(each: list[Latency]) -> Latency:
             "samples": samples,
             "eager": eager,
             "compiled": compiled,
-            "reference": _summary(samples["reference"]) if samples.get("reference") else None,
+            "reference": stats.summary_doc(samples["reference"])
+            if samples.get("reference")
+            else None,
             "speedup": eager["p50"] / compiled["p50"],
             "throughput": 1.0 / compiled["p50"],
             "disturbance": worst.model_dump() if worst else None,

@@ -180,20 +180,6 @@ def _warm_up(fns: dict[str, Callable[[], Any]], rounds: int) -> None:
             fn()
 
 
-def _summary(xs: list[float]) -> dict:
-    s = stats.summarize(xs)
-    return {
-        "n": s.n,
-        "mean": s.mean,
-        "p50": s.median,
-        "p95": s.p95,
-        "p99": s.p99,
-        "min": s.min,
-        "max": s.max,
-        "stdev": s.stdev,
-    }
-
-
 def latency(
     eager: Callable[[], Any],
     compiled: Callable[[], Any],
@@ -252,11 +238,11 @@ def latency(
         team.barrier()
         _round(fns, n, (loops, ref_loops), device, samples, cpu)
     watch.stop()
-    e, c = _summary(samples["eager"]), _summary(samples["compiled"])
+    e, c = stats.summary_doc(samples["eager"]), stats.summary_doc(samples["compiled"])
     return {
         "eager": e,
         "compiled": c,
-        "reference": _summary(samples["reference"]),
+        "reference": stats.summary_doc(samples["reference"]),
         "speedup": e["p50"] / c["p50"],
         "throughput": 1.0 / c["p50"],
         "inner_loops": loops,
