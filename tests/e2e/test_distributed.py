@@ -153,6 +153,19 @@ def test_an_fsdp2_training_step_checks_on_both_ranks(project: Path) -> None:
     assert [r["parity"] for r in result["ranks"]] == [True, True], result["ranks"]
 
 
+def test_each_rank_is_checked_against_its_own_stored_outputs(project: Path) -> None:
+    """Stored mode: the baseline's reference file holds every rank's outputs, and each
+    rank compares with its own (rank 1's are twice rank 0's here)."""
+    (project / "ranked.toml").write_text(one_model("ranked", "{ world_size = 2 }"))
+    for command in ("compile", "check", "baseline", "check"):
+        proc = gk(command, "--config", "ranked.toml", cwd=project, env=QUIET)
+        assert proc.returncode == 0, proc.stderr
+    (result,) = json.loads((project / "results.json").read_text())["targets"]
+    assert result["status"] == "ok" and result["mode"] == "stored", result
+    assert result["parity"]["vs_baseline"]["passed"], result["parity"]
+    assert [r["parity"] for r in result["ranks"]] == [True, True], result["ranks"]
+
+
 def test_a_rank_that_crashes_is_one_line_and_leaves_no_process(project: Path) -> None:
     (project / "crash.toml").write_text(one_model("crash", "{ world_size = 2 }"))
     proc = gk("compile", "--config", "crash.toml", cwd=project, env=QUIET)

@@ -76,6 +76,23 @@ MODELS = textwrap.dedent("""
         return Crash()
 
 
+    # outputs that differ by rank: each rank's parity needs its own reference
+    class Ranked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 64)
+
+        def forward(self, x):
+            y = self.fc(x)
+            dist.all_reduce(y)
+            return y * (dist.get_rank() + 1)
+
+
+    def ranked():
+        torch.manual_seed(0)
+        return Ranked()
+
+
     class Hang(nn.Module):
         def forward(self, x):
             if dist.get_rank() == 1:
