@@ -8,7 +8,7 @@ own), one of them (at 60% of the range) scaling the outputs: a numerics change. 
 timed, from a fresh ``--out`` each time:
 
     no bundles   an empty store: bisect compiles the good commit and each commit it
-                 measures, each seeded from the bundle it compiled last
+                 measures, each seeded from its nearest measured neighbour's bundle
     bundles      the store holds every commit's bundle (``gatekeeper compile`` at each
                  commit beforehand, not timed): each measurement warm-starts
 
