@@ -98,6 +98,8 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "recompiles": _side(recompiles(base), recompiles(r)),
         "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
         "parity": dump(r.parity),
+        # a distributed target's ranks: each one's medians, cache hits and parity
+        "ranks": [x.model_dump(exclude={"cache_used"}) for x in r.ranks] if r.ranks else None,
         "cache": r.compile.cache if r.compile else None,
         "compile_state": _side(
             base.compile.state if base and base.compile else None,

@@ -119,6 +119,7 @@ def test_unchanged_pull_request_passes_with_parity_on_both_ranks(project: Path) 
         assert all(r["base_latency_p50"] and r["cpu_p50"] for r in ranks), ranks
     verdicts = {t["target"]: t["verdict"] for t in doc["targets"]}
     assert verdicts == dict.fromkeys(TARGETS, "pass"), doc
+    assert all([r["rank"] for r in t["ranks"]] == [0, 1] for t in doc["targets"]), doc
 
 
 @pytest.mark.serial  # a latency verdict: other tests beside it make it `inconclusive`

@@ -376,6 +376,7 @@ TARGET_KEYS = {
     "recompiles",
     "memory",
     "parity",
+    "ranks",
     "cache",
     "env_key",
     "code_hash",
