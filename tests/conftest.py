@@ -1,10 +1,10 @@
 """Shared fixtures. Service fixtures live in their own modules, loaded as plugins.
 
 The order in which files are handed to the xdist workers: longest first. ``--dist
-loadfile`` hands out whole files in collection order (pyproject's addopts turn off xdist's
-own order, by number of tests per file, which put the few-test files that compile most,
-the zoo, the call forms, the shard merge, last: one worker then finished a long file
-while the other had nothing left). The files under ``SLOWEST`` go first, longest first
+loadfile`` hands out whole files in collection order (:func:`pytest_configure` turns off
+xdist's own order, by number of tests per file, which put the few-test files that compile
+most, the zoo, the call forms, the shard merge, last: one worker then finished a long
+file while the other had nothing left). The files under ``SLOWEST`` go first, longest first
 (``pytest -n 2 --dist loadfile --durations=40`` on them names their setups), then the
 rest of ``tests/e2e/`` and ``tests/action/`` (real compiles, the Action's steps), then
 the others, short ones, which even out the two workers' ends."""
@@ -35,6 +35,11 @@ def rank(path: Path) -> int:
     if name in SLOWEST:
         return SLOWEST.index(name)
     return len(SLOWEST) + (0 if name.startswith(HEAVY) else 1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # xdist's --no-loadscope-reorder
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
