@@ -1,16 +1,19 @@
 """Shared fixtures. Service fixtures live in their own modules, loaded as plugins.
 
 The order in which files are handed to the xdist workers: longest first. ``--dist
-loadfile`` hands out whole files in collection order (:func:`pytest_configure` turns off
-xdist's own order, by number of tests per file, which put the few-test files that compile
-most, the zoo, the call forms, the shard merge, last: one worker then finished a long
-file while the other had nothing left). The files under ``SLOWEST`` go first, longest first
+loadfile`` hands out whole files in collection order, here sorted by
+:func:`pytest_collection_modifyitems` (:func:`pytest_configure` turns off xdist's own
+order, by number of tests per file alone, which put the few-test files that compile most,
+the zoo, the call forms, the shard merge, last: one worker then finished a long file
+while the other had nothing left). The files under ``SLOWEST`` go first, longest first
 (``pytest -n 2 --dist loadfile --durations=40`` on them names their setups), then the
 rest of ``tests/e2e/`` and ``tests/action/`` (real compiles, the Action's steps), then
-the others, short ones, which even out the two workers' ends."""
+the others, short ones, which even out the two workers' ends; within each of the last
+two groups, files with more tests first, as xdist orders them."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -44,4 +47,5 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # a stable sort by file: each file's tests stay together and in their own order
-    items.sort(key=lambda item: rank(item.path))
+    tests = Counter(item.path for item in items)
+    items.sort(key=lambda item: (rank(item.path), -tests[item.path]))
