@@ -1,3 +1,51 @@
-"""Shared fixtures. Service fixtures live in their own modules, loaded as plugins."""
+"""Shared fixtures. Service fixtures live in their own modules, loaded as plugins.
+
+The order in which files are handed to the xdist workers: longest first. ``--dist
+loadfile`` hands out whole files in collection order, here sorted by
+:func:`pytest_collection_modifyitems` (:func:`pytest_configure` turns off xdist's own
+order, by number of tests per file alone, which put the few-test files that compile most,
+the zoo, the call forms, the shard merge, last: one worker then finished a long file
+while the other had nothing left). The files under ``SLOWEST`` go first, longest first
+(``pytest -n 2 --dist loadfile --durations=40`` on them names their setups), then the
+rest of ``tests/e2e/`` and ``tests/action/`` (real compiles, the Action's steps), then
+the others, short ones, which even out the two workers' ends; within each of the last
+two groups, files with more tests first, as xdist orders them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["support.s3_server", "support.github_server"]
+
+TESTS = Path(__file__).parent
+SLOWEST = (
+    "e2e/test_base_as_it_was.py",
+    "e2e/test_zoo.py",
+    "e2e/test_bisect.py",
+    "e2e/test_train.py",
+    "e2e/test_call_forms.py",
+    "e2e/test_shard_merge.py",
+)
+HEAVY = ("e2e/", "action/")
+
+
+def rank(path: Path) -> int:
+    """Where a test file goes in the order: 0 for the slowest, then the heavy, then the rest."""
+    name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else str(path)
+    if name in SLOWEST:
+        return SLOWEST.index(name)
+    return len(SLOWEST) + (0 if name.startswith(HEAVY) else 1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # xdist's --no-loadscope-reorder
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # a stable sort by file: each file's tests stay together and in their own order
+    tests = Counter(item.path for item in items)
+    items.sort(key=lambda item: (rank(item.path), -tests[item.path]))

@@ -1,8 +1,11 @@
-"""What is called and how, on real compiles, through ``gatekeeper run``: keyword inputs
-with a plain value, a method target (``call``), a function target (``function``), an
-inputs factory returning ``(args, kwargs)``, a training step of a method; and a model
-torch cannot compile, which is that target's error with torch's message and the model's
-file:line while the other targets go on, its two shape sets grouped in the report."""
+"""What is called and how, on real compiles, through ``gatekeeper check`` and ``gate``:
+keyword inputs with a plain value, a method target (``call``), a function target
+(``function``), an inputs factory returning ``(args, kwargs)``, a training step of a
+method; and a model torch cannot compile, which is that target's error with torch's
+message and the model's file:line while the other targets go on, its two shape sets
+grouped in the report. ``check`` compiles each target in its worker (no bundle to warm
+from): ``run``'s compile stage before it would compile each once more and assert
+nothing of its own here."""
 
 from __future__ import annotations
 
@@ -102,8 +105,10 @@ CONFIG = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = write_project(tmp_path_factory.mktemp("forms"), MODEL, CONFIG)
-    proc = gk("run", "--json", "--out", "out", cwd=root)
+    proc = gk("check", "--json", "--out", "out", cwd=root)
     assert "Traceback" not in proc.stderr, proc.stderr
+    gate = gk("gate", "--json", "--results", "out/results.json", cwd=root)
+    assert "Traceback" not in gate.stderr and gate.returncode == proc.returncode, gate.stderr
     results = json.loads((root / "out" / "results.json").read_text())
     by_id = {t["target"]: t for t in results["targets"]}
     return proc, by_id, root

@@ -7,13 +7,17 @@ batch 8 only (outputs 1% off, switched on by TINY_DRIFT so that the source, and 
 the code hash and the bundle, stay the same): one target passes, the other fails parity.
 Timings differ from run to run, so the comparison is of structure and verdicts: the
 targets, their verdicts and statuses, the overall verdict and exit code, the rows of the
-report's table (target and verdict columns), never a latency.
+report's table (target and verdict columns), never a latency. Stored mode compares
+processes, and a loaded machine moves the tiny model's timing past even the wide
+thresholds, which the gate rightly calls a slowdown it cannot tell from drift: what is
+compared is the verdict the gate reaches on everything else (:func:`settled`).
 """
 
 from __future__ import annotations
 
 import json
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -87,15 +91,30 @@ def table_rows(report_md: str) -> list[tuple[str, str]]:
     return rows
 
 
+TIMING = ("latency ", "speedup vs eager ")  # the timing rules' reasons
+
+
+def settled(t: dict) -> tuple[str, list[str]]:
+    """A target's verdict and reasons less what timing left undecided: ``inconclusive``
+    on timing reasons alone (two processes on a loaded machine) is ``pass``. Any other
+    verdict, and every other reason, stands as the gate gave it."""
+    reasons = [r for r in t["reasons"] if not r.startswith(TIMING)]
+    if t["verdict"] == "inconclusive" and not reasons:
+        return "pass", reasons
+    return t["verdict"], reasons
+
+
 def shape(report: dict) -> dict:
     """What must not depend on sharding: verdicts and structure, no timings."""
+    verdicts = [t["verdict"] for t in report["targets"]]
+    assert {v: c for v, c in report["counts"].items() if c} == Counter(verdicts), report
     return {
         "verdict": report["verdict"],
         "exit_code": report["exit_code"],
         "base_ref": report["base_ref"],
-        "counts": report["counts"],
+        "counts": Counter(settled(t)[0] for t in report["targets"]),
         "targets": [
-            (t["target"], t["verdict"], t["status"], t["env_key"], t["code_hash"])
+            (t["target"], *settled(t), t["status"], t["env_key"], t["code_hash"])
             for t in report["targets"]
         ],
         "removed": report["removed"],
@@ -147,18 +166,20 @@ def test_merged_shards_gate_like_one_unsharded_run(project: Path) -> None:
 
     assert code_merged == code_whole == 1
     assert shape(merged) == shape(whole)
-    assert [(t["target"], t["verdict"]) for t in merged["targets"]] == [
+    assert [(t["target"], settled(t)[0]) for t in merged["targets"]] == [
         ("tiny/b4/default", "pass"),
         ("tiny/b8/default", "parity-failed"),
     ]
     assert merged["verdict"] == "parity-failed"
-    assert [t["reasons"] for t in merged["targets"]] == [t["reasons"] for t in whole["targets"]]
 
     md_merged = (project / "merged/report.md").read_text()
     md_whole = (project / "whole/report.md").read_text()
-    assert table_rows(md_merged) == table_rows(md_whole)
+    for md, report in ((md_merged, merged), (md_whole, whole)):  # each row, its verdict
+        verdict = {t["target"]: t["verdict"] for t in report["targets"]}
+        assert all(verdict[target] in cell for target, cell in table_rows(md)), md
     # worst first
     assert [target for target, _ in table_rows(md_merged)] == ["tiny/b8/default", "tiny/b4/default"]
+    assert [target for target, _ in table_rows(md_whole)] == ["tiny/b8/default", "tiny/b4/default"]
     assert md_merged.splitlines()[0] == md_whole.splitlines()[0]  # the headline
 
     # the merged results.json is self-contained: both targets, their reference outputs

@@ -80,6 +80,21 @@ def run_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, 
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
+def check_gate(project: Path, *extra: str, env: dict | None = None) -> tuple[int, dict, str]:
+    """``check`` then ``gate --json``, both ``--base-ref main``, on one thread: gate's exit
+    code and JSON, check's stderr. What ``run_gate`` says of a changed model, less ``run``'s
+    compile stage (the worker compiles it for ``check``; run would compile it twice) and
+    its re-measure of a borderline timing (for tests whose verdicts timing does not decide)."""
+    env = {**QUIET, **(env or {})}
+    check = gk("check", "--base-ref", "main", *extra, cwd=project, env=env)
+    assert "Traceback" not in check.stderr, check.stderr
+    assert check.returncode == 0, check.stderr
+    gate = gk("gate", "--json", "--base-ref", "main", cwd=project, env=env)
+    assert "Traceback" not in gate.stderr, gate.stderr
+    assert gate.stdout.strip(), gate.stderr
+    return gate.returncode, json.loads(gate.stdout), check.stderr
+
+
 def measure_main_again(root: Path, runs: int = 2) -> None:
     """More pushes to main, each measured and published as its baseline: the history from
     which the gate learns this runner's drift between processes."""
