@@ -22,6 +22,7 @@ pytest_plugins = ["support.s3_server", "support.github_server"]
 
 TESTS = Path(__file__).parent
 SLOWEST = (
+    "e2e/test_distributed.py",
     "e2e/test_base_as_it_was.py",
     "e2e/test_zoo.py",
     "e2e/test_bisect.py",
