@@ -118,7 +118,8 @@ class CpuWatch:
 def _timed(fn: Callable[[], Any], loops: int, device: str, cpu: list[float] | None = None) -> float:
     """Wall seconds per call; ``cpu``: also this process's CPU seconds per call."""
     sync(device)
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start = time.perf_counter()
+    cpu_start = time.process_time() if cpu is not None else 0.0
     for _ in range(loops):
         fn()
     sync(device)

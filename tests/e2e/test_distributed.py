@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support.distributed import CONFIG, MODELS, SLOW_RANK_1, TARGETS
 from support.helpers import git, gk
-from support.projects import QUIET, run_gate
+from support.projects import QUIET, check_gate, run_gate
 
 
 def one_model(factory: str, distributed: str, tasks: str = '["infer"]') -> str:
@@ -117,8 +117,14 @@ def test_unchanged_pull_request_passes_with_parity_on_both_ranks(project: Path) 
         assert t["parity"]["vs_eager"]["passed"] and t["parity"]["vs_baseline"]["passed"]
         # paired: every rank timed the base beside the head
         assert all(r["base_latency_p50"] and r["cpu_p50"] for r in ranks), ranks
-    verdicts = {t["target"]: t["verdict"] for t in doc["targets"]}
-    assert verdicts == dict.fromkeys(TARGETS, "pass"), doc
+    # pass; or, when other tests beside it disturbed the timing (the parallel phase),
+    # inconclusive on that alone: never a verdict of another kind
+    for t in doc["targets"]:
+        timing_only = t["disturbed"] is not None and all(
+            r.startswith("latency ") and "the run was disturbed" in r for r in t["reasons"]
+        )
+        assert t["verdict"] == "pass" or (t["verdict"] == "inconclusive" and timing_only), t
+    assert sorted(t["target"] for t in doc["targets"]) == sorted(TARGETS)
     assert all([r["rank"] for r in t["ranks"]] == [0, 1] for t in doc["targets"]), doc
 
 
@@ -134,7 +140,7 @@ def test_pull_request_that_slows_rank_1_regresses_naming_rank_1(tmp_path: Path) 
     slow = textwrap.indent(textwrap.dedent(SLOW_RANK_1).lstrip("\n"), "    ")
     (project / "distmodels.py").write_text(head + slow + tail)
     git(project, "commit", "-qam", "rank 1 works harder")
-    code, doc, err = run_gate(project)
+    code, doc, err = check_gate(project)  # check's workers compile: no compile step
     assert code == 1, err
     for t in doc["targets"]:
         assert t["verdict"] == "regressed", t
@@ -145,20 +151,19 @@ def test_an_fsdp2_training_step_checks_on_both_ranks(project: Path) -> None:
     """FSDP2 refuses a deep copy (the eager and compiled trainers are built by the
     factory again) and its parameters are DTensors (parity compares their full values)."""
     (project / "fsdp-train.toml").write_text(one_model("fsdp", "{ world_size = 2 }", '["train"]'))
-    for command in ("compile", "check"):
-        proc = gk(command, "--config", "fsdp-train.toml", cwd=project, env=QUIET)
-        assert proc.returncode == 0, proc.stderr
+    proc = gk("check", "--config", "fsdp-train.toml", cwd=project, env=QUIET)
+    assert proc.returncode == 0, proc.stderr
     (result,) = json.loads((project / "results.json").read_text())["targets"]
     assert result["target"] == "one/b8/default+train+ws2" and result["status"] == "ok", result
-    assert result["compile"]["cache"] == "hit"
     assert [r["parity"] for r in result["ranks"]] == [True, True], result["ranks"]
 
 
 def test_each_rank_is_checked_against_its_own_stored_outputs(project: Path) -> None:
     """Stored mode: the baseline's reference file holds every rank's outputs, and each
     rank compares with its own (rank 1's are twice rank 0's here)."""
+    git(project, "checkout", "-q", "main")  # the baseline is main's, as check looks for
     (project / "ranked.toml").write_text(one_model("ranked", "{ world_size = 2 }"))
-    for command in ("compile", "check", "baseline", "check"):
+    for command in ("check", "baseline", "check"):
         proc = gk(command, "--config", "ranked.toml", cwd=project, env=QUIET)
         assert proc.returncode == 0, proc.stderr
     (result,) = json.loads((project / "results.json").read_text())["targets"]
