@@ -102,7 +102,11 @@ def test_an_installed_kind_goes_through_compile_warm_check_and_the_gate(plugin, 
     proc = gk("run", "--json", "--base-ref", "main", "--mode", "stored", cwd=root, env=plugin)
     assert proc.returncode == 0, proc.stderr
     (gated,) = json.loads(proc.stdout)["targets"]
-    assert (gated["target"], gated["verdict"]) == (TARGET, "pass"), gated
+    assert gated["target"] == TARGET
+    # stored mode compares two processes: on a machine other tests load, an unchanged
+    # target may be undecided on that timing alone, never anything else
+    timing_only = all(r.startswith(("latency ", "speedup vs eager ")) for r in gated["reasons"])
+    assert gated["verdict"] == "pass" or (gated["verdict"] == "inconclusive" and timing_only), gated
     assert gated["compile"]["pr"]["cache"] == "hit", gated["compile"]
 
 
