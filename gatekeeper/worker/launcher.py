@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 # what a rank reports when it only lost its peer (the root cause is elsewhere)
-_PEER_LOST = ("Connection closed by peer", "Connection reset", "Read error", "Broken pipe")
+PEER_LOST = ("Connection closed by peer", "Connection reset", "Read error", "Broken pipe")
 
 
 def refusal(backend: str, device: str, world_size: int) -> str | None:
@@ -73,7 +73,7 @@ def _rank_order(failure: Any) -> tuple:
     earliest."""
     text = one_line(failure)
     stopped = failure.exitcode in (-15, -9) and ":" not in text
-    peer = any(w in text for w in _PEER_LOST)
+    peer = any(w in text for w in PEER_LOST)
     return (2 if stopped else 1 if peer else 0, failure.timestamp, failure.local_rank)
 
 

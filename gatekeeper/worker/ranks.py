@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..errors import WorkerError
 from . import steps
 from .gather import merge
+from .launcher import PEER_LOST
 from .protocol import Build, Response
 from .spawn import cache_env, worker_command
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 MARKER = "GATEKEEPER_RUN"  # in every rank's environment: what the sweep looks for
 GRACE = 10.0  # seconds the launcher has to stop its ranks after SIGTERM
-_PEER_LOST = ("Connection closed by peer", "Connection reset", "Read error", "Broken pipe")
 
 
 def backend_of(request: Build) -> str:
@@ -211,7 +211,7 @@ def _failed(
     def order(rank: int) -> tuple:
         text, kind = errors[rank]
         stopped = kind is None and text in ("killed by SIGTERM", "killed by SIGKILL")
-        peer = any(w in text for w in _PEER_LOST)
+        peer = any(w in text for w in PEER_LOST)
         return (2 if stopped else 1 if peer else 0, 0 if kind else 1, rank)
 
     root = min(errors, key=order)
