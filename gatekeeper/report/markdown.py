@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
-from .. import units
+from .. import metrics, units
 from ..gate import GateReport, GateRow
 from ..gate.drift import normalised_latency
 from ..gate.governing import show
@@ -37,6 +38,7 @@ from .rows import (
     base_result,
     breaks,
     counts,
+    figures,
     from_baseline,
     is_new,
     p50,
@@ -68,18 +70,22 @@ STORED = " †"  # a paired row's figure compared with the stored baseline
 
 # ------------------------------------------------------------------------ the main table
 
-HEADERS = [
-    "target",
-    "verdict",
-    "p50 latency (Δ, trend)",
-    "speedup vs eager",
-    "compile",
-    "graph breaks",
-    "recompiles",
-    "peak mem compiled (MiB)",
-    "parity (max abs err)",
-    "cache",
-]
+# a metric's column (gatekeeper.metrics' ``column``) is drawn by its cell here, or, for
+# a metric without one, as both sides in its format, shown when any row has the figure
+
+
+def _columns(rows: list[GateRow]) -> list[metrics.Metric]:
+    """The metrics with a column: those with a cell of their own always, any other when
+    a row has its figure."""
+    return [
+        m
+        for m in metrics.registry()
+        if m.column and (m.name in CELLS or any(v is not None for r in rows for v in figures(r, m)))
+    ]
+
+
+def headers(rows: list[GateRow]) -> list[str]:
+    return ["target", "verdict", *(m.column or m.name for m in _columns(rows)), "cache"]
 
 
 def _latency_cell(row: GateRow) -> str:
@@ -180,18 +186,31 @@ def _parity_cell(row: GateRow) -> str:
     )
 
 
-def _table_row(row: GateRow) -> list[str]:
+def _figure_cell(row: GateRow, m: metrics.Metric) -> str:
+    """A metric without a cell of its own: both sides in its format."""
+    b, p = figures(row, m)
+    cell = sides(m.fmt(b), m.fmt(p))
+    from_stored = row.result.paired is not None and m.beside is None
+    return _stored(row, cell) if from_stored else cell
+
+
+CELLS: dict[str, Callable[[GateRow], str]] = {
+    "latency": _latency_cell,
+    "speedup": _speedup_cell,
+    "compile": _compile_cell,
+    "graph-breaks": _breaks_cell,
+    "recompiles": _recompiles_cell,
+    "memory": _memory_cell,
+    "parity": _parity_cell,
+}
+
+
+def _table_row(row: GateRow, columns: list[metrics.Metric]) -> list[str]:
     r = row.result
     return [
         md_text(r.target),
         verdict_label(row.verdict.verdict),
-        _latency_cell(row),
-        _speedup_cell(row),
-        _compile_cell(row),
-        _breaks_cell(row),
-        _recompiles_cell(row),
-        _memory_cell(row),
-        _parity_cell(row),
+        *(CELLS[m.name](row) if m.name in CELLS else _figure_cell(row, m) for m in columns),
         r.compile.cache if r.compile else DASH,
     ]
 
@@ -409,7 +428,8 @@ def _head(report: GateReport, rows: list[GateRow], title: str) -> list[str]:
     altered, and which mode to pick."""
     head = [_headline(report, title)]
     if rows:
-        head.append(md_table((_table_row(r) for r in rows), HEADERS))
+        columns = _columns(rows)
+        head.append(md_table((_table_row(r, columns) for r in rows), headers(rows)))
         if notes := _table_notes(report, rows):
             head.append("<sub>" + " ".join(notes) + "</sub>")
     else:
