@@ -72,6 +72,15 @@ STORED = " †"  # a paired row's figure compared with the stored baseline
 
 # a metric's column (gatekeeper.metrics' ``column``) is drawn by its cell here, or, for
 # a metric without one, as both sides in its format, shown when any row has the figure
+CELLS: dict[str, Callable[[GateRow], str]] = {}
+
+
+def _cell(metric: str) -> Callable[[Callable[[GateRow], str]], Callable[[GateRow], str]]:
+    def add(draw: Callable[[GateRow], str]) -> Callable[[GateRow], str]:
+        CELLS[metric] = draw
+        return draw
+
+    return add
 
 
 def _columns(rows: list[GateRow]) -> list[metrics.Metric]:
@@ -84,10 +93,7 @@ def _columns(rows: list[GateRow]) -> list[metrics.Metric]:
     ]
 
 
-def headers(rows: list[GateRow]) -> list[str]:
-    return ["target", "verdict", *(m.column or m.name for m in _columns(rows)), "cache"]
-
-
+@_cell("latency")
 def _latency_cell(row: GateRow) -> str:
     cell = sides(units.seconds(base_p50(row)), units.seconds(p50(row.result)))
     comp = row.verdict.latency
@@ -123,6 +129,7 @@ def _stored(row: GateRow, cell: str) -> str:
     return cell + STORED if from_baseline(row) and cell != DASH else cell
 
 
+@_cell("speedup")
 def _speedup_cell(row: GateRow) -> str:
     cell = sides(units.speedup(speedup(base_result(row))), units.speedup(speedup(row.result)))
     comp = row.verdict.speedup
@@ -131,6 +138,7 @@ def _speedup_cell(row: GateRow) -> str:
     return _stored(row, cell)
 
 
+@_cell("compile")
 def _compile_cell(row: GateRow) -> str:
     base, pr = base_result(row), row.result
     bc, pc = (base.compile if base else None), pr.compile
@@ -143,6 +151,7 @@ def _compile_cell(row: GateRow) -> str:
     return _stored(row, f"{b} {ARROW} {p}")
 
 
+@_cell("graph-breaks")
 def _breaks_cell(row: GateRow) -> str:
     """Graph breaks of the side the verdict compared with; more breaks beside a verdict
     that does not fail say why."""
@@ -163,15 +172,18 @@ def _breaks_cell(row: GateRow) -> str:
     return cell
 
 
+@_cell("recompiles")
 def _recompiles_cell(row: GateRow) -> str:
     b, p = recompiles(base_result(row)), recompiles(row.result)
     return _stored(row, sides(None if b is None else str(b), None if p is None else str(p)))
 
 
+@_cell("memory")
 def _memory_cell(row: GateRow) -> str:
     return _stored(row, sides(units.mib(peak(base_result(row))), units.mib(peak(row.result))))
 
 
+@_cell("parity")
 def _parity_cell(row: GateRow) -> str:
     r = row.result
     if r.parity is None:
@@ -192,17 +204,6 @@ def _figure_cell(row: GateRow, m: metrics.Metric) -> str:
     cell = sides(m.fmt(b), m.fmt(p))
     from_stored = row.result.paired is not None and m.beside is None
     return _stored(row, cell) if from_stored else cell
-
-
-CELLS: dict[str, Callable[[GateRow], str]] = {
-    "latency": _latency_cell,
-    "speedup": _speedup_cell,
-    "compile": _compile_cell,
-    "graph-breaks": _breaks_cell,
-    "recompiles": _recompiles_cell,
-    "memory": _memory_cell,
-    "parity": _parity_cell,
-}
 
 
 def _table_row(row: GateRow, columns: list[metrics.Metric]) -> list[str]:
@@ -429,7 +430,8 @@ def _head(report: GateReport, rows: list[GateRow], title: str) -> list[str]:
     head = [_headline(report, title)]
     if rows:
         columns = _columns(rows)
-        head.append(md_table((_table_row(r, columns) for r in rows), headers(rows)))
+        titles = ["target", "verdict", *(m.column or m.name for m in columns), "cache"]
+        head.append(md_table((_table_row(r, columns) for r in rows), titles))
         if notes := _table_notes(report, rows):
             head.append("<sub>" + " ".join(notes) + "</sub>")
     else:
