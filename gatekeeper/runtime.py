@@ -275,24 +275,26 @@ def load_package(
         loader = package_loader(path)
     loaded = AotModel(loader, Path(path), info)
     if record is not None:
-        loaded._bound = _bind(loader, json.loads(record), path, model, weights)
+        shown = (info or {}).get("target") or str(path)
+        stored = package_member(path, STORED_CONSTANTS)
+        loaded._bound = _bind(loader, json.loads(record), stored, shown, model, weights)
         loaded.weights = "bound"
     return loaded
 
 
 def _bind(
-    loader: Any, record: dict, path: str | os.PathLike[str], model: Any, weights: Any
+    loader: Any, record: dict, blob: bytes | None, path: str, model: Any, weights: Any
 ) -> dict[str, Any]:
     """The package's constants, each the deploy's tensor (checked against the shape,
-    stride, dtype and device it was built with), bound without a copy."""
+    stride, dtype and device it was built with), bound without a copy; those it stores
+    itself (``blob``) from there."""
     import io
 
     import torch
 
     wanted = record["constants"]
     stored: dict[str, Any] = {}
-    if any(c.get("name") is None for c in wanted.values()):
-        blob = package_member(path, STORED_CONSTANTS) or b""
+    if blob is not None:
         stored = torch.load(io.BytesIO(blob), weights_only=True)
     if model is None and weights is None and any(c.get("name") for c in wanted.values()):
         raise UsageError(
@@ -304,6 +306,8 @@ def _bind(
     for fqn, c in wanted.items():
         name = c.get("name")
         t = stored.get(fqn) if name is None else _tensor_of(model, weights, name)
+        if name is None and t is not None:  # stored in the package, on the CPU
+            t = t.to(c["device"])
         built = (tuple(c["shape"]), tuple(c["stride"]), c["dtype"], c["device"])
         have = None
         if isinstance(t, torch.Tensor):

@@ -191,8 +191,9 @@ def _with_call_kwargs(model: Any, call: str | None, inputs: Inputs) -> Inputs:
 
     from .calls import entry
 
+    fn = entry(model, call)
     try:
-        takes = inspect.signature(entry(model, call)).parameters
+        takes = inspect.signature(fn.forward if fn is model else fn).parameters
     except (TypeError, ValueError):  # no signature to read
         return inputs
     added = {k: v for k, v in CALL_KWARGS.items() if k in takes and k not in inputs.kwargs}

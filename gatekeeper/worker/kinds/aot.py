@@ -251,9 +251,10 @@ def aot_package(program: Any, cfg: ModelConfig, mode: str, out: Path, bound: boo
 
 def record_weights(out: Path, module: Any, model: Any) -> int:
     """Into a package built without its weights: which of its constants is which
-    tensor of ``model`` (by name, with the shape, stride, dtype and device it was built
-    with), and, stored in it, those that are no tensor of ``model`` (a function's
-    constants). The bytes bound at load."""
+    tensor of ``model``'s state dict (by name, with the shape, stride, dtype and device
+    it was built with), and, stored in it, those that are not in the state dict (a
+    non-persistent buffer, a function's constants: what a deploy's checkpoint lacks).
+    The bytes bound at load."""
     import io
     import json
     import zipfile
@@ -264,24 +265,23 @@ def record_weights(out: Path, module: Any, model: Any) -> int:
         return root
 
     prefix = "" if module is model else "model."  # a method's or function's wrapper
+    state = model.state_dict(keep_vars=True) if isinstance(model, torch.nn.Module) else {}
     constants, stored, bound = {}, {}, 0
     for fqn in package_loader(out).get_constant_fqns():
-        t = at(module, fqn)
-        name = fqn.removeprefix(prefix) if fqn.startswith(prefix) else None
-        if name is not None and at(model, name) is not t:  # not the model's own tensor
-            name = None
+        t: torch.Tensor = at(module, fqn)
         if not isinstance(t, torch.Tensor):
             raise RuntimeError(f"the package's constant {fqn!r} is no tensor of the model")
-        if name is None:
-            stored[fqn] = t.detach().cpu().clone()
+        name: str | None = fqn.removeprefix(prefix)
+        if not fqn.startswith(prefix) or state.get(str(name)) is not t:
+            name = None
+            stored[fqn] = t.detach().clone()
         else:
             bound += t.numel() * t.element_size()
-        dtype = str(t.dtype).removeprefix("torch.")
         constants[fqn] = {
             "name": name,
             "shape": list(t.shape),
             "stride": list(t.stride()),
-            "dtype": dtype,
+            "dtype": str(t.dtype).removeprefix("torch."),
             "device": t.device.type,
         }
     with zipfile.ZipFile(out, "a") as z:
@@ -290,7 +290,7 @@ def record_weights(out: Path, module: Any, model: Any) -> int:
         z.writestr(f"{root}/{WEIGHTS_RECORD}", json.dumps(record, sort_keys=True))
         if stored:
             blob = io.BytesIO()
-            torch.save(stored, blob)
+            torch.save({k: v.cpu() for k, v in stored.items()}, blob)
             z.writestr(f"{root}/{STORED_CONSTANTS}", blob.getvalue())
     return bound
 
