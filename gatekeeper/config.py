@@ -219,9 +219,12 @@ class TrainConfig(BaseModel):
 class ExportConfig(_Strict):
     """How the ``aot`` strategy exports the model: ``torch.export.export(strict=...)``
     (non-strict by default: the model's Python runs as Python, only torch calls are
-    traced)."""
+    traced); ``weights``: in the package (``bundled``), or left out and bound at load to
+    the deploy's own (``bound``: ``load_aot(..., model=...)``); ``auto``: bound from
+    256 MiB of weights."""
 
     strict: bool = False
+    weights: Literal["auto", "bundled", "bound"] = "auto"
 
 
 class ModelConfig(_Strict):

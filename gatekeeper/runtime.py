@@ -23,24 +23,24 @@ the store, the report) never imports torch.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import re
-import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import GatekeeperError
+from .aot_files import AOT_HOME as AOT_HOME
+from .aot_files import AOT_MEMBER as AOT_MEMBER
+from .aot_files import INFO as INFO
+from .aot_files import MANIFEST as MANIFEST
+from .aot_files import PACKAGE as PACKAGE
+from .aot_files import AotUnavailable as AotUnavailable
+from .aot_files import check_package, inductor_cache_dir, package_dir
+from .errors import GatekeeperError, UsageError
 
 if TYPE_CHECKING:
     from .config import Config
-
-AOT_HOME = Path("gatekeeper", "aot")  # inside the inductor cache dir
-PACKAGE = "model.pt2"
-AOT_MEMBER = f"aot/{PACKAGE}"  # the package in an aot bundle's archive
-INFO = "package.json"  # what warm installed: target, code hash, sha256, the check's verdict
-MANIFEST = "manifest.json"  # the bundle's signed manifest, as warm verified it
 
 
 MESH_ENV = "GATEKEEPER_DEVICE_MESH"  # set in a distributed target's ranks
@@ -148,34 +148,12 @@ def enable_precompile_loading(skip_isa_probe: bool = False) -> None:
     bt.unique_id("__gatekeeper_precompile")
 
 
-class AotUnavailable(GatekeeperError):
-    """No verified AOTInductor package is installed for the target: the service compiles
-    (``torch.compile``) as it would without one."""
-
-
-def inductor_cache_dir() -> Path:
-    """The inductor cache dir of this process, as inductor computes it (without
-    importing inductor): ``$TORCHINDUCTOR_CACHE_DIR``, else ``<tmp>/torchinductor_<user>``."""
-    explicit = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container): inductor's fallback
-        user = "unknown"
-    user = re.sub(r'[\\/:*?"<>|]', "_", user)
-    return Path(tempfile.gettempdir(), f"torchinductor_{user}")
-
-
-def package_dir(cache: Path, target_id: str) -> Path:
-    """Where ``warm`` installs a target's package inside a cache dir."""
-    return cache / AOT_HOME / target_id.replace("/", "__")
-
-
 class AotModel:
     """A loaded AOTInductor package, called like the model: ``model(*args, **kwargs)``.
     Inputs are flattened as ``torch.export`` saw them; outputs come back in the
-    structure the model returned (tuple, dict, ...)."""
+    structure the model returned (tuple, dict, a transformers ``ModelOutput``, ...).
+    ``weights``: what its weights are (``bundled`` in the package, or ``bound`` at load
+    to the deploy's own tensors, which it keeps alive: no copy)."""
 
     def __init__(self, loader: Any, path: Path, info: dict | None = None) -> None:
         import torch.utils._pytree as pytree
@@ -183,9 +161,11 @@ class AotModel:
         self._loader = loader
         self.path = path
         self.info = info or {}
+        self.weights = "bundled"
+        self._bound: dict[str, Any] = {}
         in_spec, out_spec = loader.get_call_spec()
         self._in_spec = pytree.treespec_loads(in_spec)
-        self._out_spec = pytree.treespec_loads(out_spec)
+        self._out_spec = _output_spec(out_spec, path)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
@@ -199,7 +179,35 @@ class AotModel:
         return pytree.tree_unflatten(self._loader.run(tensors), self._out_spec)
 
     def __repr__(self) -> str:
-        return f"AotModel({str(self.path)!r})"
+        return f"AotModel({str(self.path)!r}, weights={self.weights!r})"
+
+
+def _output_spec(text: str, path: Path) -> Any:
+    """The package's output structure. Its types (transformers' ``ModelOutput``
+    classes, ...) must be registered with torch's pytree: the modules that define them
+    are imported first (a verified package names them; its own code runs anyway)."""
+    import importlib
+
+    import torch.utils._pytree as pytree
+
+    names = set(re.findall(r'"type":\s*"([\w.]+)"', text))
+    for name in sorted(names - set(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)):
+        module = name.rpartition(".")[0]
+        while module:
+            try:
+                importlib.import_module(module)
+                break
+            except ImportError:
+                module = module.rpartition(".")[0]
+    try:
+        return pytree.treespec_loads(text)
+    except (NotImplementedError, ValueError, KeyError) as e:
+        missing = sorted(names - set(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE))
+        raise GatekeeperError(
+            f"{path}: its outputs are of types torch's pytree does not know here "
+            f"({', '.join(missing) or e}): import the module that registers them "
+            "before gatekeeper.load_aot"
+        ) from None
 
 
 # The C++ loader's constructor is no stable API; its arguments, newest first: (path, model
@@ -207,6 +215,11 @@ class AotModel:
 # them; without the device index, as releases before it did; (path, model name), as 2.6
 # does. pybind11 refuses the others with a TypeError before anything is loaded.
 LOADER_ARGS = (("model", False, 1, -1), ("model", False, 1), ("model",))
+# what the aot kind's worker adds to a package whose weights are bound at load, in the
+# archive's extra files: which constant is which tensor of the model, and the constants
+# that are no tensor of the model (stored, small)
+WEIGHTS_RECORD = "extra/gatekeeper/weights.json"
+STORED_CONSTANTS = "extra/gatekeeper/constants.pt"
 
 
 def _child(spec: Any, index: int) -> Any:
@@ -216,25 +229,111 @@ def _child(spec: Any, index: int) -> Any:
     return child(index) if child is not None else spec.children_specs[index]
 
 
-def load_package(path: str | os.PathLike[str], info: dict | None = None) -> AotModel:
-    """Load a ``.pt2`` AOTInductor package with torch's C++ loader, as this torch's
-    constructor takes it (falling back to ``torch._inductor.aoti_load_package`` where
-    torch has none)."""
+def package_loader(path: str | os.PathLike[str]) -> Any:
+    """torch's C++ loader of a ``.pt2``, as this torch's constructor takes it."""
     import torch
 
-    aoti = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
-    if aoti is None:  # pragma: no cover - every torch gatekeeper supports has it
-        from torch._inductor import aoti_load_package
-
-        return AotModel(aoti_load_package(str(path)).loader, Path(path), info)
+    aoti = torch._C._aoti.AOTIModelPackageLoader
     for args in LOADER_ARGS:
         try:
-            loader = aoti(str(path), *args)
-            break
+            return aoti(str(path), *args)
         except TypeError as e:  # pybind11: this torch has another constructor
             if "incompatible constructor arguments" not in str(e) or args == LOADER_ARGS[-1]:
                 raise
-    return AotModel(loader, Path(path), info)
+    raise AssertionError("unreachable")
+
+
+def package_member(path: str | os.PathLike[str], name: str) -> bytes | None:
+    """A file of a ``.pt2`` archive (``name`` under its one top folder), or None."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        found = [n for n in z.namelist() if n.split("/", 1)[-1] == name]
+        return z.read(found[0]) if found else None
+
+
+def load_package(
+    path: str | os.PathLike[str],
+    info: dict | None = None,
+    *,
+    model: Any = None,
+    weights: Mapping[str, Any] | None = None,
+) -> AotModel:
+    """Load a ``.pt2`` AOTInductor package with torch's C++ loader (falling back to
+    ``torch._inductor.aoti_load_package`` where torch has none). A package built without
+    its weights gets them bound here: the tensors of ``model`` (a module) or of
+    ``weights`` (a mapping of its names, as ``named_parameters``/``state_dict`` name
+    them), used in place."""
+    import torch
+
+    record = package_member(path, WEIGHTS_RECORD)
+    if getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None) is None:
+        from torch._inductor import aoti_load_package  # pragma: no cover - every torch has it
+
+        loader = aoti_load_package(str(path)).loader  # pragma: no cover
+    else:
+        loader = package_loader(path)
+    loaded = AotModel(loader, Path(path), info)
+    if record is not None:
+        shown = (info or {}).get("target") or str(path)
+        stored = package_member(path, STORED_CONSTANTS)
+        loaded._bound = _bind(loader, json.loads(record), stored, shown, model, weights)
+        loaded.weights = "bound"
+    return loaded
+
+
+def _bind(
+    loader: Any, record: dict, blob: bytes | None, path: str, model: Any, weights: Any
+) -> dict[str, Any]:
+    """The package's constants, each the deploy's tensor (checked against the shape,
+    stride, dtype and device it was built with), bound without a copy; those it stores
+    itself (``blob``) from there."""
+    import io
+
+    import torch
+
+    wanted = record["constants"]
+    stored: dict[str, Any] = {}
+    if blob is not None:
+        stored = torch.load(io.BytesIO(blob), weights_only=True)
+    if model is None and weights is None and any(c.get("name") for c in wanted.values()):
+        raise UsageError(
+            f"{path}: the package holds no weights (built with export.weights = "
+            '"bound"): pass the deploy\'s own, load_aot(..., model=<the live module>) '
+            "or weights=<its state_dict>"
+        )
+    bound = {}
+    for fqn, c in wanted.items():
+        name = c.get("name")
+        t = stored.get(fqn) if name is None else _tensor_of(model, weights, name)
+        if name is None and t is not None:  # stored in the package, on the CPU
+            t = t.to(c["device"])
+        built = (tuple(c["shape"]), tuple(c["stride"]), c["dtype"], c["device"])
+        have = None
+        if isinstance(t, torch.Tensor):
+            have = (tuple(t.shape), t.stride(), str(t.dtype).removeprefix("torch."), t.device.type)
+        if have != built:
+            said = "missing" if have is None else f"shape/stride/dtype/device {have}"
+            raise UsageError(
+                f"{path}: weight {name or fqn!r} is {said}; the package was built with {built}"
+            )
+        bound[fqn] = t
+    try:
+        loader.load_constants(bound, False, True, True)  # user-managed: no copy
+    except TypeError:  # an older torch without user-managed constants: it copies
+        loader.load_constants(bound, False, True)
+    return bound
+
+
+def _tensor_of(model: Any, weights: Any, name: str) -> Any:
+    """The tensor ``name`` of the deploy's weights mapping, or of its module (a
+    parameter, a buffer, or a plain tensor attribute)."""
+    if weights is not None:
+        return weights.get(name)
+    obj = model
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def load_aot(
@@ -242,6 +341,8 @@ def load_aot(
     target: str,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
+    model: Any = None,
+    weights: Mapping[str, Any] | None = None,
 ) -> AotModel:
     """The callable of ``target``'s AOTInductor package, as ``gatekeeper warm`` installed
     it (verified by a ``check``, for this code)::
@@ -251,11 +352,43 @@ def load_aot(
         out = model(x)
 
     ``target`` is an ``+aot`` target's id (or that id without ``+aot``); ``cache_dir``
-    (default: the one inductor would use) is where ``warm`` installed it. Raises
+    (default: the one inductor would use) is where ``warm`` installed it. A package
+    built without its weights (``export.weights``) runs on the deploy's own: ``model``
+    (the live module) or ``weights`` (its state dict), bound in place. Raises
     :class:`AotUnavailable` when no verified package is installed there (the service
     then compiles as before); the config (a path or a loaded Config) is read only
     then, to tell a target that does not exist (UsageError) from a missing package.
     Imports torch, not inductor."""
+    return verified_aot(config, target, cache_dir=cache_dir).load(model=model, weights=weights)
+
+
+class VerifiedAot:
+    """A target's installed package as verified: a private copy (a 0700 folder of this
+    process's) of the bytes whose sha256 was checked. :meth:`load` loads that copy, so
+    what runs is what was verified, whatever happens to the installed file meanwhile."""
+
+    def __init__(self, target: str, installed: Path, copy: Path, info: dict) -> None:
+        self.target, self.installed, self.copy, self.info = target, installed, copy, info
+
+    def load(self, *, model: Any = None, weights: Mapping[str, Any] | None = None) -> AotModel:
+        import shutil
+
+        try:  # torch's loader extracts the archive: the copy is not needed afterwards
+            loaded = load_package(self.copy, self.info, model=model, weights=weights)
+            loaded.path = self.installed
+            return loaded
+        finally:
+            shutil.rmtree(self.copy.parent, ignore_errors=True)
+
+
+def verified_aot(
+    config: Config | str | os.PathLike[str] | None,
+    target: str,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> VerifiedAot:
+    """``target``'s installed package, verified (see :func:`load_aot`) into a private
+    copy; loaded by :meth:`VerifiedAot.load`."""
     from .kinds import get
 
     wanted = get("aot").target_id(target)
@@ -274,48 +407,8 @@ def load_aot(
         raise AotUnavailable(f"{wanted}: {where / INFO} is not this target's")
     if info.get("verified") is not True:
         raise AotUnavailable(f"{wanted}: the package installed in {where} is not verified")
-    if not (where / PACKAGE).is_file():
-        raise AotUnavailable(f"{wanted}: {where / PACKAGE} is missing")
-    _check_package(wanted, where, info)
-    return load_package(where / PACKAGE, info)
-
-
-def _check_package(wanted: str, where: Path, info: dict) -> None:
-    """Loading a package runs its shared library: it must be the file ``warm`` verified.
-    Its sha256 must be the one ``warm`` recorded; where this process has the signing
-    key (or a signature is required), the bundle's signed manifest ``warm`` kept beside
-    it must verify and record that same sha256, so an edited ``package.json`` is no way
-    around it. Raises :class:`AotUnavailable` otherwise."""
-    from . import bundle
-    from .errors import BundleError, ConfigError
-    from .hashing import sha256_file
-
-    recorded = info.get("sha256")
-    if not isinstance(recorded, str) or not re.fullmatch(r"[0-9a-f]{64}", recorded):
-        raise AotUnavailable(f"{wanted}: {where / INFO} records no sha256 for its package")
-    try:
-        key = bundle.signing_key()
-    except ConfigError as e:
-        raise AotUnavailable(f"{wanted}: {e}") from None
-    if key is not None:
-        try:
-            data = (where / MANIFEST).read_bytes()
-            target = json.loads(data).get("target")
-            manifest = bundle.verify_manifest(data, target=str(target), signing_key=key)
-        except (OSError, ValueError, AttributeError, BundleError) as e:
-            raise AotUnavailable(
-                f"{wanted}: no signed manifest verifies the package in {where} ({e}); "
-                "run gatekeeper warm again"
-            ) from None
-        entry = manifest.files.get(AOT_MEMBER)
-        if entry is None or entry.sha256 != recorded or manifest.code_hash != info.get("code_hash"):
-            raise AotUnavailable(f"{wanted}: {where / INFO} is not what its signed manifest says")
-    actual = sha256_file(where / PACKAGE)
-    if actual != recorded:
-        raise AotUnavailable(
-            f"{wanted}: {where / PACKAGE} is not the package warm verified (sha256 "
-            f"{actual[:12]}, recorded {recorded[:12]}): not loaded"
-        )
+    copy = check_package(wanted, where, info)
+    return VerifiedAot(wanted, where / PACKAGE, copy, info)
 
 
 def _aot_target(config: Config | str | os.PathLike[str] | None, wanted: str) -> None:

@@ -32,6 +32,7 @@ from .bundle import signing_key
 from .config import Config, load_config
 from .errors import BundleError, StoreError
 from .key import CacheKey, find_bundle, target_key
+from .nearest import nearest, says
 from .results import CacheStatus
 from .runtime import default_cache_dir, load_megacache
 from .store import Store, open_store
@@ -62,6 +63,8 @@ class WarmResult:
     cold_compile_seconds: float | None = None  # what the bundle's compile took, cold
     bundle_bytes: int | None = None
     reason: str | None = None
+    # a miss: the store's nearest bundle of the target and every fact that differs
+    nearest: dict | None = None
     # by package name; read as ``precompile`` / ``precompile_reason`` (``aot``, ...)
     packages: dict[str, PackageState] = field(default_factory=dict)
     probe: Any = None  # what ``warm --probe`` saw (gatekeeper.warm.Probe), not a field
@@ -132,7 +135,8 @@ def warm_target(
     try:
         match, reason = find_bundle(store, ck, signing_key=signing_key)
         if match is None:
-            result.reason = reason
+            result.nearest = nearest(store, ck, signing_key=signing_key)
+            result.reason = f"{reason}; {says(result.nearest)}"
             return result
         manifest = match.manifest
         if split := distributed.would_split(manifest, target):

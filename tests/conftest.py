@@ -29,6 +29,7 @@ SLOWEST = (
     "e2e/test_train.py",
     "e2e/test_call_forms.py",
     "e2e/test_shard_merge.py",
+    "e2e/test_aot_causal_lm.py",
 )
 HEAVY = ("e2e/", "action/")
 

@@ -21,7 +21,32 @@ HELP = "print each target's cache key and its components (why did a runner miss?
 
 
 def register(sub, parents) -> None:
-    sub.add_parser("key", help=HELP, description=HELP, parents=parents)
+    p = sub.add_parser("key", help=HELP, description=HELP, parents=parents)
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="also look each target up in the store: hit, or why not (the nearest "
+        "bundle and every fact that differs)",
+    )
+
+
+def _explain(ctx: Context, key: CacheKey) -> dict:
+    """What the store holds for ``key``: ``hit``, ``partial`` (and why), or ``miss``
+    with the nearest bundle (:mod:`gatekeeper.nearest`)."""
+    from ..key import find_bundle
+    from ..nearest import nearest, says
+
+    signing = ctx.signing_key()
+    match, reason = find_bundle(ctx.store, key, signing_key=signing)
+    if match is not None and match.status == "hit":
+        return {"status": "hit", "bundle": match.location.prefix}
+    near = nearest(ctx.store, key, signing_key=signing)
+    why = match.why if match is not None else reason
+    return {
+        "status": match.status if match is not None else "miss",
+        "reason": f"{why}; {says(near)}",
+        "nearest": near,
+    }
 
 
 def _keys(ctx: Context) -> list[CacheKey]:
@@ -52,11 +77,15 @@ def _keys(ctx: Context) -> list[CacheKey]:
 
 def run(ctx: Context) -> int:
     keys = _keys(ctx)
+    found = {k.target_id: _explain(ctx, k) for k in keys} if ctx.args.explain else {}
     if ctx.args.json:
-        ctx.emit({"command": "key", "targets": [k.as_dict() for k in keys]})
+        docs = [k.as_dict() | ({"store": found[k.target_id]} if found else {}) for k in keys]
+        ctx.emit({"command": "key", "targets": docs})
         return EXIT_OK
     for k in keys:
         print(f"{k.target_id}")
+        if k.target_id in found:
+            _print_found(found[k.target_id])
         print(f"  env key    {k.env_key}")
         print(f"  code hash  {k.code_hash}")
         print(f"  bundle     bundles/{k.target_id}/{k.env_key}/{k.code_hash}/")
@@ -76,3 +105,15 @@ def run(ctx: Context) -> int:
         for name in deps.get("absent", []):
             print(f"  absent {name} (not importable)")
     return EXIT_OK
+
+
+def _print_found(found: dict) -> None:
+    print(f"  store      {found['status']}" + (f": {found['bundle']}" if "bundle" in found else ""))
+    near = found.get("nearest")
+    if near is None:
+        if found["status"] != "hit":
+            print(f"  why        {found['reason']}")
+        return
+    print(f"  nearest    {near['bundle']}")
+    for d in near["differs"]:
+        print(f"  differs    {d['fact']}: bundle {d['bundle']}, here {d['here']}")

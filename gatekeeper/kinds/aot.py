@@ -9,7 +9,9 @@ dir, and ``warm`` installs it for a deploy (under ``gatekeeper/aot/<target>/`` i
 inductor cache dir, :func:`gatekeeper.runtime.package_dir`) only when the bundle is this
 code's and a ``check`` verified it; otherwise any package an earlier warm left there is
 removed. A model that does not export is ``not-exportable``; a worker that torch's
-AOTInductor kills on this machine makes the target ``unavailable``.
+AOTInductor kills on this machine makes the target ``unavailable``. A package built
+without its weights (``export.weights``) says so in its document (``weights``:
+``bound``); its size (``bytes``) is reported with the weights' (``weight_bytes``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class AotPackage(Package):
     worker = "gatekeeper.worker.kinds.aot_package:PACKAGE"
     ready = "packaged"
     standalone = True
-    verdict_fields = ("reason", "first_call_seconds", "load_seconds")
+    verdict_fields = ("reason", "first_call_seconds", "load_seconds", "weights")
     serving = (
         "its AOTInductor package exported and verified, so a deploy loads it with "
         "gatekeeper.load_aot, without Dynamo or inductor"
@@ -58,7 +60,14 @@ class AotPackage(Package):
         self, target: Target, resp: Response, out: Path | None, cache_dir: Path
     ) -> tuple[dict[str, Any], dict[str, Path]]:
         assert out is not None  # an aot target always builds its package
-        doc = {"status": self.ready, "export": resp.export, "bytes": out.stat().st_size}
+        built = resp.packages.get(self.name) or {}
+        doc = {
+            "status": self.ready,
+            "export": resp.export,
+            "bytes": out.stat().st_size,
+            "weights": built.get("weights"),  # "bound": load_aot(..., model=...) binds them
+            "weight_bytes": built.get("weight_bytes"),
+        }
         return {**doc, "verified": None}, {AOT_MEMBER: out}
 
     def warm(self, w: Warming) -> None:
@@ -131,6 +140,16 @@ class AotPackage(Package):
         said = f"{state or 'not verified'}" + (
             f", first call {units.seconds(first)} in a new process" if first else ""
         )
+        if isinstance(size := doc.get("bytes"), int):
+            weights = doc.get("weight_bytes")
+            of = f" ({units.size(weights)})" if isinstance(weights, int) else ""
+            said += f"; package {units.size(size)}, " + (
+                f"weights{of} bound at load (load_aot(..., model=...))"
+                if doc.get("weights") == "bound"
+                else f"weights{of} in it"
+            )
+        if doc.get("note"):
+            said += f"; {doc['note']}"
         return said, doc.get("reason")
 
 

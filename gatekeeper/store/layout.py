@@ -240,6 +240,17 @@ class Store:
         found.sort(key=lambda i: (i.modified, i.key), reverse=True)
         return [BundleLocation(target_id, env_key, i.key.split("/")[-2]) for i in found]
 
+    def target_manifests(self, target_id: str) -> builtins.list[BundleLocation]:
+        """Every published bundle of a target under any env key, newest manifest first
+        (where a miss looks for the nearest: :mod:`gatekeeper.nearest`)."""
+        found = [
+            i
+            for i in self.backend.list(f"bundles/{target_id}/")
+            if i.key.split("/")[-1] == MANIFEST and len(i.key.split("/")) == _DEPTH
+        ]
+        found.sort(key=lambda i: (i.modified, i.key), reverse=True)
+        return [BundleLocation(target_id, *i.key.split("/")[-3:-1]) for i in found]
+
     def read_manifest(self, loc: BundleLocation) -> bytes | None:
         """A manifest's bytes, unverified (hand them to bundle.verify_manifest)."""
         got = self.backend.get(loc.key(MANIFEST), max_bytes=MAX_MANIFEST_BYTES)

@@ -33,6 +33,16 @@ from .protocol import (
 def handle(req: Request) -> Response:
     """The request's action; each imports torch only when it runs (a package's probe
     times that import itself)."""
+    if isinstance(req, ProbeRequest) and req.load is not None and not req.eager:
+        from .kinds import package_half
+
+        if (answer := package_half(req.load).probe(req)) is not None:
+            return answer
+    if req.task == "infer":  # what the kind adds to the model's calls (aot: no KV cache)
+        from .kinds import builder
+        from .model import CALL_KWARGS
+
+        CALL_KWARGS.update(builder(req).call_kwargs)
     if isinstance(req, MeasureRequest):
         from .measure import measure
 
@@ -42,11 +52,6 @@ def handle(req: Request) -> Response:
 
         return verify(req)
     if isinstance(req, ProbeRequest):
-        if req.load is not None and not req.eager:
-            from .kinds import package_half
-
-            if (answer := package_half(req.load).probe(req)) is not None:
-                return answer
         from .compile import probe
 
         return probe(req)

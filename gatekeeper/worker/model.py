@@ -22,6 +22,11 @@ from .deps import recording
 # the user's modules (hashed by content) that recorded builds in this process imported:
 # paired mode's base version must import its own copies of every one of them
 _user_modules: set[str] = set()
+# keyword arguments this worker's target kind adds to every call of the model (eager,
+# compiled, exported) where the forward takes them and its inputs do not give them
+# (:attr:`gatekeeper.worker.kinds.Builder.call_kwargs`), and those it did add
+CALL_KWARGS: dict[str, Any] = {}
+ADDED_KWARGS: dict[str, Any] = {}
 
 
 def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:
@@ -173,9 +178,27 @@ def build_recorded(
         model = build_model(cfg, base_dir, device)
         inputs = make_inputs(cfg, shape_set, base_dir, device)
     rec.note(model, *inputs.values(), refs=refs)
+    inputs = _with_call_kwargs(model, cfg.call, inputs)
     deps = rec.finish()
     _user_modules.update(deps["modules"])
     return model, inputs, deps
+
+
+def _with_call_kwargs(model: Any, call: str | None, inputs: Inputs) -> Inputs:
+    if not CALL_KWARGS or not isinstance(model, torch.nn.Module):
+        return inputs
+    import inspect
+
+    from .calls import entry
+
+    fn = entry(model, call)
+    try:
+        takes = inspect.signature(fn.forward if fn is model else fn).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return inputs
+    added = {k: v for k, v in CALL_KWARGS.items() if k in takes and k not in inputs.kwargs}
+    ADDED_KWARGS.update(added)
+    return Inputs(inputs.args, {**inputs.kwargs, **added}) if added else inputs
 
 
 def build_base(

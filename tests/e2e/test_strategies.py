@@ -302,3 +302,45 @@ def test_check_of_an_aot_target_without_a_bundle_exports_and_builds_its_own(tmp_
     aot = results(root, "fresh")[AOT]
     assert aot["status"] == "ok" and aot["export"]["exportable"], aot
     assert aot["export"]["seconds"] > 0 and aot["aot"]["from"] == "compiled", aot
+
+
+def test_load_aot_loads_the_bytes_it_verified_not_what_the_path_holds_later(
+    shipped: Path, tmp_path: Path
+):
+    """load_aot hashes a private copy of the package and loads that copy (issue 41): a
+    package file replaced after its verification (here: by bytes that are no package at
+    all) changes nothing of what loads, and a symlink in its place is refused."""
+    deploy = tmp_path / "deploy"
+    gk("warm", "--cache-dir", str(deploy), "--target", AOT, cwd=shipped, check=True)
+    installed = package_dir(deploy, AOT) / "model.pt2"
+    service = textwrap.dedent(f"""
+        import os
+        import torch
+        import gatekeeper.runtime as runtime
+
+        verified = runtime.verified_aot("gatekeeper.toml", {AOT!r}, cache_dir={str(deploy)!r})
+        installed = {str(installed)!r}
+        with open(installed, "wb") as f:  # swapped after verification, before the load
+            f.write(b"not the package warm verified")
+        model = verified.load()
+        x = torch.randn(4, 16)
+        import tinymodel
+
+        torch.manual_seed(0)
+        with torch.no_grad():
+            eager = tinymodel.make().eval()(x)
+        assert torch.allclose(model(x), eager, atol=1e-5)
+        assert not any(p.startswith(".gk-load-") for p in os.listdir(os.path.dirname(installed)))
+        os.unlink(installed)
+        os.symlink({str(tmp_path / "elsewhere.pt2")!r}, installed)
+        try:
+            runtime.verified_aot("gatekeeper.toml", {AOT!r}, cache_dir={str(deploy)!r})
+        except runtime.AotUnavailable as e:
+            print(e)
+    """)
+    (tmp_path / "elsewhere.pt2").write_bytes(b"anything")
+    proc = subprocess.run(
+        [sys.executable, "-c", service], cwd=shipped, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "model.pt2 unreadable" in proc.stdout, proc.stdout

@@ -203,3 +203,33 @@ def test_factory_that_raises_exits_2_naming_it(tmp_path: Path):
     assert proc.returncode == 2
     assert "tinymodel:make" in proc.stderr and "no weights" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_a_miss_names_the_nearest_bundle_and_every_fact_that_differs(project: Path, tmp_path: Path):
+    """The store holds the target's bundle compiled under another thread count and
+    compile environment: warm's miss (and key --explain) names that bundle and exactly
+    the facts that differ, and --json carries them."""
+    default = gk_json("key", cwd=project)["targets"][0]
+    threads = default["env"]["threads"]  # torch takes no more threads than cores: fewer
+    assert threads > 1, "a machine of one core cannot run this test"
+    env = {"OMP_NUM_THREADS": str(threads - 1), "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "0"}
+    (entry,) = gk_json("warm", "--cache-dir", str(tmp_path / "c"), cwd=project, env=env)["targets"]
+    assert entry["status"] == "miss", entry
+    near = entry["nearest"]
+    assert near["env_key"] == default["env_key"] and near["code_hash"] == default["code_hash"]
+    differs = {d["fact"]: (d["bundle"], d["here"]) for d in near["differs"]}
+    assert differs == {
+        "threads": (threads, threads - 1),
+        "compile_env.TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": (None, "0"),
+    }, near
+    assert f"threads {threads} (here {threads - 1})" in entry["reason"], entry["reason"]
+
+    # the code changed too: key --explain names the module beside the env facts
+    (project / "tinymodel.py").write_text((project / "tinymodel.py").read_text() + "\n# edit\n")
+    (explained,) = gk_json("key", "--explain", cwd=project, env=env)["targets"]
+    found = explained["store"]
+    assert found["status"] == "miss", found
+    facts = {d["fact"] for d in found["nearest"]["differs"]}
+    assert facts == {"threads", "compile_env.TORCHINDUCTOR_MAX_AUTOTUNE_GEMM", "module tinymodel"}
+    text = gk("key", "--explain", cwd=project, env=env, check=True).stdout
+    assert "differs    module tinymodel" in text and "differs    threads" in text, text

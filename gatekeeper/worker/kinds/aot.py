@@ -5,6 +5,14 @@ model's ``options``), loaded back the way :func:`gatekeeper.load_aot` loads it. 
 that does not export raises :class:`NotExportable`, carrying torch's reason and the
 user's ``file:line``.
 
+Its weights: in the package, or (``export.weights``: ``bound``, and ``auto`` for a model
+of :data:`AUTO_BOUND_BYTES` or more) left out of it (``package_constants_in_so``
+off, every constant kept a constant) and bound at load to the model's own tensors
+(:func:`gatekeeper.runtime.load_package`); the package then records which constant is
+which tensor of the model (:func:`record_weights`). A model whose forward takes
+``use_cache`` is called with ``use_cache=False`` in every call of the target (eager
+too): a KV cache object in the output is no tensor a package can return.
+
 Its package's half (probe, verification) is :mod:`gatekeeper.worker.kinds.aot_package`.
 The worker's steps here (``export``, ``aoti_compile_and_package``, ``load package``,
 ``package first call``) are those :data:`gatekeeper.kinds.aot.STEPS` names.
@@ -24,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...config import ModelConfig
-from ...runtime import load_package
+from ...runtime import STORED_CONSTANTS, WEIGHTS_RECORD, load_package, package_loader
 from .. import steps
 from ..calls import Inputs, entry
 from ..deps import is_stdlib
+from ..model import ADDED_KWARGS
 from .base import Builder, Built, Job, Refused
 
 if TYPE_CHECKING:
@@ -36,6 +45,11 @@ if TYPE_CHECKING:
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _GATEKEEPER_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+AUTO_BOUND_BYTES = 256 << 20  # export.weights = "auto": bound from this many bytes
+CACHE_OFF = (
+    "use_cache=False in every call of this target: a KV cache in the output is not "
+    "a tensor an AOTInductor package can return"
+)
 
 
 class NotExportable(Refused):
@@ -147,8 +161,9 @@ def dynamic_shapes(cfg: ModelConfig, module: torch.nn.Module, inputs: Inputs) ->
             args, kwargs = (), {k: _dims(v, dims) for k, v in cfg.inputs.items()}
         else:
             args, kwargs = tuple(_dims(v, dims) for v in cfg.inputs), {}
-    if not kwargs:
+    if not kwargs and not inputs.kwargs:
         return tuple(args)
+    kwargs = {**{k: None for k in inputs.kwargs}, **kwargs}  # plain values: no dims
     bound = inspect.signature(module.forward).bind(*args, **kwargs)
     return dict(bound.arguments)
 
@@ -199,31 +214,101 @@ def inductor_options(cfg: ModelConfig, mode: str) -> dict[str, Any]:
     return opts
 
 
-def aot_package(program: Any, cfg: ModelConfig, mode: str, out: Path) -> float:
-    """Build the AOTInductor package of ``program`` at ``out``; seconds it took."""
+def weight_bytes(model: Any) -> int:
+    """The bytes of a module's parameters and buffers (each tensor once)."""
+    if not isinstance(model, torch.nn.Module):
+        return 0
+    seen = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.numel() * t.element_size() for t in seen.values())
+
+
+def binds_weights(cfg: ModelConfig, model: Any) -> bool:
+    """Whether the package leaves its weights out (bound at load): ``export.weights``,
+    where this torch's AOTInductor can (``package_constants_in_so``)."""
+    import torch._inductor.config as inductor_config
+
+    wanted = cfg.export_settings.weights
+    if wanted == "auto":
+        wanted = "bound" if weight_bytes(model) >= AUTO_BOUND_BYTES else "bundled"
+    return wanted == "bound" and hasattr(inductor_config.aot_inductor, "package_constants_in_so")
+
+
+def aot_package(program: Any, cfg: ModelConfig, mode: str, out: Path, bound: bool) -> float:
+    """Build the AOTInductor package of ``program`` at ``out`` (without its weights:
+    ``bound``); seconds it took."""
     from torch._inductor import aoti_compile_and_package
 
     steps.enter("aoti_compile_and_package")
     start = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    aoti_compile_and_package(
-        program, package_path=str(out), inductor_configs=inductor_options(cfg, mode)
-    )
+    options = inductor_options(cfg, mode)
+    if bound:  # no weight in the .so, and none inlined into its code: all bound at load
+        options |= {"aot_inductor.package_constants_in_so": False}
+        options |= {"always_keep_tensor_constants": True}
+    aoti_compile_and_package(program, package_path=str(out), inductor_configs=options)
     return time.perf_counter() - start
 
 
-def load_timed(path: str | Path) -> tuple[Callable[..., Any], float]:
-    """The package loaded as a deploy loads it (:func:`gatekeeper.runtime.load_package`)."""
+def record_weights(out: Path, module: Any, model: Any) -> int:
+    """Into a package built without its weights: which of its constants is which
+    tensor of ``model``'s state dict (by name, with the shape, stride, dtype and device
+    it was built with), and, stored in it, those that are not in the state dict (a
+    non-persistent buffer, a function's constants: what a deploy's checkpoint lacks).
+    The bytes bound at load."""
+    import io
+    import json
+    import zipfile
+
+    def at(root: Any, name: str) -> Any:
+        for part in name.split("."):
+            root = getattr(root, part, None)
+        return root
+
+    prefix = "" if module is model else "model."  # a method's or function's wrapper
+    state = model.state_dict(keep_vars=True) if isinstance(model, torch.nn.Module) else {}
+    constants, stored, bound = {}, {}, 0
+    for fqn in package_loader(out).get_constant_fqns():
+        t: torch.Tensor = at(module, fqn)
+        if not isinstance(t, torch.Tensor):
+            raise RuntimeError(f"the package's constant {fqn!r} is no tensor of the model")
+        name: str | None = fqn.removeprefix(prefix)
+        if not fqn.startswith(prefix) or state.get(str(name)) is not t:
+            name = None
+            stored[fqn] = t.detach().clone()
+        else:
+            bound += t.numel() * t.element_size()
+        constants[fqn] = {
+            "name": name,
+            "shape": list(t.shape),
+            "stride": list(t.stride()),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "device": t.device.type,
+        }
+    with zipfile.ZipFile(out, "a") as z:
+        root = z.namelist()[0].split("/")[0]
+        record = {"format": 1, "weights": "bound", "bytes": bound, "constants": constants}
+        z.writestr(f"{root}/{WEIGHTS_RECORD}", json.dumps(record, sort_keys=True))
+        if stored:
+            blob = io.BytesIO()
+            torch.save({k: v.cpu() for k, v in stored.items()}, blob)
+            z.writestr(f"{root}/{STORED_CONSTANTS}", blob.getvalue())
+    return bound
+
+
+def load_timed(path: str | Path, model: Any = None) -> tuple[Callable[..., Any], float]:
+    """The package loaded as a deploy loads it (:func:`gatekeeper.runtime.load_package`),
+    a package without its weights bound to ``model``'s."""
     steps.enter("load package")
     start = time.perf_counter()
-    model = load_package(path)
-    return model, time.perf_counter() - start
+    loaded = load_package(path, model=model)
+    return loaded, time.perf_counter() - start
 
 
 class Aot(Builder):
     name = "aot"
     package = "aot"
     ahead_of_time = True
+    call_kwargs = {"use_cache": False}  # CACHE_OFF says why
 
     def compiled(self, job: Job) -> tuple[Callable[..., Any], Built]:
         """The bundle's package (``load``), else the model exported and its package built
@@ -241,13 +326,19 @@ class Aot(Builder):
                 example = make_inputs(cfg, shapes, req.base_path, req.device)
             program, built.export = export(model, example, cfg, req.dynamic, req.base_path)
             out = out or Path(tempfile.mkdtemp(prefix="gk-aot-"), "model.pt2")
-            built.package["compile_seconds"] = aot_package(program, cfg, req.mode, out)
-            fn, seconds = load_timed(out)
+            bound = binds_weights(cfg, model)
+            built.package["compile_seconds"] = aot_package(program, cfg, req.mode, out, bound)
+            if bound:
+                record_weights(out, exported_module(model, cfg), model)
+            fn, seconds = load_timed(out, model)
             built.package.update({"from": "compiled", "bytes": out.stat().st_size})
         else:
-            fn, seconds = load_timed(job.load)
-            built.package["from"] = "bundle"
-        built.package["load_seconds"] = seconds
+            fn, seconds = load_timed(job.load, model)
+            built.package.update({"from": "bundle", "bytes": job.load.stat().st_size})
+        built.package.update(load_seconds=seconds, weights=getattr(fn, "weights", None))
+        built.package["weight_bytes"] = weight_bytes(model)
+        if ADDED_KWARGS.get("use_cache") is False:
+            built.package["note"] = CACHE_OFF
         return fn, built
 
     def graphs(self, model: Any, req: Build, inputs: Inputs, context: Callable[[], Any]) -> dict:

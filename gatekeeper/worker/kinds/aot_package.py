@@ -7,6 +7,9 @@ loads it (:func:`gatekeeper.runtime.load_package`, torch's C++ loader):
 * ``verify`` (``check``'s verification): the first call's outputs compared with eager's
   and with the check's own outputs (:mod:`gatekeeper.worker.verify`).
 
+A package built without its weights runs on the model's own, bound as a deploy binds
+them (``load_aot(..., model=...)``): the check verifies it that way.
+
 Nothing here imports torch before the probe has timed that import.
 """
 
@@ -19,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...runtime import load_package
+from ...runtime import WEIGHTS_RECORD, load_package, package_member
 from .. import steps
 from .base import Loaded, PackageHalf
 
@@ -46,12 +49,15 @@ class AotPackageHalf(PackageHalf):
                 "no AOTInductor package installed here (warm installs only a verified "
                 "package of this code: see its aot status)",
             )
-        from ..model import make_inputs
+        from ..model import build_model, make_inputs
 
         inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
+        own = None  # a package without its weights: the deploy's model, built untimed
+        if package_member(path, WEIGHTS_RECORD) is not None:
+            own = build_model(req.model, req.base_path, req.device)
         steps.enter("load package")
         start = time.perf_counter()
-        model = load_package(path)
+        model = load_package(path, model=own)
         loaded = time.perf_counter() - start
         steps.enter("package first call")
         with torch.no_grad():
@@ -77,9 +83,10 @@ class AotPackageHalf(PackageHalf):
     def loading(self, req: VerifyRequest, model: Any) -> Iterator[Loaded]:
         steps.enter("load package")
         start = time.perf_counter()
-        package = load_package(req.package.path)
+        package = load_package(req.package.path, model=model)  # its weights, where bound
         seconds = time.perf_counter() - start
-        yield Loaded(package, seconds, "package first call", fields={"load_seconds": seconds})
+        fields = {"load_seconds": seconds, "weights": package.weights}
+        yield Loaded(package, seconds, "package first call", fields=fields)
 
 
 PACKAGE = AotPackageHalf()

@@ -63,6 +63,9 @@ class Builder:
     # time, its kernels were counted where they were built (none in this process), and
     # its first call is its package's
     ahead_of_time = False
+    # keyword arguments every call of the model gets where its forward takes them and
+    # its inputs do not give them (:data:`gatekeeper.worker.model.CALL_KWARGS`)
+    call_kwargs: dict[str, Any] = {}
 
     @property
     def first_step(self) -> str:
