@@ -28,6 +28,7 @@ from pydantic import (
 
 from . import kinds
 from .errors import ConfigError
+from .secrecy import NEVER_PASSED
 
 DEFAULT_STORE = ".gatekeeper/store"
 Dtype = Literal[
@@ -224,6 +225,15 @@ class ExportConfig(_Strict):
     strict: bool = False
 
 
+def _passable(name: str) -> str:
+    if name.upper().startswith(NEVER_PASSED):
+        raise ValueError(f"{name!r} is never passed to a worker (docs/hardening.md)")
+    return name
+
+
+PassEnv = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\*?$"), AfterValidator(_passable)]
+
+
 class ModelConfig(_Strict):
     name: str = Field(pattern=_NAME)
     # what is compiled: the module ``factory`` returns (its ``forward``, or its method
@@ -255,6 +265,8 @@ class ModelConfig(_Strict):
     distributed: DistributedConfig | None = None
     precompile: Precompile | None = None  # default: the config's
     gate: dict[str, Any] = Field(default_factory=dict)  # per-model overrides of [gate]
+    # names (or PREFIX* globs) of the parent's variables this model's workers also get
+    pass_env: list[PassEnv] = Field(default_factory=list)
 
     @property
     def training(self) -> TrainConfig:
@@ -380,6 +392,9 @@ class Config(_Strict):
     # load only bundles whose signature verifies: a missing or empty
     # GATEKEEPER_SIGNING_KEY is then an error, never an unchecked load (docs/hardening.md)
     require_signature: bool = False
+    # names (or PREFIX* globs) of the parent's variables every worker also gets, besides
+    # the allow-list of what torch and the compiler read (docs/hardening.md)
+    pass_env: list[PassEnv] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique(self) -> Config:
