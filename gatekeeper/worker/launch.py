@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import WorkerError
+from ..git import resolve as resolve_git
 from ..secrecy import seal
 from . import steps
 from .protocol import Build, Response
@@ -32,6 +33,7 @@ def run_worker(
     :class:`WorkerDied` (a signal or an exit), naming the step the worker was in.
     """
     seal()  # before the first worker: this process's secrets out of its reach
+    resolve_git()  # and git found where the worker cannot plant another
     from .. import kinds
 
     how = kinds.get(request.kind.name).launch(request.model)
