@@ -27,7 +27,8 @@ any site-packages runs before these steps.
   kernel kills everything left in the namespace, a daemon in a session of its own
   included. The init dies with this supervisor, and this supervisor with the process
   that started it (``PR_SET_PDEATHSIG``), whatever the signal; if that process died
-  (``--parent PID`` is gone), the supervisor also removes ``--scratch DIR``. SIGTERM,
+  (``--parent PID`` is gone), the supervisor also removes every ``--scratch DIR``
+  (the parent's temporary folders). SIGTERM,
   SIGINT and SIGHUP are passed on to PROGRAM.
 * **As root** (or with any capability): :data:`DROPPED` leaves PROGRAM's bounding set
   (so no exec gives it back, root's included), and its inheritable, ambient,
@@ -296,7 +297,7 @@ def _init(libc: ctypes.CDLL, argv: list[str], alive: int, report: int, new_pid: 
             os._exit(0)
 
 
-def _supervise(child: int, report: int, parent: int, scratch: str | None) -> None:
+def _supervise(child: int, report: int, parent: int, scratch: list[str]) -> None:
     """Wait for the box's init; pass signals on; end as PROGRAM ended. When the process
     that started this one is gone: kill the box and remove ``scratch``."""
     libc = _libc()
@@ -315,25 +316,24 @@ def _supervise(child: int, report: int, parent: int, scratch: str | None) -> Non
         on_signal(signal.SIGTERM, None)
     _, status = os.waitpid(child, 0)
     said = os.read(report, 4)
-    if parent and os.getppid() != parent and scratch:
+    if parent and os.getppid() != parent:
         import shutil
 
-        shutil.rmtree(scratch, ignore_errors=True)
+        for folder in scratch:
+            shutil.rmtree(folder, ignore_errors=True)
     _exit_as(int.from_bytes(said, "little") if len(said) == 4 else status)
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
-    opts: dict = {"read_only": [], "writable": [], "parent": 0, "scratch": None, "net": False}
+    opts: dict = {"read_only": [], "writable": [], "parent": 0, "scratch": [], "net": False}
     while argv and argv[0] != "--":
         flag = argv.pop(0)
         if flag == "--private-net":
             opts["net"] = True
-        elif flag in ("--read-only", "--writable") and argv:
+        elif flag in ("--read-only", "--writable", "--scratch") and argv:
             opts[flag[2:].replace("-", "_")].append(argv.pop(0))
         elif flag == "--parent" and argv:
             opts["parent"] = int(argv.pop(0))
-        elif flag == "--scratch" and argv:
-            opts["scratch"] = argv.pop(0)
         else:
             sys.exit(f"confine.py: unknown option {flag}")
     return opts, argv[1:]

@@ -5,11 +5,11 @@ with an isolated inductor cache dir, and read its :class:`Response`. No torch he
 from __future__ import annotations
 
 import subprocess
-import tempfile
 from pathlib import Path
 
 from ..errors import WorkerError
 from ..git import resolve as resolve_git
+from ..scratch import scratch_dir
 from ..secrecy import seal
 from . import steps
 from .protocol import Build, Response
@@ -49,7 +49,7 @@ def run_worker(
             label=label,
             env=env,
         )
-    with tempfile.TemporaryDirectory(prefix="gk-worker-", ignore_cleanup_errors=True) as tmp:
+    with scratch_dir("gk-worker-") as tmp:
         req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
         log_path = Path(tmp, "worker.log")
         req_path.write_text(request.model_dump_json())
@@ -66,7 +66,7 @@ def run_worker(
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd,
-                env=cache_env(cache_dir, env, request.pass_env),
+                env=cache_env(cache_dir, env, request.pass_env) | {"TMPDIR": tmp},
                 stdin=subprocess.DEVNULL,
                 stdout=None if verbose else log,
                 stderr=None if verbose else subprocess.STDOUT,

@@ -17,13 +17,13 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import WorkerError
+from ..scratch import scratch_dir
 from . import steps
 from .gather import merge
 from .launcher import PEER_LOST
@@ -110,7 +110,7 @@ def run_ranks(
     failing rank's answer, named), or WorkerError naming the rank that died or the
     step each rank was in at the time limit."""
     assert how.launcher is not None
-    with tempfile.TemporaryDirectory(prefix="gk-ranks-", ignore_cleanup_errors=True) as tmp:
+    with scratch_dir("gk-ranks-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "launched.json")
         req_path.write_text(request.model_dump_json())
         spec = {
@@ -128,6 +128,7 @@ def run_ranks(
             MARKER: marker,
             # one hash seed in every rank: the same graph gives every rank the same key
             "PYTHONHASHSEED": "0",
+            "TMPDIR": tmp,  # what the ranks leave there goes with the run
         }
         writable = [cache_dir, *outputs_of(request)]
         for folder in writable:

@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from ..scratch import held
 from ..secrecy import NEVER_PASSED, is_credential
 
 # What the worker's environment keeps of the parent's (docs/hardening.md, "The worker's
@@ -157,7 +158,9 @@ def worker_command(
     if sys.platform != "linux":
         return cmd
     confine = [sys.executable, "-I", "-S", str(Path(__file__).with_name("confine.py"))]
-    confine += ["--parent", str(os.getpid()), "--scratch", str(scratch)]
+    confine += ["--parent", str(os.getpid())]
+    for folder in dict.fromkeys([scratch, *held()]):  # removed by the box if we die first
+        confine += ["--scratch", str(folder)]
     for path in read_only_dirs(config_dir):
         confine += ["--read-only", path]
     for path in writable_dirs([*writable, scratch]):

@@ -29,7 +29,7 @@ CREDENTIALS = {
 }
 
 ESCAPES = textwrap.dedent("""
-    import json, os, pathlib, stat, subprocess, time
+    import atexit, json, os, pathlib, subprocess, sys
 
     def _try(what, do):
         try:
@@ -74,6 +74,8 @@ ESCAPES = textwrap.dedent("""
             ["sleep", "300", plan["daemon"]], start_new_session=True, env={},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         done["daemon"] = daemon.pid
+        # at exit, after the worker wrote its answer: a 2 GiB answer (sparse: no disk)
+        atexit.register(lambda: os.truncate(sys.argv[2], 2**31 + 1))
         pathlib.Path(plan["report"]).write_text(json.dumps(done))
 """)
 
@@ -132,7 +134,10 @@ def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path,
         "MY_MODEL_SETTING": "passed",
     }
     proc = gk("key", "--json", cwd=root, env=env)
-    assert proc.returncode == 0, proc.stderr
+    # its answer was 2 GiB: one line, refused unread (it used to be read whole)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "refused unread: 2147483649 bytes" in proc.stderr, proc.stderr
     # the parent's own git after a worker ran in its checkout (paired check, bisect)
     from gatekeeper.git import git as parents_git
 
@@ -140,6 +145,13 @@ def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path,
     status = parents_git(root, "status", "--porcelain")
     report = json.loads(Path(plan["report"]).read_text())
     return report, plan, root, status
+
+
+def test_an_answer_of_2_gib_is_one_line_not_an_out_of_memory(escaped) -> None:
+    """The fixture's ``gatekeeper key`` got a 2 GiB answer (checked there: one line,
+    exit 2); its memory never held it (the parent reads at most the cap)."""
+    report = escaped[0]
+    assert "daemon" in report  # the factory ran to its end, and the answer was written
 
 
 def test_nothing_the_factory_writes_runs_outside_the_box(escaped) -> None:
