@@ -28,7 +28,7 @@ from pydantic import (
 
 from . import kinds
 from .errors import ConfigError
-from .secrecy import NEVER_PASSED
+from .secrecy import passable
 
 DEFAULT_STORE = ".gatekeeper/store"
 Dtype = Literal[
@@ -225,13 +225,7 @@ class ExportConfig(_Strict):
     strict: bool = False
 
 
-def _passable(name: str) -> str:
-    if name.upper().startswith(NEVER_PASSED):
-        raise ValueError(f"{name!r} is never passed to a worker (docs/hardening.md)")
-    return name
-
-
-PassEnv = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\*?$"), AfterValidator(_passable)]
+PassEnv = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\*?$"), AfterValidator(passable)]
 
 
 class ModelConfig(_Strict):
@@ -265,7 +259,6 @@ class ModelConfig(_Strict):
     distributed: DistributedConfig | None = None
     precompile: Precompile | None = None  # default: the config's
     gate: dict[str, Any] = Field(default_factory=dict)  # per-model overrides of [gate]
-    # names (or PREFIX* globs) of the parent's variables this model's workers also get
     pass_env: list[PassEnv] = Field(default_factory=list)
 
     @property
@@ -392,8 +385,7 @@ class Config(_Strict):
     # load only bundles whose signature verifies: a missing or empty
     # GATEKEEPER_SIGNING_KEY is then an error, never an unchecked load (docs/hardening.md)
     require_signature: bool = False
-    # names (or PREFIX* globs) of the parent's variables every worker also gets, besides
-    # the allow-list of what torch and the compiler read (docs/hardening.md)
+    # variables (names, PREFIX* globs) workers get besides the allow-list (hardening.md)
     pass_env: list[PassEnv] = Field(default_factory=list)
 
     @model_validator(mode="after")

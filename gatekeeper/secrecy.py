@@ -83,6 +83,13 @@ _SECRET_WORD = re.compile(
 )
 
 
+def passable(name: str) -> str:
+    """``name``, when a config's ``pass_env`` may name it; else ValueError."""
+    if name.upper().startswith(NEVER_PASSED):
+        raise ValueError(f"{name!r} is never passed to a worker (docs/hardening.md)")
+    return name
+
+
 def secret_word(name: str) -> bool:
     """Whether ``name`` says it holds a credential (``HF_TOKEN``, ``MY_SIGNING_KEY``)."""
     return _SECRET_WORD.search(name) is not None

@@ -187,6 +187,10 @@ def filesystem(libc: ctypes.CDLL, read_only: list[str], writable: list[str], say
     for path, ro in sorted(places, key=lambda pr: (pr[0].rstrip("/").count("/"), pr[1])):
         if not _mount(libc, path, ro, bind=True) and ro and os.path.exists(path):
             say(f"cannot make {path} read-only (errno {ctypes.get_errno()})")
+    try:  # the current directory was below the new mounts: walk to it through them
+        os.chdir(os.getcwd())
+    except OSError as e:
+        say(f"cannot enter the current directory again: {e}")
 
 
 def mount_proc(libc: ctypes.CDLL) -> None:

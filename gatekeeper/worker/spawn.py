@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -40,15 +41,27 @@ ALLOWED_PREFIXES = (
 )  # fmt: skip
 
 
+_MAY_BE_CREDENTIAL = re.compile(
+    r"PASS|PWD|SECRET|TOKEN|CRED|AUTH|COOKIE|SESSION|(KEY|URL|URI|DSN)(_|$)"
+)
+
+
 def allowed(name: str, pass_env: Iterable[str] = ()) -> bool:
-    """Whether the parent's variable ``name`` reaches the worker: on the allow-list or
-    named by ``pass_env`` (a name, or a ``PREFIX*`` glob), and never a credential."""
+    """Whether the parent's variable ``name`` reaches the worker: on the allow-list, or
+    named by ``pass_env`` (a name, or a ``PREFIX*`` glob, which never matches a name that
+    may hold a credential: ``PGPASSWORD``, ``DATABASE_URL``), and never a credential by
+    its name nor one of :data:`gatekeeper.secrecy.NEVER_PASSED`."""
     upper = name.upper()
     if is_credential(upper) or upper.startswith(NEVER_PASSED):
         return False
     if upper in ALLOWED_NAMES or upper.startswith(ALLOWED_PREFIXES):
         return True
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in pass_env)
+    patterns = list(pass_env)
+    if name in patterns:
+        return True
+    # a glob never passes a name that may hold a credential (PGPASSWORD, DATABASE_URL)
+    globbed = any(fnmatch.fnmatchcase(name, p) for p in patterns if p.endswith("*"))
+    return globbed and not _MAY_BE_CREDENTIAL.search(upper)
 
 
 def worker_environ(environ: Mapping[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:
@@ -102,11 +115,10 @@ def _checkouts(places: Iterable[Path]) -> list[Path]:
 def _runner_dirs(environ: Mapping[str, str]) -> list[Path]:
     """The Actions runner's folders (its temp dir with the file commands that steer
     later steps, its tool cache, the workspace) and the files GITHUB_ENV and its kind
-    name."""
+    name (each file bound read-only by itself, wherever it lies)."""
     names = ("RUNNER_TEMP", "RUNNER_TOOL_CACHE", "RUNNER_WORKSPACE", "GITHUB_WORKSPACE")
     files = ("GITHUB_ENV", "GITHUB_PATH", "GITHUB_OUTPUT", "GITHUB_STATE", "GITHUB_STEP_SUMMARY")
-    found = [Path(environ[n]) for n in names if environ.get(n)]
-    return found + [Path(environ[n]).parent for n in files if environ.get(n)]
+    return [Path(environ[n]) for n in (*names, *files) if environ.get(n)]
 
 
 def read_only_dirs(config_dir: Path | None = None) -> list[str]:
@@ -128,7 +140,7 @@ def read_only_dirs(config_dir: Path | None = None) -> list[str]:
             real = path.resolve()
         except OSError:
             continue
-        if real.is_dir() and real != Path(real.anchor):
+        if real.exists() and real != Path(real.anchor):
             found.add(str(real))
     return sorted(found)
 
