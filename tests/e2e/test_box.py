@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -230,3 +231,49 @@ def test_the_parents_git_runs_nothing_a_repository_configures(tmp_path: Path) ->
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root to become an unprivileged user (setpriv)",
+)
+def test_the_box_holds_for_an_unprivileged_user() -> None:
+    """The path a runner that is not root takes (a user namespace of its own): run as
+    ``nobody``, the box still refuses a read-only folder inside a writable one, gives a
+    PID namespace of its own and a private loopback, and leaves no daemon behind."""
+    import tempfile
+
+    import gatekeeper.worker.confine as confine
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="gk-nobody-"))  # pytest's is root's only
+    for name in ("w", "w/code"):
+        (tmp_path / name).mkdir()
+    os.chmod(tmp_path, 0o777)
+    for name in ("w", "w/code"):
+        os.chmod(tmp_path / name, 0o777)
+    tag = f"gk-nobody-{time.time_ns()}"
+    script = (
+        f"touch {tmp_path}/w/ok && echo writable; touch {tmp_path}/w/code/x || echo refused; "
+        "echo pid $$; cat /proc/self/uid_map; "
+        f"setsid sleep 300 {tag} >/dev/null 2>&1 & exit 0"
+    )
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+        + [sys.executable, "-I", "-S", confine.__file__]
+        + ["--writable", str(tmp_path / "w"), "--read-only", str(tmp_path / "w" / "code")]
+        + ["--private-net", "--", "/bin/sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    if "no namespace of its own" in proc.stderr:
+        pytest.skip("this kernel gives no user namespace to an unprivileged process")
+    lines = proc.stdout.split("\n")
+    assert lines[:3] == ["writable", "refused", "pid 2"], proc.stdout + proc.stderr
+    assert lines[3].split() == ["65534", "65534", "1"], proc.stdout
+    assert "gatekeeper worker:" not in proc.stderr, proc.stderr  # no step refused
+    assert "w/code/x': Read-only file system" in proc.stderr, proc.stderr
+    time.sleep(0.3)
+    assert _daemons(tag) == []
+    shutil.rmtree(tmp_path)
