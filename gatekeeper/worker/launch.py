@@ -13,7 +13,7 @@ from ..scratch import scratch_dir
 from ..secrecy import seal
 from . import steps
 from .protocol import Build, Response
-from .spawn import cache_env, outputs_of, read_answer, read_tail, worker_command
+from .spawn import cache_env, configs_of, outputs_of, read_answer, read_tail, worker_command
 
 __all__ = ["WorkerDied", "cache_env", "run_or_fail", "run_worker"]
 
@@ -61,7 +61,7 @@ def run_worker(
             str(resp_path),
             writable=writable,
             scratch=Path(tmp),
-            config_dir=request.base_path,
+            config_dirs=configs_of(request),
         )
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(

@@ -28,7 +28,7 @@ from . import steps
 from .gather import merge
 from .launcher import PEER_LOST
 from .protocol import Build, Response
-from .spawn import cache_env, outputs_of, read_answer, read_tail, worker_command
+from .spawn import cache_env, configs_of, outputs_of, read_answer, read_tail, worker_command
 
 if TYPE_CHECKING:
     from ..kinds import Launch
@@ -138,7 +138,7 @@ def run_ranks(
             str(out_path),
             writable=writable,
             scratch=Path(tmp),
-            config_dir=request.base_path,
+            config_dirs=configs_of(request),
             module=how.launcher,
             private_net=True,
         )

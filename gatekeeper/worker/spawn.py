@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..scratch import held
 from ..secrecy import NEVER_PASSED, is_credential
+from .protocol import Build
 
 # What the worker's environment keeps of the parent's (docs/hardening.md, "The worker's
 # environment"): what Python, torch, inductor, Triton, CUDA/ROCm, NCCL and gloo, the
@@ -121,18 +122,19 @@ def _runner_dirs(environ: Mapping[str, str]) -> list[Path]:
     return [Path(environ[n]) for n in (*names, *files) if environ.get(n)]
 
 
-def read_only_dirs(config_dir: Path | None = None) -> list[str]:
+def read_only_dirs(config_dirs: Iterable[Path] = ()) -> list[str]:
     """What no worker may write, even inside a folder it writes in: this Python's
     installation, every folder on the parent's import path, gatekeeper's package (code
     the parent, holding the signing key, imports later, and the action's later steps
     run), every ``PATH`` folder (a program the parent or a later step runs), the git
-    checkouts of the config and the current directory with their ``.git`` (the hooks
-    and config git runs), and the runner's folders."""
+    checkouts of the configs (a paired check's base commit's too) and of the current
+    directory with their ``.git`` (the hooks and config git runs), and the runner's
+    folders."""
     here = Path(__file__).resolve().parents[1]
     entries = [sys.prefix, sys.base_prefix, sys.exec_prefix, str(here), *sys.path]
     entries += [p for p in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(p)]
     paths = [Path(e) for e in entries if e]
-    paths += _checkouts([Path.cwd(), *([config_dir] if config_dir else [])])
+    paths += _checkouts([Path.cwd(), *config_dirs])
     paths += _runner_dirs(os.environ)
     found = set()
     for path in paths:
@@ -155,7 +157,7 @@ def worker_command(
     *args: str,
     writable: list[Path],
     scratch: Path,
-    config_dir: Path | None = None,
+    config_dirs: Iterable[Path] = (),
     module: str = "gatekeeper.worker",
     private_net: bool = False,
 ) -> list[str]:
@@ -173,7 +175,7 @@ def worker_command(
     confine += ["--parent", str(os.getpid())]
     for folder in dict.fromkeys([scratch, *held()]):  # removed by the box if we die first
         confine += ["--scratch", str(folder)]
-    for path in read_only_dirs(config_dir):
+    for path in read_only_dirs(config_dirs):
         confine += ["--read-only", path]
     for path in writable_dirs([*writable, scratch]):
         confine += ["--writable", path]
@@ -216,6 +218,14 @@ def read_tail(path: Path, size: int = LOG_TAIL) -> str:
             return f.read(size).decode(errors="replace")
     except OSError:
         return ""
+
+
+def configs_of(request: Build) -> list[Path]:
+    """The config folders ``request`` builds from: its own, and a paired base commit's."""
+    found = [request.base_path]
+    if base := getattr(request, "paired_base", None):
+        found.append(Path(base.base_dir))
+    return found
 
 
 def outputs_of(request: object) -> list[Path]:
