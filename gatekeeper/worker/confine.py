@@ -128,7 +128,7 @@ def drop_capabilities(libc: ctypes.CDLL) -> bool:
 
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 4096, 16384, 1 << 18, 2
 # a remount must keep the flags the kernel locked on the mount: statvfs's -> mount's
 KEPT_FLAGS = {2: 2, 4: 4, 8: 8, 1024: 1024, 2048: 2048, 4096: 1 << 21}
 KERNEL_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger")
@@ -191,6 +191,16 @@ def filesystem(libc: ctypes.CDLL, read_only: list[str], writable: list[str], say
         os.chdir(os.getcwd())
     except OSError as e:
         say(f"cannot enter the current directory again: {e}")
+
+
+def _unmount_under(libc: ctypes.CDLL, folder: str, bound: list[str]) -> None:
+    """Detach, in this namespace, the mounts this process made (``bound``) at or below
+    ``folder``, the deepest first (``/proc/self`` is the box's now: no mountinfo)."""
+    top = folder.rstrip("/")
+    for point in sorted(bound, key=lambda p: -p.rstrip("/").count("/")):
+        if point.rstrip("/") == top or point.startswith(top + "/"):
+            while libc.umount2(point.encode(), MNT_DETACH) == 0:
+                pass
 
 
 def mount_proc(libc: ctypes.CDLL) -> None:
@@ -301,7 +311,7 @@ def _init(libc: ctypes.CDLL, argv: list[str], alive: int, report: int, new_pid: 
             os._exit(0)
 
 
-def _supervise(child: int, report: int, parent: int, scratch: list[str]) -> None:
+def _supervise(child: int, report: int, parent: int, scratch: list[str], bound: list[str]) -> None:
     """Wait for the box's init; pass signals on; end as PROGRAM ended. When the process
     that started this one is gone: kill the box and remove ``scratch``."""
     libc = _libc()
@@ -324,6 +334,7 @@ def _supervise(child: int, report: int, parent: int, scratch: list[str]) -> None
         import shutil
 
         for folder in scratch:
+            _unmount_under(libc, folder, bound)  # a mount point is no folder rmtree removes
             shutil.rmtree(folder, ignore_errors=True)
     _exit_as(int.from_bytes(said, "little") if len(said) == 4 else status)
 
@@ -367,7 +378,8 @@ def main(argv: list[str]) -> None:
         _init(libc, program, alive, report, bool(flags & CLONE_NEWPID))
     os.close(alive)
     os.close(report)
-    _supervise(child, report_r, opts["parent"], opts["scratch"])
+    bound = [*opts["writable"], *opts["read_only"]] if flags & CLONE_NEWNS else []
+    _supervise(child, report_r, opts["parent"], opts["scratch"], bound)
 
 
 if __name__ == "__main__":
