@@ -145,12 +145,26 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_ERROR
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a cancelled job) stops the program as Ctrl-C does: every ``finally``
+    runs, so workers' boxes are ended and reaped and temporary folders removed."""
+    import signal
+    import threading
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
 def entry(argv: list[str] | None = None, *, exit: bool = True) -> int:
     """The ``gatekeeper`` program (the console script, ``python -m gatekeeper``, the
     action's step): :func:`main` in a process whose secrets are sealed away from the
     model code its workers run (:func:`gatekeeper.secrecy.seal`, credentials taken out
     of ``os.environ``). ``exit``: leave with the exit code, else return it."""
     secrecy.seal(drop=True)
+    _stop_on_sigterm()
     try:
         code = main(argv)
     except SystemExit as e:  # --help, --version, a usage error

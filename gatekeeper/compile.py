@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from .errors import BundleError, ObjectTooLarge, StoreError
 from .key import CacheKey, Match, check_location, find_bundle, target_key
 from .progress import Progress
 from .provenance import creator
+from .scratch import scratch_dir
 from .store import BundleLocation, Store
 from .targets import Target, one_per_bundle
 from .worker.launch import run_or_fail
@@ -205,7 +205,7 @@ def compile_target(
         result.error, result.error_kind = str(e), "store"
         return result
     kind = kinds.of(target)
-    with tempfile.TemporaryDirectory(prefix="gk-compile-") as tmp:
+    with scratch_dir("gk-compile-") as tmp:
         cache_dir = Path(tmp, "cache")
         seed = None
         if match is not None and not cold and kind.ships_cache:

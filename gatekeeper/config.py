@@ -28,6 +28,7 @@ from pydantic import (
 
 from . import kinds
 from .errors import ConfigError
+from .secrecy import passable
 
 DEFAULT_STORE = ".gatekeeper/store"
 Dtype = Literal[
@@ -227,6 +228,9 @@ class ExportConfig(_Strict):
     weights: Literal["auto", "bundled", "bound"] = "auto"
 
 
+PassEnv = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\*?$"), AfterValidator(passable)]
+
+
 class ModelConfig(_Strict):
     name: str = Field(pattern=_NAME)
     # what is compiled: the module ``factory`` returns (its ``forward``, or its method
@@ -258,6 +262,7 @@ class ModelConfig(_Strict):
     distributed: DistributedConfig | None = None
     precompile: Precompile | None = None  # default: the config's
     gate: dict[str, Any] = Field(default_factory=dict)  # per-model overrides of [gate]
+    pass_env: list[PassEnv] = Field(default_factory=list)
 
     @property
     def training(self) -> TrainConfig:
@@ -383,6 +388,8 @@ class Config(_Strict):
     # load only bundles whose signature verifies: a missing or empty
     # GATEKEEPER_SIGNING_KEY is then an error, never an unchecked load (docs/hardening.md)
     require_signature: bool = False
+    # variables (names, PREFIX* globs) workers get besides the allow-list (hardening.md)
+    pass_env: list[PassEnv] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique(self) -> Config:

@@ -4,7 +4,6 @@ compile, check, gate, re-measure what was borderline, and publish when asked."""
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -20,6 +19,7 @@ from .gate.baseline import publish_results
 from .gate.drift import merge_latency
 from .gate.judge import judge
 from .results import Results, TargetResult, contained, write_results
+from .scratch import scratch_dir
 from .store import Store
 from .store.base import store_error
 from .targets import Target
@@ -95,7 +95,7 @@ def _remeasure(
     first run's, unless it was paired where the first was not (pairing decides from
     then on). The second run's outputs go to a scratch folder."""
     out_dir = plan.out_dir
-    with tempfile.TemporaryDirectory(prefix="gk-remeasure-") as scratch:
+    with scratch_dir("gk-remeasure-") as scratch:
         again_plan = replace(plan, out_dir=Path(scratch), shard=None)
         (again,) = check([target], plan=again_plan).targets
         first = row.result.latency

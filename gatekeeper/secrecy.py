@@ -71,12 +71,23 @@ SECRET_PREFIXES = (
     "VAULT_",
     "INPUT_",  # a JavaScript or Docker action's inputs: `signing-key`, `github-token`
 )
+# never given to a worker, whatever the config's pass_env says: gatekeeper's own (the
+# signing key), the store's credentials, the runner's tokens and its file commands
+# (GITHUB_ENV, RUNNER_TEMP: files that steer the job's later steps)
+NEVER_PASSED = ("GATEKEEPER_", "AWS_", "GITHUB_", "GH_", "RUNNER_", "ACTIONS_", "INPUT_")
 SECRET_NAMES = frozenset({"GH_TOKEN", "GH_ENTERPRISE_TOKEN", "SSH_AUTH_SOCK", "KUBECONFIG"})
 _SECRET_WORD = re.compile(
     r"(^|[_-])(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|API[_-]?KEY|ACCESS[_-]KEY|"
     r"PRIVATE[_-]KEY|SIGNING[_-]KEY|AUTH)([_-]|$)",
     re.IGNORECASE,
 )
+
+
+def passable(name: str) -> str:
+    """``name``, when a config's ``pass_env`` may name it; else ValueError."""
+    if name.upper().startswith(NEVER_PASSED):
+        raise ValueError(f"{name!r} is never passed to a worker (docs/hardening.md)")
+    return name
 
 
 def secret_word(name: str) -> bool:

@@ -113,7 +113,7 @@ class Target:
         plain data: the model's fields (not its name, the axes that make its other
         targets, or its gate overrides, which are rules) and this target's shape set.
         A pull request that changes one of them changes the target (gate.governing)."""
-        skip = {"name", "gate", "shapes", "modes", "tasks", "precisions", "strategies"}
+        skip = {"name", "gate", "shapes", "modes", "tasks", "precisions", "strategies", "pass_env"}
         skip |= kinds.foreign(self.strategy)  # another kind's fields (regions, export)
         skip |= {"train"} if self.task != "train" else set()
         return {**self.model.model_dump(mode="json", exclude=skip), "shape_set": self.shape_set}

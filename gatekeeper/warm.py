@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from .key import CacheKey, find_bundle, target_key
 from .nearest import nearest, says
 from .results import CacheStatus
 from .runtime import default_cache_dir, load_megacache
+from .scratch import scratch_dir
 from .store import Store, open_store
 from .targets import Target, expand, select
 
@@ -144,7 +144,7 @@ def warm_target(
             return result
         result.cold_compile_seconds = bundle.cold_seconds(manifest)
         result.bundle_bytes = manifest.archive.size
-        with tempfile.TemporaryDirectory(prefix="gk-warm-") as tmp:
+        with scratch_dir("gk-warm-") as tmp:
             archive = Path(tmp, manifest.archive.name)
             store.download(
                 match.location.key(manifest.archive.name), archive, max_bytes=manifest.archive.size

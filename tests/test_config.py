@@ -652,3 +652,15 @@ def test_strategies_default_to_whole_and_take_regions_and_export(tmp_path):
 def test_strategy_errors_name_the_field(tmp_path, extra, field, words):
     msg = config_error(tmp_path, MODEL + extra + "\n")
     assert field in msg and words in msg, msg
+
+
+def test_pass_env_never_names_what_gatekeeper_withholds(tmp_path):
+    """pass_env adds names to the worker's allow-list, but never the signing key, the
+    store's credentials or the runner's file commands: one line naming the field."""
+    write(tmp_path, "gatekeeper.toml", 'pass_env = ["WANDB_MODE", "MYLIB_*"]\n' + MODEL)
+    assert load_config(None, cwd=tmp_path).pass_env == ["WANDB_MODE", "MYLIB_*"]
+    for name in ("GITHUB_ENV", "RUNNER_TEMP", "GATEKEEPER_SIGNING_KEY", "AWS_*", "BAD NAME"):
+        write(tmp_path, "gatekeeper.toml", f"pass_env = [{name!r}]\n" + MODEL)
+        with pytest.raises(ConfigError) as e:
+            load_config(None, cwd=tmp_path)
+        assert "pass_env" in str(e.value) and "\n" not in str(e.value), e.value

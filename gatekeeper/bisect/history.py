@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..git import git, try_git
+from ..scratch import scratch_dir
 
 _FIELDS = "%H%x00%s%x00%an <%ae>%x00%aI"
 
@@ -210,7 +210,7 @@ def file_at(root: Path, sha: str, rel: str) -> Iterator[Path | None]:
     if text is None:
         yield None
         return
-    with tempfile.TemporaryDirectory(prefix="gk-bisect-") as tmp:
+    with scratch_dir("gk-bisect-") as tmp:
         path = Path(tmp, Path(rel).name)
         path.write_text(text + "\n")
         yield path

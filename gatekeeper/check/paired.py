@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ..config import Config, load_config
 from ..errors import ConfigError, UsageError
 from ..git import git, try_git
 from ..results import BaseTarget
+from ..scratch import scratch_dir
 from ..targets import Target, expand
 
 log = logging.getLogger("gatekeeper.paired")
@@ -106,7 +106,7 @@ def checkout(commit: str, config_dir: Path) -> Iterator[Path]:
         root = Path(git(config_dir, "rev-parse", "--show-toplevel"))
     except (UsageError, OSError):
         raise UsageError(f"paired mode needs a git checkout: {config_dir} is not in one") from None
-    with tempfile.TemporaryDirectory(prefix="gk-paired-") as tmp:
+    with scratch_dir("gk-paired-") as tmp:
         tree = Path(tmp) / "base"
         git(root, "worktree", "add", "--detach", str(tree), commit)
         try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from ..results import (
     reference_name,
     trace_name,
 )
+from ..scratch import scratch_dir
 from ..store import Store, baselines
 from ..targets import Target, expand
 from ..warm import WarmResult, settle, warm_target
@@ -123,7 +123,7 @@ def check_target(
         reference=out / reference_name(target.id),
         trace=out / trace_name(target.id),
     )
-    with tempfile.TemporaryDirectory(prefix="gk-check-") as tmp:
+    with scratch_dir("gk-check-") as tmp:
         if not plan.cold:  # the measurement is of the ordinary warm start
             warm(check, store, Path(tmp))
         baseline, base_reference = (

@@ -8,7 +8,6 @@ results.json. Once per bundle: a verdict already there is reported."""
 from __future__ import annotations
 
 import logging
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from ..bundle import now_iso, signing_key
 from ..config import Config
 from ..errors import BundleError, StoreError
 from ..key import CacheKey
+from ..scratch import scratch_dir
 from ..store import Store
 from ..targets import Target
 from ..warm import WarmResult, warm_target
@@ -66,7 +66,7 @@ def _verify(
         return None
     if info.get("verified") is not None:
         return {"verified": info["verified"], **(info.get("check") or {}), "now": False}
-    with tempfile.TemporaryDirectory(prefix=f"gk-{package.name}-") as tmp:
+    with scratch_dir(f"gk-{package.name}-") as tmp:
         cache_dir, stage = Path(tmp, "cache"), Path(tmp, "package")
         again = warm_target(
             target,

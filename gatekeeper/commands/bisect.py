@@ -12,6 +12,7 @@ from ..bisect import report as bisect_report
 from ..bisect.metrics import Metric, names, relative, threshold_setting
 from ..config import find_config, load_config
 from ..errors import ConfigError, UsageError
+from ..store import Store
 from ..targets import expand, select
 from .common import Context, output_dir
 
@@ -67,6 +68,30 @@ def _min_effect(metric: Metric, pct: float | None) -> float | None:
     return pct / 100
 
 
+# in every --out bisect writes: a folder holding it is bisect's own, to clean and reuse
+MARKER = ".gatekeeper-bisect"
+
+
+def owned_out(given: str, store: Store) -> Path:
+    """``--out``, made bisect's own: it must be missing, empty, or a bisect's earlier
+    output (its marker file), and hold no local store; a usage error before any work
+    otherwise (bisect removes its worktrees folder and writes bundles in there)."""
+    path = Path(given).absolute()
+    if path.is_dir() and not (path / MARKER).is_file() and any(path.iterdir()):
+        raise UsageError(
+            f"--out {given}: not empty and not an earlier bisect's output: give a new "
+            "or empty folder"
+        )
+    root = getattr(store.backend, "root", None)
+    if isinstance(root, Path) and (
+        root.resolve() == path.resolve() or path.resolve() in root.resolve().parents
+    ):
+        raise UsageError(f"--out {given}: holds the store {root}: give another folder")
+    out = output_dir(path, "--out")
+    (out / MARKER).write_text("gatekeeper bisect writes here; it removes what it made\n")
+    return out
+
+
 def _targets_at(root: Path, commit: history.Commit, rel: str, flag: str) -> list:
     """The targets of the config at ``commit`` (read without checking it out)."""
     with history.file_at(root, commit.sha, rel) as path:
@@ -98,7 +123,7 @@ def run(ctx: Context) -> int:
         raise UsageError(f"target {missing[0]} does not exist at --good {rng.good.short}")
     ctx.signing_key()  # a signature required without a key: exit 2 before any work
     store = ctx.store
-    out = output_dir(a.out, "--out").absolute()
+    out = owned_out(a.out, store)
     from .common import default_base_ref
 
     done = engine.run(

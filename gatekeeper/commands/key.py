@@ -8,11 +8,11 @@ known before any compile, and two machines can compare theirs.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from ..errors import EXIT_OK, ConfigError, WorkerError
 from ..key import CacheKey, target_key
+from ..scratch import scratch_dir
 from ..worker.launch import run_or_fail
 from ..worker.protocol import DepsRequest
 from .common import Context
@@ -58,7 +58,7 @@ def _keys(ctx: Context) -> list[CacheKey]:
         key = target_key(t, ctx.config.base_dir)
         which = (t.model.name, tuple(sorted(t.shape_set.items())))
         if which not in built:
-            with tempfile.TemporaryDirectory(prefix="gk-key-") as tmp:
+            with scratch_dir("gk-key-") as tmp:
                 resp = run_or_fail(
                     DepsRequest.of(t, ctx.config, key.device),
                     cache_dir=Path(tmp, "cache"),

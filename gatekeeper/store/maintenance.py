@@ -11,7 +11,6 @@ tolerate a store that changes while they run: what vanished meanwhile is skipped
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from .. import bundle
 from ..errors import BundleError, ObjectTooLarge, StoreError
 from ..hashing import sha256_bytes
 from ..results import Baseline
+from ..scratch import scratch_dir
 from . import baselines
 from .base import ObjectInfo
 from .layout import (
@@ -105,7 +105,7 @@ def verify(store: Store, signing_key: bytes | None, *, now: float | None = None)
     reported. ``now`` (epoch seconds) is the time ages are measured from."""
     now = time.time() if now is None else now
     findings = []
-    with tempfile.TemporaryDirectory(prefix="gk-verify-") as tmp:
+    with scratch_dir("gk-verify-") as tmp:
         for b in store.bundles():
             findings += _verify_bundle(store, b, Path(tmp), signing_key, now)
     docs = _baselines(store)

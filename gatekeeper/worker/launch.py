@@ -5,14 +5,15 @@ with an isolated inductor cache dir, and read its :class:`Response`. No torch he
 from __future__ import annotations
 
 import subprocess
-import tempfile
 from pathlib import Path
 
 from ..errors import WorkerError
+from ..git import resolve as resolve_git
+from ..scratch import scratch_dir
 from ..secrecy import seal
 from . import steps
 from .protocol import Build, Response
-from .spawn import cache_env, worker_command
+from .spawn import cache_env, configs_of, outputs_of, read_answer, read_tail, worker_command
 
 __all__ = ["WorkerDied", "cache_env", "run_or_fail", "run_worker"]
 
@@ -32,6 +33,7 @@ def run_worker(
     :class:`WorkerDied` (a signal or an exit), naming the step the worker was in.
     """
     seal()  # before the first worker: this process's secrets out of its reach
+    resolve_git()  # and git found where the worker cannot plant another
     from .. import kinds
 
     how = kinds.get(request.kind.name).launch(request.model)
@@ -47,31 +49,45 @@ def run_worker(
             label=label,
             env=env,
         )
-    with tempfile.TemporaryDirectory(prefix="gk-worker-") as tmp:
+    with scratch_dir("gk-worker-") as tmp:
         req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
         log_path = Path(tmp, "worker.log")
         req_path.write_text(request.model_dump_json())
-        writable = [cache_dir, Path(request.base_dir), Path(tmp)]
-        cmd = worker_command(str(req_path), str(resp_path), writable=writable)
+        writable = [cache_dir, *outputs_of(request)]
+        for folder in writable:
+            folder.mkdir(parents=True, exist_ok=True)
+        cmd = worker_command(
+            str(req_path),
+            str(resp_path),
+            writable=writable,
+            scratch=Path(tmp),
+            config_dirs=configs_of(request),
+        )
         with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                env=cache_env(cache_dir, env, request.pass_env) | {"TMPDIR": tmp},
+                stdin=subprocess.DEVNULL,
+                stdout=None if verbose else log,
+                stderr=None if verbose else subprocess.STDOUT,
+            )
             try:
-                proc = subprocess.run(
-                    cmd,
-                    env=cache_env(cache_dir, env),
-                    timeout=timeout,
-                    stdin=subprocess.DEVNULL,
-                    stdout=None if verbose else log,
-                    stderr=None if verbose else subprocess.STDOUT,
-                )
+                proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
                 step = steps.read(resp_path, 0).step
                 during = f" in {step}" if step else ""
                 raise WorkerError(
                     f"{label}: worker timed out after {timeout:.0f} s{during}"
                 ) from None
+            except BaseException:  # interrupted: the box (and all in it) ends with us
+                proc.kill()
+                proc.wait()
+                raise
         if resp_path.is_file():
-            return Response.model_validate_json(resp_path.read_text())
-        text = log_path.read_text(errors="replace")  # empty when it went to the terminal
+            return Response.model_validate_json(read_answer(resp_path, label or "worker"))
+        text = read_tail(log_path)  # empty when it went to the terminal
         death = steps.read(resp_path, proc.returncode, text, request.base_path)
         raise WorkerDied(label, death, text)
 

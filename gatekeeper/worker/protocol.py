@@ -75,6 +75,8 @@ class Build(_Msg):
     task: Task = "infer"
     precision: Precision = "fp32"
     kind: KindRef
+    # what the worker's environment takes from the parent's besides the allow-list
+    pass_env: list[str] = Field(default_factory=list)
 
     @classmethod
     def of(cls, target: Target, config: Config, device: str, **extra: Any) -> Self:
@@ -89,6 +91,7 @@ class Build(_Msg):
             task=target.task,
             precision=target.precision,
             kind=KindRef.of(target),
+            pass_env=[*config.pass_env, *target.model.pass_env],
             **extra,
         )
 

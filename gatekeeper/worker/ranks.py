@@ -17,18 +17,18 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import WorkerError
+from ..scratch import scratch_dir
 from . import steps
 from .gather import merge
 from .launcher import PEER_LOST
 from .protocol import Build, Response
-from .spawn import cache_env, worker_command
+from .spawn import cache_env, configs_of, outputs_of, read_answer, read_tail, worker_command
 
 if TYPE_CHECKING:
     from ..kinds import Launch
@@ -86,6 +86,16 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher's session at once (its box's init dies, and with it every
+    rank), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def run_ranks(
     request: Build,
     how: Launch,
@@ -100,7 +110,7 @@ def run_ranks(
     failing rank's answer, named), or WorkerError naming the rank that died or the
     step each rank was in at the time limit."""
     assert how.launcher is not None
-    with tempfile.TemporaryDirectory(prefix="gk-ranks-") as tmp:
+    with scratch_dir("gk-ranks-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "launched.json")
         req_path.write_text(request.model_dump_json())
         spec = {
@@ -114,13 +124,24 @@ def run_ranks(
         spec_path = Path(tmp, "spec.json")
         spec_path.write_text(json.dumps(spec))
         marker = uuid.uuid4().hex
-        run_env = cache_env(cache_dir, env) | {
+        run_env = cache_env(cache_dir, env, request.pass_env) | {
             MARKER: marker,
             # one hash seed in every rank: the same graph gives every rank the same key
             "PYTHONHASHSEED": "0",
+            "TMPDIR": tmp,  # what the ranks leave there goes with the run
         }
-        writable = [cache_dir, Path(request.base_dir), Path(tmp)]
-        cmd = worker_command(str(spec_path), str(out_path), writable=writable, module=how.launcher)
+        writable = [cache_dir, *outputs_of(request)]
+        for folder in writable:
+            folder.mkdir(parents=True, exist_ok=True)
+        cmd = worker_command(
+            str(spec_path),
+            str(out_path),
+            writable=writable,
+            scratch=Path(tmp),
+            config_dirs=configs_of(request),
+            module=how.launcher,
+            private_net=True,
+        )
         with open(Path(tmp, "launcher.log"), "wb") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -139,9 +160,12 @@ def run_ranks(
                 raise WorkerError(
                     f"{label}: ranks timed out after {timeout:.0f} s ({where})"
                 ) from None
+            except BaseException:  # interrupted: the box (launcher, ranks) ends with us
+                _kill(proc)
+                raise
         time.sleep(0.05)
         sweep(marker)  # a rank the agent could not stop (it never should be there)
-        launched = json.loads(out_path.read_text()) if out_path.is_file() else {}
+        launched = json.loads(read_answer(out_path, label)) if out_path.is_file() else {}
         if launched.get("config"):
             return Response.failure("config", launched["config"])
         answers = _answers(Path(tmp), how.ranks)
@@ -153,18 +177,16 @@ def run_ranks(
 def _log_tail(tmp: Path, rank: int) -> str:
     """The end of a rank's output, from the agent's per-rank logs."""
     for path in sorted(tmp.glob(f"logs/*/attempt_*/{rank}/stderr.log")):
-        try:
-            return path.read_text(errors="replace")[-20000:]
-        except OSError:
-            continue
+        if text := read_tail(path, 20000):
+            return text
     return ""
 
 
 def request_base(tmp: Path) -> str:
     """The config folder of the request in ``tmp`` (model lines are shown from there)."""
     try:
-        return json.loads((tmp / "request.json").read_text())["base_dir"]
-    except (OSError, ValueError, KeyError):
+        return json.loads(read_answer(tmp / "request.json", "request"))["base_dir"]
+    except (OSError, ValueError, KeyError, WorkerError):
         return "."
 
 
@@ -184,7 +206,8 @@ def _answers(tmp: Path, ranks: int) -> list[Response | None]:
     found: list[Response | None] = []
     for rank in range(ranks):
         path = tmp / f"response.{rank}.json"
-        found.append(Response.model_validate_json(path.read_text()) if path.is_file() else None)
+        text = read_answer(path, f"rank {rank}") if path.is_file() else None
+        found.append(Response.model_validate_json(text) if text is not None else None)
     return found
 
 

@@ -1,24 +1,83 @@
 """How a worker process starts, for both doors into one (:mod:`gatekeeper.worker.launch`,
 one process; :mod:`gatekeeper.worker.ranks`, a distributed target's ranks): its
-environment and its confined command line. No torch here.
+environment (an allow-list) and its confined command line. No torch here.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import sys
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ..secrecy import without_secrets
+from ..scratch import held
+from ..secrecy import NEVER_PASSED, is_credential
+from .protocol import Build
+
+# What the worker's environment keeps of the parent's (docs/hardening.md, "The worker's
+# environment"): what Python, torch, inductor, Triton, CUDA/ROCm, NCCL and gloo, the
+# C++ compiler and the BLAS/OpenMP runtimes read. Anything else comes only through
+# ``pass_env`` in the config. A credential is never passed, whatever list names it.
+ALLOWED_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
+        "TMPDIR", "TEMP", "TMP", "NO_COLOR", "COLUMNS",
+        "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER", "PYTHONIOENCODING", "PYTHONUTF8",
+        "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
+        "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CPATH", "LIBRARY_PATH",
+        "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "MAX_JOBS",
+        "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+        "TRANSFORMERS_OFFLINE", "XDG_CACHE_HOME", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE",
+    }
+)  # fmt: skip
+ALLOWED_PREFIXES = (
+    "LC_", "TORCH", "PYTORCH_", "TRITON_", "INDUCTOR_", "KINETO_",
+    "CUDA_", "CUDNN_", "CUBLAS", "NCCL_", "NVIDIA_", "NVTE_", "CUPTI_",
+    "ROCM_", "HIP_", "HSA_", "MIOPEN_", "GLOO_",
+    "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_",
+)  # fmt: skip
 
 
-def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+_MAY_BE_CREDENTIAL = re.compile(
+    r"PASS|PWD|SECRET|TOKEN|CRED|AUTH|COOKIE|SESSION|(KEY|URL|URI|DSN)(_|$)"
+)
+
+
+def allowed(name: str, pass_env: Iterable[str] = ()) -> bool:
+    """Whether the parent's variable ``name`` reaches the worker: on the allow-list, or
+    named by ``pass_env`` (a name, or a ``PREFIX*`` glob, which never matches a name that
+    may hold a credential: ``PGPASSWORD``, ``DATABASE_URL``), and never a credential by
+    its name nor one of :data:`gatekeeper.secrecy.NEVER_PASSED`."""
+    upper = name.upper()
+    if is_credential(upper) or upper.startswith(NEVER_PASSED):
+        return False
+    if upper in ALLOWED_NAMES or upper.startswith(ALLOWED_PREFIXES):
+        return True
+    patterns = list(pass_env)
+    if name in patterns:
+        return True
+    # a glob never passes a name that may hold a credential (PGPASSWORD, DATABASE_URL)
+    globbed = any(fnmatch.fnmatchcase(name, p) for p in patterns if p.endswith("*"))
+    return globbed and not _MAY_BE_CREDENTIAL.search(upper)
+
+
+def worker_environ(environ: Mapping[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:
+    """What of ``environ`` a worker is given (:func:`allowed`)."""
+    names = list(pass_env)
+    return {k: v for k, v in environ.items() if allowed(k, names)}
+
+
+def cache_env(
+    cache_dir: Path, extra: dict[str, str] | None = None, pass_env: Iterable[str] = ()
+) -> dict[str, str]:
     """The environment of a compile: this cache dir only, FX graph and AOT caches on;
-    ``extra``: what a deploy's service sets besides (see :func:`gatekeeper.warm.service_env`).
-    Secrets (:func:`gatekeeper.secrecy.is_secret`) are dropped: the worker runs the
-    user's model code."""
-    env = without_secrets(os.environ) | (extra or {})
+    ``extra``: what a deploy's service sets besides (see :func:`gatekeeper.warm.service_env`);
+    ``pass_env``: the config's additions to the allow-list (:func:`allowed`)."""
+    env = worker_environ(os.environ, pass_env) | (extra or {})
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
     env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
@@ -31,36 +90,150 @@ def cache_env(cache_dir: Path, extra: dict[str, str] | None = None) -> dict[str,
     return env
 
 
-def protected_dirs(writable: list[Path]) -> list[str]:
-    """What no worker may write: this Python's installation, every folder on the parent's
-    import path and gatekeeper's package (code the parent, holding the signing key, may
-    import later, and the action's later steps run), but for a folder that holds one the
-    worker writes in (``writable``, the current directory, the temp dir)."""
-    here = Path(__file__).resolve().parents[1]
-    places = [Path(p).resolve() for p in [*writable, Path.cwd(), Path(tempfile.gettempdir())]]
+def _checkouts(places: Iterable[Path]) -> list[Path]:
+    """The git checkouts holding ``places``, and their git dirs (a worktree's ``.git``
+    file names its own, and that one its common dir), found without running git."""
     found: list[Path] = []
-    for entry in sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, str(here), *sys.path}):
-        path = Path(entry).resolve() if entry else None
-        if path is None or not path.is_dir() or path == Path(path.anchor):
+    for place in places:
+        for top in [place, *place.parents]:
+            dot = top / ".git"
+            if not dot.exists():
+                continue
+            found.append(top)
+            git_dir = dot
+            if dot.is_file():
+                text = dot.read_text(errors="replace").strip()
+                if text.startswith("gitdir:"):
+                    git_dir = (top / text[7:].strip()).resolve()
+                    found.append(git_dir)
+            common = git_dir / "commondir"
+            if common.is_file():
+                found.append((git_dir / common.read_text().strip()).resolve())
+            break
+    return found
+
+
+def _runner_dirs(environ: Mapping[str, str]) -> list[Path]:
+    """The Actions runner's folders (its temp dir with the file commands that steer
+    later steps, its tool cache, the workspace) and the files GITHUB_ENV and its kind
+    name (each file bound read-only by itself, wherever it lies)."""
+    names = ("RUNNER_TEMP", "RUNNER_TOOL_CACHE", "RUNNER_WORKSPACE", "GITHUB_WORKSPACE")
+    files = ("GITHUB_ENV", "GITHUB_PATH", "GITHUB_OUTPUT", "GITHUB_STATE", "GITHUB_STEP_SUMMARY")
+    return [Path(environ[n]) for n in (*names, *files) if environ.get(n)]
+
+
+def read_only_dirs(config_dirs: Iterable[Path] = ()) -> list[str]:
+    """What no worker may write, even inside a folder it writes in: this Python's
+    installation, every folder on the parent's import path, gatekeeper's package (code
+    the parent, holding the signing key, imports later, and the action's later steps
+    run), every ``PATH`` folder (a program the parent or a later step runs), the git
+    checkouts of the configs (a paired check's base commit's too) and of the current
+    directory with their ``.git`` (the hooks and config git runs), and the runner's
+    folders."""
+    here = Path(__file__).resolve().parents[1]
+    entries = [sys.prefix, sys.base_prefix, sys.exec_prefix, str(here), *sys.path]
+    entries += [p for p in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(p)]
+    paths = [Path(e) for e in entries if e]
+    paths += _checkouts([Path.cwd(), *config_dirs])
+    paths += _runner_dirs(os.environ)
+    found = set()
+    for path in paths:
+        try:
+            real = path.resolve()
+        except OSError:
             continue
-        if any(p == path or path in p.parents for p in places):
-            continue
-        found.append(path)
-    return [str(p) for p in found if not any(q in p.parents for q in found)]
+        if real.exists() and real != Path(real.anchor):
+            found.add(str(real))
+    return sorted(found)
+
+
+def writable_dirs(writable: Iterable[Path]) -> list[str]:
+    """The folders a worker writes in: its own (``writable``) and the temp dir."""
+    found = {str(Path(p).resolve()) for p in [*writable, Path(tempfile.gettempdir())]}
+    return sorted(p for p in found if Path(p).is_dir())
 
 
 def worker_command(
-    *args: str, writable: list[Path], module: str = "gatekeeper.worker"
+    *args: str,
+    writable: list[Path],
+    scratch: Path,
+    config_dirs: Iterable[Path] = (),
+    module: str = "gatekeeper.worker",
+    private_net: bool = False,
 ) -> list[str]:
-    """``python -m gatekeeper.worker ARGS``; on Linux started confined (``confine.py``:
-    no capability or namespace to read its ancestors' memory, and the parent's code
-    read-only, before any code of the model or of its site-packages runs). A
-    distributed target's ``module`` is its launcher: the ranks it starts are its
-    children, confined alike."""
+    """``python -m gatekeeper.worker ARGS``; on Linux started in its box (``confine.py``:
+    no capability or namespace to read its ancestors' memory, a filesystem where it
+    writes only ``writable`` and the temp dir, a PID namespace that dies with this
+    process, ``scratch`` removed if this process dies first) before any code of the
+    model or of its site-packages runs. A distributed target's ``module`` is its
+    launcher: the ranks it starts are its children, in the same box (``private_net``:
+    with a network of their own)."""
     cmd = [sys.executable, "-m", module, *args]
     if sys.platform != "linux":
         return cmd
     confine = [sys.executable, "-I", "-S", str(Path(__file__).with_name("confine.py"))]
-    for path in protected_dirs(writable):
+    confine += ["--parent", str(os.getpid())]
+    for folder in dict.fromkeys([scratch, *held()]):  # removed by the box if we die first
+        confine += ["--scratch", str(folder)]
+    for path in read_only_dirs(config_dirs):
         confine += ["--read-only", path]
-    return [*confine, *cmd]
+    for path in writable_dirs([*writable, scratch]):
+        confine += ["--writable", path]
+    if private_net:
+        confine.append("--private-net")
+    return [*confine, "--", *cmd]
+
+
+# what a worker's answer may weigh (a response with every shape set's timings and
+# counters is a few hundred KiB); a log is read only from its end
+ANSWER_CAP = 64 * 2**20
+LOG_TAIL = 64 * 2**10
+
+
+def read_answer(path: Path, what: str, cap: int = ANSWER_CAP) -> str:
+    """The text of an answer a worker or rank wrote, refused unread (WorkerError, one
+    line) when it is over ``cap`` bytes, or not a plain file."""
+    from ..errors import WorkerError
+
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(cap + 1) if size <= cap else b""
+    except OSError as e:
+        raise WorkerError(f"{what}: cannot read {path.name}: {e.strerror}") from None
+    if size > cap or len(data) > cap:
+        raise WorkerError(
+            f"{what}: {path.name} refused unread: {size} bytes, more than the {cap} bytes "
+            "an answer may have"
+        )
+    return data.decode(errors="replace")
+
+
+def read_tail(path: Path, size: int = LOG_TAIL) -> str:
+    """The last ``size`` bytes of a log ('' when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(0, end - size))
+            return f.read(size).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def configs_of(request: Build) -> list[Path]:
+    """The config folders ``request`` builds from: its own, and a paired base commit's."""
+    found = [request.base_path]
+    if base := getattr(request, "paired_base", None):
+        found.append(Path(base.base_dir))
+    return found
+
+
+def outputs_of(request: object) -> list[Path]:
+    """The folders ``request`` has its worker write in (its outputs' and packages')."""
+    found = []
+    for name in ("megacache_out", "reference_out", "trace_out"):
+        if value := getattr(request, name, None):
+            found.append(Path(value).parent)
+    for ref in getattr(request, "packages", None) or []:
+        found.append(Path(ref.path).parent)
+    return found

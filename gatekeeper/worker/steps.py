@@ -76,7 +76,8 @@ def read(response: Path, returncode: int, log: str = "", base_dir: Path | None =
     """What the breadcrumb and the log say about a worker that ended with ``returncode``
     and wrote no ``response``."""
     try:
-        doc = json.loads(breadcrumb(response).read_text())
+        with open(breadcrumb(response), "rb") as f:
+            doc = json.loads(f.read(2**20))
     except (OSError, ValueError):
         doc = {}
     if not isinstance(doc, dict):

@@ -5,7 +5,6 @@ where the action's later steps, or gatekeeper itself, import from."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,7 +12,13 @@ from typing import Any
 
 import pytest
 from support.action_runner import SIGNING_KEY, WRITE_TOKEN, Harness
-from support.snooping import assert_confined, assert_found_nothing, snoop_project
+from support.snooping import (
+    assert_boxed,
+    assert_confined,
+    assert_found_nothing,
+    snoop_project,
+    snooped,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc and prctl are Linux's")
 
@@ -42,12 +47,8 @@ def test_model_code_run_by_the_action_finds_no_secret(
     )
     assert run.outcome == "success", run.log
     assert run.step("gatekeeper").outputs["exit-code"] == "0", run.log
-    doc = json.loads((workspace / "snooped.json").read_text())
-    pids = [a["pid"] for a in doc["ancestors"]]
-    # exec: the worker's parent is gatekeeper, and gatekeeper's the runner (this test),
-    # with no shell between that still holds the step's environment
-    assert pids[1] == os.getpid(), doc["ancestors"][:3]
-    assert doc["ancestors"][0]["comm"].startswith("python"), doc["ancestors"][0]
+    doc = snooped(workspace)
+    assert_boxed(doc)  # no process outside its box to read, the runner (this test) included
     assert_found_nothing(doc)
     assert_confined(doc["status"])
     # the action's venv (what the comment step and gatekeeper itself import) stays as it was

@@ -39,10 +39,18 @@ def repo(tmp_path_factory) -> tuple[Path, list[str]]:
     return root, shas
 
 
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
 def bisect(
     root: Path, out: Path, *args: str, good: str = "HEAD~9", bad: str = "HEAD"
 ) -> tuple[int, dict, str]:
     before = state(root)
+    # the real store (the config's, or --store's) is only read: bisect compiles elsewhere
+    real = Path(args[args.index("--store") + 1]) if "--store" in args else root / "store"
+    stored = tree(real) if real.is_dir() else {}
     proc = gk(
         "bisect", "--good", good, "--bad", bad, "--out", str(out), "--json", *args,
         cwd=root, env=QUIET,
@@ -50,6 +58,7 @@ def bisect(
     assert "Traceback" not in proc.stderr, proc.stderr
     assert state(root) == before  # the checkout, HEAD and working tree untouched
     assert not (out / "worktrees").exists()
+    assert (tree(real) if real.is_dir() else {}) == stored
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
@@ -64,6 +73,7 @@ def parity(repo, tmp_path_factory) -> tuple[int, dict, str, Path]:
 def bundles_of(parity, out: Path) -> Path:
     """``out`` holding the bundles the parity bisect compiled (a warm start)."""
     shutil.copytree(parity[3] / "store", out / "store")
+    shutil.copy(parity[3] / ".gatekeeper-bisect", out)  # an earlier bisect's output
     return out
 
 
@@ -179,6 +189,31 @@ def test_a_dirty_working_tree_is_refused(tmp_path: Path):
     proc = gk("bisect", "--good", "HEAD~2", "--bad", "HEAD", "--out", str(tmp_path / "o"), cwd=root)
     assert proc.returncode == 2 and "uncommitted changes (NOTES)" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_an_out_folder_bisect_does_not_own_is_refused_and_left_as_it_was(repo, tmp_path: Path):
+    """``--out .`` in a checkout (or any folder of the user's): bisect used to delete its
+    worktrees/ folder and compile into a store it held; now one line, exit 2, nothing
+    read, written or removed."""
+    root, _ = repo
+    mine = tmp_path / "mine"
+    (mine / "worktrees").mkdir(parents=True)
+    (mine / "worktrees" / "notes.txt").write_text("the user's notes\n")
+    (mine / "store").mkdir()
+    (mine / "store" / "kept.json").write_text("{}")
+    before = tree(mine)
+    for out, says in ((mine, "not empty"), (root, "not empty")):  # --out . in the checkout
+        proc = gk("bisect", "--good", "HEAD~9", "--bad", "HEAD", "--out", str(out), cwd=root)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.splitlines()) == 1 and says in proc.stderr, proc.stderr
+    assert tree(mine) == before
+    # a store inside an --out that bisect would own is refused too
+    proc = gk(
+        "bisect", "--good", "HEAD~9", "--bad", "HEAD", "--out", str(tmp_path / "o"),
+        "--store", str(tmp_path / "o" / "store"), cwd=root,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "holds the store" in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize(

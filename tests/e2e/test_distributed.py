@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -217,3 +222,81 @@ def test_what_cannot_run_as_ranks_here_is_one_line_exit_2(
     assert "Traceback" not in proc.stderr
     assert says in proc.stderr, proc.stderr
     assert leftover_processes(project) == []
+
+
+def _box_of(tmp: Path) -> list[int]:
+    """The processes of a run whose temp dir is ``tmp`` (its boxes' supervisors, the
+    launcher, the ranks: each names a folder in ``tmp`` on its command line)."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and str(tmp).encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+def _measuring(tmp: Path) -> bool:
+    try:  # the run's folders come and go meanwhile
+        crumbs = list(tmp.glob("gk-ranks-*/response.*.json.step"))
+        return len(crumbs) == 2 and all(
+            json.loads(c.read_text())["step"] == "measure" for c in crumbs
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def _rendezvous_port(pids: list[int]) -> int | None:
+    for pid in pids:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in env:
+            if entry.startswith(b"MASTER_PORT="):
+                return int(entry.split(b"=", 1)[1])
+    return None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=str)
+def test_gatekeeper_killed_mid_measurement_leaves_no_rank_and_no_temp_dir(
+    project: Path, tmp_path: Path, sig: int
+) -> None:
+    """A cancelled job (SIGTERM), Ctrl-C (SIGINT) or the OOM killer (SIGKILL) while both
+    ranks measure: the launcher and its ranks are gone (they ran in a session of their
+    own with no parent-death signal, and outlived gatekeeper), and so is every temp dir.
+    Meanwhile their rendezvous is out of reach of the other processes of the machine."""
+    # the module's tensor-parallel target, from its stored bundle, timed for minutes
+    (project / "kill.toml").write_text(CONFIG.replace("min_time = 1.0", "min_time = 300"))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "check", "--config", "kill.toml"]
+        + ["--target", "tp/b8/default+ws2"],
+        cwd=project,
+        env={**os.environ, **QUIET, "TMPDIR": str(tmp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not _measuring(tmp):
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the ranks never measured"
+            time.sleep(0.2)
+        port = _rendezvous_port(_box_of(tmp))
+        assert port is not None
+        # the ranks' store: only the ranks reach it (a network namespace of their own)
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), 2):
+            pass
+        proc.send_signal(sig)
+        proc.wait(60)
+    finally:
+        proc.kill()
+        proc.communicate()
+    deadline = time.monotonic() + 20
+    while (_box_of(tmp) or list(tmp.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _box_of(tmp) == [] and leftover_processes(project) == []
+    assert list(tmp.iterdir()) == []

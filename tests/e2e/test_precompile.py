@@ -257,7 +257,8 @@ def test_a_paired_check_never_loads_the_base_commits_package(verified, tmp_path:
         "    import json, os, pathlib\n"
         "    cache = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
         "    found = sorted(p.parent.name for p in cache.glob('dynamo/*/entry'))\n"
-        "    pathlib.Path(__file__).with_name('packages.json').write_text(json.dumps(found))\n",
+        "    out = pathlib.Path(__file__).parent.parent / 'packages.json'\n"  # beside the project
+        "    out.write_text(json.dumps(found))\n",
     )
     (project / "tinymodel.py").write_text(spy)  # the pull request: uncommitted
     proc = gk(
@@ -267,4 +268,4 @@ def test_a_paired_check_never_loads_the_base_commits_package(verified, tmp_path:
     assert proc.returncode == 0, proc.stderr
     (target,) = json.loads((project / "paired" / "results.json").read_text())["targets"]
     assert target["paired"], target  # measured beside the base commit's model
-    assert json.loads((project / "packages.json").read_text()) == []
+    assert json.loads((project.parent / "packages.json").read_text()) == []

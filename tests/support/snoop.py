@@ -143,10 +143,21 @@ def report(folder: Path) -> dict:
         doc["files"].update(_files(root, needles))
     doc["files"].pop(str(folder / "needles.json"), None)
     doc["status"] = own_status()
+    doc["visible"] = {
+        p.name: _read(f"/proc/{p.name}/cmdline")
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit()
+    }
+    doc["visible"] = {
+        k: (v or b"").replace(b"\0", b" ").decode(errors="replace")
+        for k, v in doc["visible"].items()
+    }
     plant_in = folder / "plant.json"
     if plant_in.is_file():
         doc["planted"] = plant(json.loads(plant_in.read_text()))
-    (folder / "snooped.json").write_text(json.dumps(doc, indent=2))
+    report_to = folder / "report_to.txt"
+    out = Path(report_to.read_text().strip()) if report_to.is_file() else folder
+    (out / "snooped.json").write_text(json.dumps(doc, indent=2))
     return doc
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import tempfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +39,24 @@ def snoop_project(
     shutil.copy(snoop.__file__, root / "snoop.py")
     (root / "needles.json").write_text(json.dumps(needles))
     (root / "plant.json").write_text(json.dumps(list(plant)))
+    # the model's own folder is read-only in its box: the findings go to the temp dir
+    (root / "report_to.txt").write_text(tempfile.mkdtemp(prefix="snooped-"))
     return root
+
+
+def snooped(project: Path) -> dict:
+    """What the snoop of ``project`` found."""
+    out = Path((project / "report_to.txt").read_text().strip())
+    return json.loads((out / "snooped.json").read_text())
+
+
+def assert_boxed(doc: dict) -> None:
+    """The snoop saw only its box: the box's init above it, and no process outside (no
+    gatekeeper parent, no test, no runner) among those it could see."""
+    pids = [a["pid"] for a in doc["ancestors"]]
+    assert pids == [1], doc["ancestors"]
+    outside = {p: c for p, c in doc["visible"].items() if re.search(r"-m (pytest|gatekeeper )", c)}
+    assert not outside, outside
 
 
 def parents_code() -> list[str]:

@@ -1,6 +1,7 @@
-"""The worker runs the user's model code, and everything it imports, in the parent's
-environment less its secrets: a factory run by ``gatekeeper key`` (a real worker,
-building the model, nothing compiled) records the variables it can see."""
+"""The worker runs the user's model code, and everything it imports, in an allow-list
+of the parent's environment (plus the config's pass_env), never a credential: a
+factory run by ``gatekeeper key`` (a real worker, building the model, nothing
+compiled) records the variables it can see."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ SPY_MODEL = TINY_MODEL.replace(
     textwrap.dedent("""
         def make():
             import json, os, pathlib
-            seen = pathlib.Path(__file__).with_name("seen.json")
+            # the model's folder is read-only in its box: beside it, in the temp dir
+            seen = pathlib.Path(__file__).parent.parent / "seen.json"
             seen.write_text(json.dumps(dict(os.environ)))
     """).lstrip("\n"),
 )
@@ -39,25 +41,34 @@ SECRETS = {
     "WANDB_API_KEY": "wandb",
     "MY_SERVICE_PASSWORD": "hunter2",
     "GIT_CONFIG_VALUE_0": "AUTHORIZATION: basic eA==",
+    # credentials no word in their names gives away: only an allow-list keeps them out
+    "PGPASSWORD": "pg-secret",
+    "MYSQL_PWD": "mysql-secret",
+    "DATABASE_URL": "postgres://u:db-secret@h/d",
+    "SSH_KEY": "ssh-secret",
+    "DEPLOY_KEY": "deploy-secret",
+    "RUNNER_TEMP": "/tmp/runner-temp-with-file-commands",
 }
+# not on the allow-list: passed only when the config's pass_env names them
+PASSED = {"MY_MODEL_SETTING": "42", "KEYBOARD_LAYOUT": "us"}
 KEPT = {
     "OMP_NUM_THREADS": "1",
     "TORCHINDUCTOR_MAX_AUTOTUNE": "0",
-    "MY_MODEL_SETTING": "42",
     "HF_HOME": "/tmp/hf-home",
-    "KEYBOARD_LAYOUT": "us",  # a word that merely contains KEY
 }
 
 
 def test_a_factory_cannot_see_the_secrets(tmp_path: Path) -> None:
-    project = write_project(tmp_path / "p", SPY_MODEL, TINY_CONFIG)
-    proc = gk("key", "--json", cwd=project, env={**SECRETS, **KEPT})
+    config = TINY_CONFIG.replace('store = "store"', 'store = "store"\npass_env = ["MY_*"]')
+    project = write_project(tmp_path / "p", SPY_MODEL, config)
+    proc = gk("key", "--json", cwd=project, env={**SECRETS, **KEPT, **PASSED})
     assert proc.returncode == 0, proc.stderr
-    seen = json.loads((project / "seen.json").read_text())
+    seen = json.loads((tmp_path / "seen.json").read_text())
     assert not set(SECRETS) & set(seen)
     assert not any(v in json.dumps(seen) for v in SECRETS.values())
-    for name, value in KEPT.items():
+    for name, value in {**KEPT, "MY_MODEL_SETTING": "42"}.items():
         assert seen.get(name) == value, name
+    assert "KEYBOARD_LAYOUT" not in seen  # neither allowed nor passed
     assert seen["TORCHINDUCTOR_CACHE_DIR"]  # what the worker does need is there
 
 
@@ -65,11 +76,12 @@ def test_the_scrubbed_environment_is_the_one_every_worker_gets(tmp_path: Path, m
     from gatekeeper.secrecy import is_secret
     from gatekeeper.worker.launch import cache_env
 
-    for name, value in {**SECRETS, **KEPT}.items():
+    for name, value in {**SECRETS, **KEPT, **PASSED}.items():
         monkeypatch.setenv(name, value)
-    env = cache_env(tmp_path, {"TORCH_CACHING_PRECOMPILE": "1"})
-    assert not set(SECRETS) & set(env)
+    env = cache_env(tmp_path, {"TORCH_CACHING_PRECOMPILE": "1"}, ["KEYBOARD_*", "PG*", "GITHUB*"])
+    assert not set(SECRETS) & set(env)  # pass_env never passes a credential nor GITHUB_*
     assert {k: env[k] for k in KEPT} == KEPT
+    assert env["KEYBOARD_LAYOUT"] == "us" and "MY_MODEL_SETTING" not in env
     assert env["TORCH_CACHING_PRECOMPILE"] == "1"
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
     assert not any(

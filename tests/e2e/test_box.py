@@ -1,0 +1,279 @@
+"""Model code stays in its box (gatekeeper/worker/confine.py, gatekeeper/git.py,
+gatekeeper/worker/spawn.py), against the real thing: a factory that tries every way out
+we know of (a git hook and config, a filter driver, a ``git`` planted on ``PATH``, the
+runner's file commands, a daemon in a session of its own, the checkout) while the real
+CLI compiles it, and the real git the parent runs afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from support.helpers import TINY_CONFIG, TINY_MODEL, git, gk, write_project
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the box is Linux's")
+
+# what the job's environment holds that no worker may see, whatever the names say
+CREDENTIALS = {
+    "PGPASSWORD": "pg-needle-51c2",
+    "MYSQL_PWD": "mysql-needle-0a7e",
+    "DATABASE_URL": "postgres://u:db-needle-93f1@h/d",
+    "SSH_KEY": "ssh-needle-6b0d",
+    "DEPLOY_KEY": "deploy-needle-c4a8",
+}
+
+ESCAPES = textwrap.dedent("""
+    import atexit, json, os, pathlib, subprocess, sys
+
+    def _try(what, do):
+        try:
+            do()
+            return "done"
+        except Exception as e:
+            return f"refused: {type(e).__name__}: {e}"
+
+    def _write(path, text, mode=0o644):
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(text)
+        os.chmod(path, mode)
+
+    def escape():
+        here = pathlib.Path(__file__).parent
+        plan = json.loads((here / "escape.json").read_text())
+        marker = plan["marker"]
+        hook = f"#!/bin/sh\\necho ran >> {marker}\\n"
+        git_dir = here / ".git"
+        done = {"env": sorted(os.environ)}
+        done["hooksPath"] = _try("hooksPath", lambda: subprocess.run(
+            ["git", "-C", str(here), "config", "core.hooksPath", plan["hooks"]],
+            check=True, capture_output=True))
+        _write(pathlib.Path(plan["hooks"], "post-checkout"), hook, 0o755)
+        hooks = git_dir / "hooks" / "post-checkout"
+        done["hook"] = _try("hook", lambda: _write(hooks, hook, 0o755))
+        driver = f"[filter \\"evil\\"]\\n\\tclean = sh -c 'echo ran >> {marker}; cat'\\n"
+        done["filter"] = _try("filter", lambda: (
+            _write(git_dir / "info" / "attributes", "* filter=evil\\n"),
+            _write(git_dir / "config", driver)))
+        monitor = f"[core]\\n\\tfsmonitor = {plan['hooks']}/post-checkout\\n"
+        done["fsmonitor"] = _try("fsmonitor", lambda: _write(git_dir / "config", monitor))
+        planted = pathlib.Path(plan["path_dir"], "git")
+        done["git"] = _try("git", lambda: _write(planted, hook, 0o755))
+        steer = "BASH_ENV=/x\\n"
+        done["github_env"] = _try("github_env", lambda: _write(plan["github_env"], steer))
+        done["file_commands"] = _try("file_commands", lambda: _write(plan["file_command"], steer))
+        done["checkout"] = _try("checkout", lambda: _write(here / "gatekeeper.toml", "# x\\n"))
+        daemon = subprocess.Popen(
+            ["sleep", "300", plan["daemon"]], start_new_session=True, env={},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done["daemon"] = daemon.pid
+        # at exit, after the worker wrote its answer: a 2 GiB answer (sparse: no disk)
+        atexit.register(lambda: os.truncate(sys.argv[2], 2**31 + 1))
+        pathlib.Path(plan["report"]).write_text(json.dumps(done))
+""")
+
+
+def _escaping_project(root: Path, tmp: Path) -> dict:
+    """A committed project whose factory tries every escape; what it aims at."""
+    model = TINY_MODEL.replace("def make():\n", "def make():\n    escape()\n") + ESCAPES
+    config = TINY_CONFIG.replace('store = "store"', 'store = "store"\npass_env = ["MY_*"]')
+    write_project(root, model, config)
+    (root / ".gitignore").write_text("store/\n__pycache__/\nescape.json\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    runner_temp = tmp / "runner-temp"
+    plan = {
+        "marker": str(tmp / "ran-outside.txt"),
+        "hooks": str(tmp / "hooks"),
+        "path_dir": str(tmp / "bin"),
+        "github_env": str(runner_temp / "_runner_file_commands" / "set_env_1"),
+        "file_command": str(runner_temp / "_runner_file_commands" / "add_path_1"),
+        "report": str(tmp / "report" / "escaped.json"),
+        "daemon": f"gk-daemon-{time.time_ns()}",
+        "runner_temp": str(runner_temp),
+    }
+    for folder in ("bin", "report", "runner-temp/_runner_file_commands"):
+        (tmp / folder).mkdir(parents=True)
+    for name in ("github_env", "file_command"):
+        Path(plan[name]).write_text("")
+    (root / "escape.json").write_text(json.dumps(plan))
+    return plan
+
+
+def _daemons(tag: str) -> list[int]:
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and tag.encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path, str]:
+    """One worker of the escaping model (`gatekeeper key` builds it), then git as the parent
+    runs it; what the factory did, the plan, the project, and the checkout's status."""
+    tmp = tmp_path_factory.mktemp("box")
+    root = tmp / "p"
+    plan = _escaping_project(root, tmp)
+    env = {
+        **CREDENTIALS,
+        "PATH": f"{plan['path_dir']}{os.pathsep}{os.environ['PATH']}",
+        "RUNNER_TEMP": plan["runner_temp"],
+        "GITHUB_ENV": plan["github_env"],
+        "MY_MODEL_SETTING": "passed",
+    }
+    proc = gk("key", "--json", cwd=root, env=env)
+    # its answer was 2 GiB: one line, refused unread (it used to be read whole)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "refused unread: 2147483649 bytes" in proc.stderr, proc.stderr
+    # the parent's own git after a worker ran in its checkout (paired check, bisect)
+    from gatekeeper.git import git as parents_git
+
+    parents_git(root, "worktree", "add", "--detach", str(tmp / "base"), "HEAD")
+    status = parents_git(root, "status", "--porcelain")
+    report = json.loads(Path(plan["report"]).read_text())
+    return report, plan, root, status
+
+
+def test_an_answer_of_2_gib_is_one_line_not_an_out_of_memory(escaped) -> None:
+    """The fixture's ``gatekeeper key`` got a 2 GiB answer (checked there: one line,
+    exit 2); its memory never held it (the parent reads at most the cap)."""
+    report = escaped[0]
+    assert "daemon" in report  # the factory ran to its end, and the answer was written
+
+
+def test_nothing_the_factory_writes_runs_outside_the_box(escaped) -> None:
+    """Before the box: ``git config core.hooksPath`` from the factory made the parent's
+    next ``git worktree add`` run its hook, and a ``git`` planted on PATH ran instead of
+    git (the parent's provenance); now each write is refused and nothing of theirs runs."""
+    report, plan, _, _ = escaped
+    assert not Path(plan["marker"]).exists(), Path(plan["marker"]).read_text()
+    for way in ("hooksPath", "hook", "filter", "fsmonitor", "git"):
+        assert report[way].startswith("refused"), (way, report[way])
+    assert not Path(plan["path_dir"], "git").exists()
+
+
+def test_the_factory_cannot_change_the_checkout_or_steer_later_steps(escaped) -> None:
+    """The runner's file commands (GITHUB_ENV, $RUNNER_TEMP/_runner_file_commands) and the
+    checkout stay as they were: a later step runs nothing the model wrote."""
+    report, plan, root, status = escaped
+    for way in ("github_env", "file_commands", "checkout"):
+        assert "Read-only file system" in report[way], (way, report[way])
+    assert Path(plan["github_env"]).read_text() == ""
+    assert Path(plan["file_command"]).read_text() == ""
+    assert status == ""  # no tracked file changed
+    assert "# x" not in (root / "gatekeeper.toml").read_text()
+
+
+def test_the_workers_environment_is_an_allow_list(escaped) -> None:
+    """Credentials whatever their names, and the runner's file-command paths, never
+    reach the worker; a name the config's pass_env lists does."""
+    env = escaped[0]["env"]
+    assert not set(CREDENTIALS) & set(env), env
+    assert not {"RUNNER_TEMP", "GITHUB_ENV"} & set(env), env
+    assert "MY_MODEL_SETTING" in env and "PATH" in env
+
+
+def test_a_daemon_in_a_session_of_its_own_dies_with_the_worker(escaped) -> None:
+    """A child the factory started with start_new_session=True and an empty environment
+    (no marker to sweep by) is gone when gatekeeper returns: the box's PID namespace
+    ended with its worker."""
+    assert _daemons(escaped[1]["daemon"]) == []
+
+
+def test_the_parents_git_runs_nothing_a_repository_configures(tmp_path: Path) -> None:
+    """Were a worker ever to write .git (an older box, a store outside it), the parent's
+    git still runs no hook, fsmonitor or filter the repository names, and runs the git
+    it found before the first worker, not one planted on PATH afterwards."""
+    root = tmp_path / "r"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / "f.txt").write_text("a\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    marker, hooks, bin_dir = tmp_path / "ran.txt", tmp_path / "hooks", tmp_path / "bin"
+    hooks.mkdir()
+    bin_dir.mkdir()
+    script = f"#!/bin/sh\necho ran >> {marker}\n"
+    for path in (hooks / "post-checkout", hooks / "fsmon", bin_dir / "git"):
+        path.write_text(script)
+        path.chmod(0o755)
+    git(root, "config", "core.hooksPath", str(hooks))
+    git(root, "config", "core.fsmonitor", str(hooks / "fsmon"))
+    git(root, "config", "filter.evil.clean", f"sh -c 'echo ran >> {marker}; cat'")
+    (root / ".git" / "info" / "attributes").write_text("* filter=evil\n")
+    (root / "f.txt").write_text("b\n")
+    code = textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from gatekeeper import git
+        git.resolve()  # what run_worker does before the first worker
+        os.environ["PATH"] = {str(bin_dir)!r} + os.pathsep + os.environ["PATH"]
+        root = Path({str(root)!r})
+        git.git(root, "status", "--porcelain")
+        git.git(root, "diff", "--stat")
+        git.git(root, "worktree", "add", "--detach", {str(tmp_path / "wt")!r}, "HEAD")
+        print(git.git(root, "rev-parse", "HEAD"))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root to become an unprivileged user (setpriv)",
+)
+def test_the_box_holds_for_an_unprivileged_user() -> None:
+    """The path a runner that is not root takes (a user namespace of its own): run as
+    ``nobody``, the box still refuses a read-only folder inside a writable one, gives a
+    PID namespace of its own and a private loopback, and leaves no daemon behind."""
+    import tempfile
+
+    import gatekeeper.worker.confine as confine
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="gk-nobody-"))  # pytest's is root's only
+    for name in ("w", "w/code"):
+        (tmp_path / name).mkdir()
+    os.chmod(tmp_path, 0o777)
+    for name in ("w", "w/code"):
+        os.chmod(tmp_path / name, 0o777)
+    tag = f"gk-nobody-{time.time_ns()}"
+    script = (
+        f"touch {tmp_path}/w/ok && echo writable; touch {tmp_path}/w/code/x || echo refused; "
+        "echo pid $$; cat /proc/self/uid_map; "
+        f"setsid sleep 300 {tag} >/dev/null 2>&1 & exit 0"
+    )
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+        + [sys.executable, "-I", "-S", confine.__file__]
+        + ["--writable", str(tmp_path / "w"), "--read-only", str(tmp_path / "w" / "code")]
+        + ["--private-net", "--", "/bin/sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    if "no namespace of its own" in proc.stderr:
+        pytest.skip("this kernel gives no user namespace to an unprivileged process")
+    lines = proc.stdout.split("\n")
+    assert lines[:3] == ["writable", "refused", "pid 2"], proc.stdout + proc.stderr
+    assert lines[3].split() == ["65534", "65534", "1"], proc.stdout
+    assert "gatekeeper worker:" not in proc.stderr, proc.stderr  # no step refused
+    assert "w/code/x': Read-only file system" in proc.stderr, proc.stderr
+    time.sleep(0.3)
+    assert _daemons(tag) == []
+    shutil.rmtree(tmp_path)
