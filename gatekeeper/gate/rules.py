@@ -37,6 +37,8 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
   (the shape sweep); with ``recompiles = "no-increase"``, more recompiles than the
   baseline's sweep fail, naming the guard that failed. Baselines without a sweep are not
   compared.
+* quantized targets: SQNR vs their float model, its fall from the base's, and their
+  float twin's latency (:mod:`.quantized`).
 * accepted: a ``regressed`` target the pull request accepts on purpose (``--accept``, the
   ``gatekeeper:accept`` label); parity failures are never accepted.
 * exportability: an ``+aot`` target whose model ``torch.export`` refuses on the pull
@@ -57,7 +59,7 @@ from dataclasses import dataclass, field
 from .. import units
 from ..config import GateConfig
 from ..results import Baseline, GraphBreak, Graphs, TargetResult, Work
-from . import stats
+from . import quantized, stats
 from .drift import disturbance
 from .governing import definition_changes, governing, notes, rule_changes
 from .timing import gate_runs, name_rank, timing
@@ -107,6 +109,9 @@ def gate_target(
 
     if result.paired is not None:
         _gate_paired(v, result, rules, found)
+    paired_q = result.paired.quantization if result.paired is not None else None
+    stored_q = base.quantization if base is not None and result.paired is None else None
+    quantized.sqnr(v, found, result, paired_q or stored_q, rules)
     if baseline is None:
         if result.paired is None:
             _work(v, found, result.work, None, "", rules)
@@ -388,6 +393,7 @@ def build_report(
         gate_row(r, baselines.get(r.target), rules_for(r.target), accept=accepted(r.target))
         for r in results
     ]
+    quantized.twins(rows)  # quantized targets beside their float twins
     verdict = overall([row.verdict for row in rows], require_baseline=require_baseline)
     fail_inconclusive = any(
         row.verdict.verdict == "inconclusive"
