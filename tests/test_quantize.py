@@ -152,3 +152,23 @@ def test_a_float_twin_that_failed_parity_is_said_on_the_quantized_target():
     assert rep.rows[0].verdict.verdict == "parity-failed"
     said = rep.rows[1].verdict.reasons + rep.rows[1].verdict.notes
     assert any("its float model m/b2/default failed parity" in r for r in said), said
+
+
+def test_the_report_shows_sqnr_beside_parity_and_the_twin_ratios():
+    from gatekeeper.report.json import report_json
+    from gatekeeper.report.markdown import render_markdown
+
+    fl = make_result("m/b2/default", compiled_s=1e-3)
+    qt = make_result("m/b2/default+int8wo", compiled_s=7.1e-4, seed=1)
+    qt = qt.model_copy(update={"quantization": q(28.0)})
+    base = make_baseline(qt.model_copy(update={"quantization": q(41.3)}))
+    rep = gate.build_report(
+        [fl, qt], {"m/b2/default+int8wo": base}, lambda t: RULES, base_ref="main"
+    )
+    md = render_markdown(rep)
+    assert "SQNR 41.3 dB → 28.0 dB" in md
+    assert "int8-weight-only: 0.7" in md and "x latency, 0.25x weights" in md
+    doc = report_json(rep)["targets"][1]["quantization"]
+    assert doc["sqnr_db"] == 28.0 and doc["base_sqnr_db"] == 41.3
+    assert doc["twin"]["twin"] == "m/b2/default" and doc["twin"]["weights"] == 0.25
+    assert report_json(rep)["targets"][0]["quantization"] is None

@@ -23,6 +23,7 @@ from .rows import (
     recompiles,
     rule_changes,
     speedup,
+    sqnr,
     summary_line,
 )
 
@@ -98,6 +99,15 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "recompiles": _side(recompiles(base), recompiles(r)),
         "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
         "parity": dump(r.parity),
+        # a quantized target: its config, SQNR vs its float model (the base's beside it)
+        # and its latency and weights as ratios of its float twin's in this run
+        "quantization": None
+        if r.quantization is None
+        else {
+            **r.quantization.model_dump(),
+            "base_sqnr_db": (sqnr(row) or (None, None))[0],
+            "twin": v.twin,
+        },
         # a distributed target's ranks: each one's medians, cache hits and parity
         "ranks": [x.model_dump(exclude={"cache_used"}) for x in r.ranks] if r.ranks else None,
         "cache": r.compile.cache if r.compile else None,

@@ -44,6 +44,8 @@ from .rows import (
     recompiles,
     rule_changes,
     speedup,
+    sqnr,
+    twin_line,
 )
 from .rows import summary_line as summary_line
 from .text import (
@@ -174,9 +176,11 @@ def _parity_cell(row: GateRow) -> str:
     if failed:
         return "❌ FAILED (" + ", ".join(failed) + ")"
     vb = r.parity.vs_baseline
+    quantized = sqnr(row)
     return (
         f"eager {units.sci(r.parity.vs_eager.max_abs_err)} · "
         f"base {units.sci(vb.max_abs_err) if vb else DASH}"
+        + (f" · SQNR {sides(*map(units.db, quantized))}" if quantized else "")
     )
 
 
@@ -441,6 +445,14 @@ def _table_notes(report: GateReport, rows: list[GateRow]) -> list[str]:
             f"{STORED.strip()} against the stored baseline of "
             f"{md_code(report.base_ref)}: paired runs time, count graph breaks and "
             "work against the base commit, and compare the rest with its baseline."
+        )
+    if twins := [
+        f"{md_code(r.result.target)} {md_text(line)}" for r in rows if (line := twin_line(r))
+    ]:
+        notes.append(
+            "Quantized targets beside their float twin in this run (p50, weight bytes): "
+            + "; ".join(twins)
+            + ". SQNR: the quantized model's output vs its float model's, in dB."
         )
     if any(_trend(r) for r in rows):
         notes.append(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 
+from .. import units
 from ..gate import ORDER, GateReport, GateRow, Verdict
 from ..gate.governing import Change
 from ..results import Profile, TargetResult
@@ -95,6 +96,28 @@ def base_profile(row: GateRow) -> Profile | None:
     baseline's."""
     r, b = row.result, base_result(row)
     return r.paired.profile if r.paired else (b.profile if b else None)
+
+
+def sqnr(row: GateRow) -> tuple[float | None, float | None] | None:
+    """A quantized target's SQNR vs its float model: (the base commit's, paired, else the
+    baseline's; this run's), in dB. None for a float target."""
+    q = row.result.quantization
+    if q is None:
+        return None
+    pair, b = row.result.paired, base_result(row)
+    base = pair.quantization if pair is not None else (b.quantization if b else None)
+    return (base.sqnr_db if base else None, q.sqnr_db)
+
+
+def twin_line(row: GateRow) -> str | None:
+    """``int8-weight-only: 0.71x latency, 0.27x weights`` beside its float twin."""
+    twin, q = row.verdict.twin, row.result.quantization
+    if twin is None or q is None:
+        return None
+    return (
+        f"{q.config}: {units.speedup(twin['latency'])} latency, "
+        f"{units.speedup(twin['weights'])} weights (vs {twin['twin']})"
+    )
 
 
 def counts(report: GateReport) -> dict[Verdict, int]:
