@@ -282,6 +282,19 @@ class CacheKey:
         }
 
 
+def refuse_unrunnable(targets: list[Target]) -> None:
+    """A config error, before any work, for the first quantized target that cannot run
+    here (torchao missing or too old, a device without the config's kernels)."""
+    facts: dict[str, dict] = {}
+    for t in targets:
+        if t.quantized:
+            device = resolve_device(t.model.device)
+            if device not in facts:
+                facts[device] = env_facts(device)
+            if why := quantize.refusal(t.quantize, facts[device]):
+                raise ConfigError(f"models.{t.model.name}.quantize: {why}")
+
+
 def target_key(target: Target, base_dir: Path) -> CacheKey:
     """The env part of ``target``'s key and its compile spec; no code hash yet."""
     device = resolve_device(target.model.device)

@@ -83,8 +83,7 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "remeasured": r.target in remeasured,
         "latency": v.latency.to_dict() if v.latency else None,
         "speedup_comparison": v.speedup.to_dict() if v.speedup else None,
-        # what the verdict compared: paired, the base commit's p50 and graph breaks
-        "p50_s": _side(base_p50(row), p50(r)),
+        "p50_s": _side(base_p50(row), p50(r)),  # as compared: paired, the base commit's
         "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
         "speedup": _side(speedup(base), speedup(r)),
         "compile": _side(dump(base.compile) if base else None, dump(r.compile)),
@@ -99,15 +98,7 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "recompiles": _side(recompiles(base), recompiles(r)),
         "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
         "parity": dump(r.parity),
-        # a quantized target: its config, SQNR vs its float model (the base's beside it)
-        # and its latency and weights as ratios of its float twin's in this run
-        "quantization": None
-        if r.quantization is None
-        else {
-            **r.quantization.model_dump(),
-            "base_sqnr_db": (sqnr(row) or (None, None))[0],
-            "twin": v.twin,
-        },
+        "quantization": _quantization(row),
         # a distributed target's ranks: each one's medians, cache hits and parity
         "ranks": [x.model_dump(exclude={"cache_used"}) for x in r.ranks] if r.ranks else None,
         "cache": r.compile.cache if r.compile else None,
@@ -150,6 +141,19 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
             "created_at": row.baseline.created_at,
             "noise": row.baseline.noise.model_dump() if row.baseline.noise else None,
         },
+    }
+
+
+def _quantization(row: GateRow) -> dict | None:
+    """A quantized target: its config, SQNR vs its float model (the base's beside it) and
+    its latency and weights as ratios of its float twin's in this run."""
+    q = row.result.quantization
+    if q is None:
+        return None
+    return {
+        **q.model_dump(),
+        "base_sqnr_db": (sqnr(row) or (None, None))[0],
+        "twin": row.verdict.twin,
     }
 
 
