@@ -296,3 +296,68 @@ def test_every_test_the_docs_name_exists():
         elif test and not re.search(rf"^\s*def {test}\b", path.read_text(), re.M):
             missing.append(f"{file}::{test}")
     assert missing == []
+
+
+def _rules_table() -> dict[str, list[str]]:
+    """docs/gate.md's rules table: the cells of each row by its rule."""
+    text = (ROOT / "docs" / "gate.md").read_text()
+    start = text.index("| rule | default | fails when |")
+    rows = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def _amount(m, x: float) -> str:
+    """A floor as the docs write it: ``1 s``, ``256 KiB``."""
+    from gatekeeper import units
+
+    return units.size(x).replace(".0 ", " ") if m.unit == "B" else f"{x:g} {m.unit}".strip()
+
+
+def test_the_gate_rules_table_is_the_metric_registrys() -> None:
+    """A row per rule the registry names, each with its setting's default, threshold,
+    floors and the labels of the counters it gates; the memory floors were restated by
+    hand and lacked the RSS source's."""
+    from pydantic import BaseModel
+
+    from gatekeeper import metrics
+    from gatekeeper.config import GateConfig
+
+    table = _rules_table()
+    assert set(table) == {m.doc for m in metrics.registry() if m.doc}
+    for m in metrics.registry():
+        if m.doc is None:
+            continue
+        default, fails = table[m.doc]
+        setting = m.threshold or m.policy
+        assert setting is not None
+        value = GateConfig.model_fields[setting].default
+        if isinstance(value, BaseModel):
+            for k, v in value.model_dump().items():
+                said = re.search(rf"\b{k} ([0-9.e+-]+)", default)
+                assert said and float(said.group(1)) == v, (m.doc, k)
+        else:
+            shown = f'"{value}"' if isinstance(value, str) else f"{value:g}"
+            assert f"`{setting} = {shown}`" in default, m.doc
+        if m.threshold is not None:
+            assert f"beyond {m.amount_text(value)}" in fails, m.doc
+        if m.rule == "counted":
+            assert m.label in fails, m.doc
+        floors = m.floor.items() if isinstance(m.floor, dict) else [("", m.floor)]
+        for source, floor in floors:
+            if floor:
+                said = _amount(m, floor) + (f" ({source.upper()}" if source else "")
+                assert said in fails, (m.doc, said)
+
+
+def test_bisects_metric_choices_are_the_registrys() -> None:
+    from gatekeeper.bisect.metrics import names
+
+    text = (ROOT / "docs" / "bisect.md").read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| `--metric` |"))
+    said = re.findall(r"`([a-z-]+)`", row.split("|")[2].split(":")[0])
+    assert sorted(said) == sorted(names())

@@ -5,7 +5,9 @@ tests/support/structure.py; ``benchmarks/structure.py`` prints the figures):
 * no module over 500 lines, no function over 80;
 * no module outside ``gatekeeper/kinds/`` (and the worker's dispatch to the kinds'
   halves, ``gatekeeper/worker/kinds/``) branches on an artifact kind's name;
-* the parent reaches into ``worker/`` only through ``protocol`` and ``launch``.
+* the parent reaches into ``worker/`` only through ``protocol`` and ``launch``;
+* no module but ``gatekeeper/metrics.py`` (the registry) keeps a list of metrics: their
+  names, labels, columns or threshold settings, or the work counters.
 
 Each check is shown to fail on a planted case first: a check that finds nothing in a
 tree built to have it would pass whatever the package did.
@@ -19,7 +21,8 @@ from pathlib import Path
 import pytest
 from support import structure
 
-from gatekeeper import kinds
+from gatekeeper import kinds, metrics
+from gatekeeper.results import Work
 
 DOOR = {"gatekeeper.worker.protocol", "gatekeeper.worker.launch"}
 KINDS_HOME = ("gatekeeper.kinds", "gatekeeper.worker.kinds")
@@ -57,6 +60,8 @@ def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
             "worker/protocol.py": "",
             "worker/deps.py": "",
             "parent.py": "from .worker import protocol\nfrom .worker.deps import x\n",
+            # a module-level list of metrics is one; a tuple inside a function is not
+            "m.py": 'C = {"flops": 1, "kernels": 1}\ndef f():\n    return ("flops", "kernels")\n',
         },
     )
     assert structure.cycles(structure.import_graph(pkg)) == [
@@ -68,6 +73,10 @@ def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
     assert structure.long_functions(pkg) == [("gatekeeper.long.f", 82)]
     reach = structure.worker_imports(pkg)
     assert reach["gatekeeper.parent"] == {"gatekeeper.worker.protocol", "gatekeeper.worker.deps"}
+    lists = structure.metric_lists(["flops", "kernels"], pkg)
+    assert [(m.module, m.line, m.names) for m in lists] == [
+        ("gatekeeper.m", 1, ("flops", "kernels"))
+    ]
 
 
 def test_no_import_cycle() -> None:
@@ -93,3 +102,24 @@ def test_only_the_kinds_branch_on_a_kinds_name() -> None:
 def test_the_parent_reaches_the_worker_only_through_protocol_and_launch() -> None:
     reach = {m: sorted(w - DOOR) for m, w in structure.worker_imports().items()}
     assert {m: w for m, w in reach.items() if w} == {}
+
+
+def metric_words() -> set[str]:
+    """What names a metric: its name, label, columns, setting, chart title; the groups
+    and the work counters' fields."""
+    words: set[str | None] = {*metrics.GROUPS, *Work.model_fields}
+    for m in metrics.registry():
+        words |= {m.name, m.label, m.threshold, m.column, m.heading}
+        words.add(m.chart.title if m.chart else None)
+    return {w for w in words if w}
+
+
+def test_metrics_are_listed_only_in_the_registry() -> None:
+    """The gate's WORK_COUNTERS (2) and the dashboard's (4) drifted apart; bisect kept
+    its own names and settings, the markdown its headers."""
+    found = [
+        f"{m.module}:{m.line} {', '.join(m.names)}"
+        for m in structure.metric_lists(metric_words())
+        if m.module != "gatekeeper.metrics"
+    ]
+    assert found == []

@@ -35,7 +35,7 @@ from ..store.local import LocalBackend
 from ..store.overlay import OverlayBackend
 from ..targets import Target, expand
 from .history import Commit, Worktrees
-from .metrics import ALONE, Figure, Metric, classify, default_threshold
+from .metrics import Figure, Metric, alone, classify, default_threshold
 from .search import Outcome
 
 log = logging.getLogger("gatekeeper.bisect")
@@ -149,7 +149,7 @@ class Measurer:
 
     def reference(self, commit: Commit, target_id: str) -> TargetResult | None:
         """``commit`` measured on its own (memory, compile time), once."""
-        if self.metric not in ALONE:
+        if not alone(self.metric):
             return None
         if (commit.sha, target_id) not in self.references:
             got = self.target(commit, target_id)

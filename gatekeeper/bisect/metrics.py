@@ -19,27 +19,38 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, replace
-from typing import Literal, get_args
+from typing import Literal
 
+from .. import metrics as registry
 from .. import units
 from ..config import GateConfig
 from ..gate import rules
 from ..gate.drift import is_normalised, run_medians
 from ..results import TargetResult
 
-Metric = Literal["latency", "parity", "memory", "compile", "work", "graph-breaks"]
-METRICS: tuple[Metric, ...] = get_args(Metric)
-# the metrics compared with a measurement of the base on its own (not measured beside it)
-ALONE: tuple[Metric, ...] = ("memory", "compile")
-# the gate rule whose threshold is the default --min-effect (None: any change counts)
-THRESHOLDS: dict[Metric, str | None] = {
-    "latency": "latency_regression",
-    "memory": "memory_regression",
-    "compile": "compile_time_regression",
-    "work": "work_regression",
-    "parity": None,
-    "graph-breaks": None,
-}
+Metric = str  # one of names(): a registered metric bisected, or a group of them ("work")
+
+
+def names() -> tuple[Metric, ...]:
+    """bisect's ``--metric`` choices, read off the metric registry."""
+    return registry.bisectable()
+
+
+def alone(metric: Metric) -> bool:
+    """Compared with a measurement of the base on its own (the worker does not measure
+    its figure beside the head's: memory, compile time). Parity compares the outputs
+    with the base commit's, measured beside them."""
+    return metric != "parity" and all(m.beside is None for m in registry.members(metric))
+
+
+def threshold_setting(metric: Metric) -> str | None:
+    """The gate rule whose threshold is the default --min-effect (None: any change counts)."""
+    return next((m.threshold for m in registry.members(metric) if m.threshold), None)
+
+
+def relative(metric: Metric) -> bool:
+    """Whether --min-effect is a fraction of the base's figure (else an amount in its unit)."""
+    return all(m.relative for m in registry.members(metric))
 
 
 @dataclass(frozen=True)
@@ -58,7 +69,7 @@ class Figure:
 
 
 def default_threshold(metric: Metric, gate: GateConfig) -> float | None:
-    name = THRESHOLDS[metric]
+    name = threshold_setting(metric)
     return None if name is None else float(getattr(gate, name))
 
 
@@ -73,7 +84,7 @@ def classify(
     """The figure of ``result`` (paired with the base commit); ``base``: the base
     measured on its own (memory, compile). ``direction`` None: this is bad, any change
     counts and sets it. A string: why this result cannot say (bisect skips the commit)."""
-    if metric in ALONE:
+    if alone(metric):
         if base is None:
             return "no measurement of the base commit to compare with"
         return _alone(metric, result, base, threshold or 0.0, direction)
@@ -88,8 +99,8 @@ def classify(
         if check.passed:
             return Figure("good", f"parity: outputs match the base commit's ({check.method})")
         return Figure("bad", f"parity: {check.detail or check.method}")
-    if metric == "work":
-        return _work(result, threshold or 0.0, direction)
+    if metric != "graph-breaks":
+        return _counted(metric, result, threshold or 0.0, direction)
     graphs = result.graphs
     if graphs is None:
         return "no graph count"
@@ -137,18 +148,24 @@ def _latency(
     return figure
 
 
-def _work(result: TargetResult, threshold: float, direction: int | None) -> Figure | str:
-    """The counter (FLOPs, bytes accessed) that changed most."""
-    head, base = result.work, result.paired.work if result.paired else None
+def _counted(
+    metric: Metric, result: TargetResult, threshold: float, direction: int | None
+) -> Figure | str:
+    """The metric against the base commit's figure measured beside it; a group (work:
+    FLOPs, bytes accessed): the member that changed most."""
     found = []
-    for name, label in rules.WORK_COUNTERS.items():
-        b, p = getattr(base, name, None), getattr(head, name, None)
-        if b and p is not None:
-            found.append((p / b - 1, f"{label} {units.count(b)} -> {units.count(p)}"))
+    pair = result.paired
+    assert pair is not None
+    for m in registry.members(metric):
+        b, p = m.base_value(pair), m.value(result)
+        change = m.change(b, p) if b is not None and p is not None else None
+        if change is not None:
+            found.append((change, m, f"{m.label} {m.fmt(b)} -> {m.fmt(p)}"))
     if not found:
-        return "no work counters on both sides"
-    change, text = max(found, key=lambda f: abs(f[0]))
-    text = f"{text} ({units.change(change)})"
+        what = f"{metric} counters" if metric in registry.GROUPS else registry.get(metric).label
+        return f"no {what} on both sides"
+    change, m, text = max(found, key=lambda f: abs(f[0]))
+    text = f"{text} ({m.change_text(change)})"
     return _step(change, threshold, direction, Figure("good", text, delta=change))
 
 
@@ -159,56 +176,45 @@ def _alone(
     threshold: float,
     direction: int | None,
 ) -> Figure | str:
-    p: float | None
-    b: float | None
-    if metric == "memory":
-        m, bm = result.memory, base.memory
-        p = m.compiled_peak_bytes if m else None
-        b = bm.compiled_peak_bytes if bm else None
-        if m is None or bm is None or p is None or not b or m.kind != bm.kind:
-            return "no peak memory of the same kind on both sides"
-        floor = float(rules.MEMORY_FLOOR[m.kind])
-        text = f"peak memory {units.size(b)} -> {units.size(p)}"
-    else:
-        p = result.compile.seconds if result.compile else None
-        b = base.compile.seconds if base.compile else None
-        if p is None or not b:
-            return "no compile time on both sides"
-        floor, text = (
-            rules.COMPILE_FLOOR_S,
-            f"cold compile {units.seconds(b)} -> {units.seconds(p)}",
-        )
-    change = p / b - 1
-    figure = Figure("good", f"{text} ({units.change(change)})", delta=change)
-    if abs(p - b) <= floor:  # too small to count, whatever the ratio
+    """A metric measured on each side in its own process, with the gate's floor."""
+    m = registry.get(metric)
+    source = m.source(result) if m.source else None
+    p, b = m.value(result), m.value(base)
+    if m.source is not None and (source is None or m.source(base) != source):
+        return f"no {m.label} of the same kind on both sides"
+    if p is None or not b:
+        return f"no {m.label} on both sides"
+    label = "cold compile" if metric == "compile" else m.label  # bisect compiles cold
+    change = m.change(b, p)
+    assert change is not None
+    figure = Figure(
+        "good", f"{label} {m.fmt(b)} -> {m.fmt(p)} ({m.change_text(change)})", delta=change
+    )
+    if abs(p - b) <= m.floor_for(source):  # too small to count, whatever the ratio
         return figure
     return _step(change, threshold, direction, figure)
 
 
 def stored_value(metric: Metric, result: TargetResult) -> float | str | None:
     """What a stored baseline says of the metric, for narrowing the range: the median
-    normalised latency of its runs, its reference outputs' sha256, peak memory, bytes
-    accessed (else FLOPs), graph breaks; None where it says nothing (compile time: too
-    dependent on what the runner's cache held)."""
+    normalised latency of its runs, its reference outputs' sha256, else the metric's
+    figure (a group: its last member's that has one, bytes accessed else FLOPs); None
+    where it says nothing (compile time: too dependent on what the runner's cache held)."""
     if metric == "latency":
         runs = run_medians(result, is_normalised(result)) if result.latency else []
         return statistics.median(m[0] for m in runs) if runs else None
     if metric == "parity":
         return result.reference.sha256 if result.reference else None
-    if metric == "memory":
-        return result.memory.compiled_peak_bytes if result.memory else None
-    if metric == "work":
-        w = result.work
-        return (w.bytes_accessed or w.flops) if w else None
-    if metric == "graph-breaks":
-        return float(result.graphs.breaks) if result.graphs else None
-    return None
+    if metric == "compile":
+        return None
+    return next((v for m in reversed(registry.members(metric)) if (v := m.value(result))), None)
 
 
 def position(metric: Metric, good: float, bad: float, value: float) -> float | None:
     """Where ``value`` lies from good (0) to bad (1): on a log scale for the ratios
-    (latency, memory, work), linear for counts; None when good and bad do not differ."""
-    if metric == "graph-breaks":
+    (latency, memory, work), linear for counts and amounts; None when good and bad do
+    not differ."""
+    if not relative(metric):
         g, b, v = float(good), float(bad), float(value)
     elif min(good, bad, value) > 0:
         g, b, v = math.log(good), math.log(bad), math.log(value)

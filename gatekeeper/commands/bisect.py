@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..bisect import engine, history
 from ..bisect import report as bisect_report
-from ..bisect.metrics import METRICS, THRESHOLDS, Metric
+from ..bisect.metrics import Metric, names, relative, threshold_setting
 from ..config import find_config, load_config
 from ..errors import ConfigError, UsageError
 from ..targets import expand, select
@@ -24,7 +24,7 @@ def register(sub, parents) -> None:
     p.add_argument("--bad", metavar="REF", required=True, help="a commit after the change")
     p.add_argument(
         "--metric",
-        choices=METRICS,
+        choices=names(),
         default="latency",
         help="what changed (default: latency)",
     )
@@ -32,8 +32,9 @@ def register(sub, parents) -> None:
         "--min-effect",
         metavar="PCT",
         type=float,
-        help="the smallest change that counts, in percent (default: the gate's threshold "
-        "for the metric; parity and graph breaks: any change)",
+        help="the smallest change that counts, in percent (a metric judged by amounts: "
+        "in its unit; default: the gate's threshold for the metric; parity and graph "
+        "breaks: any change)",
     )
     p.add_argument(
         "--out",
@@ -54,8 +55,12 @@ def register(sub, parents) -> None:
 def _min_effect(metric: Metric, pct: float | None) -> float | None:
     if pct is None:
         return None
-    if THRESHOLDS[metric] is None:
+    if threshold_setting(metric) is None:
         raise UsageError(f"--min-effect does not apply to --metric {metric}: any change counts")
+    if not relative(metric):
+        if pct <= 0:
+            raise UsageError(f"--min-effect {pct:g}: expected an amount above 0")
+        return pct  # an amount in the metric's unit
     if not 0 < pct < (100 if metric == "latency" else float("inf")):
         upper = " and below 100" if metric == "latency" else ""
         raise UsageError(f"--min-effect {pct:g}: expected a percentage above 0{upper}")

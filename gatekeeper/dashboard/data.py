@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .. import metrics as registry
 from .. import units
 from ..errors import GatekeeperError
 from ..gate.drift import is_normalised, normalised_latency
@@ -22,13 +23,6 @@ from ..store import Store, baselines
 
 # the line colours of the charts (the browser test looks for the first on screen)
 COLORS = ("#2563eb", "#ea580c")
-# TargetResult.work: optional counters of the compiled code, when the worker measured them
-WORK_COUNTERS = (
-    ("flops", "FLOPs", "FLOPs"),
-    ("bytes_accessed", "Bytes accessed", "bytes"),
-    ("kernels", "Kernels", "kernels"),
-    ("instructions", "Instructions", "instructions"),
-)
 _SHA = re.compile(r"[0-9a-f]{7,40}")
 _REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
@@ -118,10 +112,9 @@ def metrics(r: TargetResult) -> dict[str, float | None]:
         if mem and mem.compiled_peak_bytes is not None
         else None,
     }
-    work = getattr(r, "work", None)  # TargetResult.work: not in every schema version
-    for name, _, _ in WORK_COUNTERS:
-        v = getattr(work, name, None)
-        out[name] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    for m in registry.registry():  # every metric charted on its own (the work counters)
+        if m.chart is not None:
+            out[m.name] = m.value(r)
     return {k: v if v is None or math.isfinite(v) else None for k, v in out.items()}
 
 
@@ -260,9 +253,7 @@ def _resource_charts(c: _Columns, memory_kind: str | None) -> list[dict]:
     out = []
     if c.present("peak"):
         unit, scale = units.bytes_unit(c.known("peak"))
-        how = {"cuda": "CUDA max_memory_allocated", "rss": "growth of peak RSS"}.get(
-            memory_kind or "", "peak memory"
-        )
+        how = registry.get("memory").sources.get(memory_kind or "", "peak memory")
         out.append(
             _chart(
                 "memory",
@@ -272,16 +263,12 @@ def _resource_charts(c: _Columns, memory_kind: str | None) -> list[dict]:
                 [("compiled peak", c.scaled("peak", scale))],
             )
         )
-    for name, title, unit in WORK_COUNTERS:
-        if c.present(name):
+    for m in registry.registry():
+        if m.chart is not None and c.present(m.name):
+            ch = m.chart
             out.append(
                 _chart(
-                    f"work-{name}",
-                    title,
-                    f"work counter: {name}",
-                    unit,
-                    [(title, c.col(name))],
-                    compact=True,
+                    ch.id, ch.title, ch.caption, ch.unit, [(ch.title, c.col(m.name))], ch.compact
                 )
             )
     return out

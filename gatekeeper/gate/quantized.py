@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import metrics
 from ..config import GateConfig
 from ..quantize import twin_id
 from ..results import Quantization, TargetResult
@@ -23,7 +24,7 @@ from .verdicts import FAILING, TargetVerdict, Verdict, worst
 
 
 def _db(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1f} dB"
+    return metrics.get("sqnr").fmt(x)
 
 
 def sqnr(
@@ -42,15 +43,18 @@ def sqnr(
     if floor is not None and q.sqnr_db < floor:
         found.add("regressed")
         v.reasons.append(
-            f"SQNR vs float {_db(q.sqnr_db)} is below the {q.config} floor of {floor:g} dB"
+            f"{metrics.get('sqnr').label} {_db(q.sqnr_db)} is below the {q.config} floor "
+            f"of {floor:g} dB (gate.sqnr_floor)"
         )
     if base is None or base.sqnr_db is None:
         return
     fall = base.sqnr_db - q.sqnr_db
-    said = f"SQNR vs float {_db(base.sqnr_db)} -> {_db(q.sqnr_db)}"
-    if fall > rules.sqnr_regression:
+    m = metrics.get("sqnr")
+    said = f"{m.label} {_db(base.sqnr_db)} -> {_db(q.sqnr_db)}"
+    threshold = m.setting(rules) or 0.0
+    if fall > threshold:
         found.add("regressed")
-        v.reasons.append(f"{said} (-{fall:.1f} dB, threshold {rules.sqnr_regression:g} dB)")
+        v.reasons.append(f"{said} (-{fall:.1f} dB, threshold {m.amount_text(threshold)})")
     elif abs(fall) >= 0.05:
         v.notes.append(said)
 

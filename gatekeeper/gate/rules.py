@@ -12,7 +12,10 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
 
 * parity: compiled vs eager, and vs the baseline's reference outputs (or, paired, the
   base commit's outputs), must pass, structure included.
-* work: FLOPs per call or inductor's bytes accessed grew beyond ``work_regression``.
+* counted metrics (:func:`gatekeeper.metrics.counted`: the work counters FLOPs per call
+  and inductor's bytes accessed, beyond ``work_regression``, and any metric registered
+  since): the change against the base commit's figure (paired) or the baseline's beyond
+  the metric's threshold and floor, in its worse direction; or its value past its bound.
   Deterministic, so a single stored baseline run is enough.
 * latency, paired mode (the default when the base commit is at hand): base and head
   timed round by round in one process, :func:`stats.compare` on the pairs, where the
@@ -29,7 +32,7 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
 * compile time: like with like, judged by inductor's own counters (every FX graph a hit:
   warm; every one a miss: cold): warm vs warm, cold vs cold (a cold PR compile against
   the cold compile of the baseline's bundle), scaled by each run's reference workload,
-  beyond ``compile_time_regression`` and by more than COMPILE_FLOOR_S. Mixed or
+  beyond ``compile_time_regression`` and by more than its floor (gatekeeper.metrics). Mixed or
   mismatched states are reported without a verdict.
 * memory: compiled peak beyond ``memory_regression`` and by more than the floor.
 * graph breaks: with ``no-increase``, more breaks than the baseline fail, naming the new ones.
@@ -56,9 +59,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import units
+from .. import metrics, units
 from ..config import GateConfig
-from ..results import Baseline, GraphBreak, Graphs, TargetResult, Work
+from ..results import Baseline, GraphBreak, Graphs, TargetResult
 from . import quantized, stats
 from .drift import disturbance
 from .governing import definition_changes, governing, notes, rule_changes
@@ -66,10 +69,6 @@ from .timing import gate_runs, name_rank, timing
 from .verdicts import ORDER as ORDER  # the order of severity, re-exported
 from .verdicts import TargetVerdict as TargetVerdict
 from .verdicts import Verdict, worst
-
-COMPILE_FLOOR_S = 1.0  # compile-time changes smaller than this are never a regression
-MEMORY_FLOOR = {"cuda": 1 << 20, "cpu": 256 << 10, "rss": 8 << 20}  # bytes
-WORK_COUNTERS = {"flops": "FLOPs per call", "bytes_accessed": "bytes accessed per call"}
 
 
 def _load(r: TargetResult) -> float:
@@ -108,13 +107,13 @@ def gate_target(
                 v.reasons.append(f"parity {name}: {check.detail or check.method}")
 
     if result.paired is not None:
-        _gate_paired(v, result, rules, found)
+        _gate_paired(v, result, base, rules, found)
     paired_q = result.paired.quantization if result.paired is not None else None
     stored_q = base.quantization if base is not None and result.paired is None else None
     quantized.sqnr(v, found, result, paired_q or stored_q, rules)
     if baseline is None:
         if result.paired is None:
-            _work(v, found, result.work, None, "", rules)
+            _counted(v, found, result, None, rules)
             v.verdict = _finish(v, found | {"no-baseline"}, accept)
             return v
     else:
@@ -128,7 +127,7 @@ def gate_target(
         if result.graphs and base.graphs:
             _recompiles(v, found, base.graphs, result.graphs, rules)
         if result.paired is None:
-            _work(v, found, result.work, base.work, "baseline", rules)
+            _counted(v, found, result, base, rules)
     v.verdict = _finish(v, found | {"pass"}, accept)
     return v
 
@@ -190,10 +189,12 @@ def _compile_time(
         return
     # a busier machine compiles slower: scale by each run's reference workload
     ratio = (p / b) * _load(base) / _load(result)
-    if ratio > 1 + rules.compile_time_regression and p - b > COMPILE_FLOOR_S:
+    m = metrics.get("compile")
+    threshold = m.setting(rules) or 0.0
+    if ratio > 1 + threshold and p - b > m.floor_for():
         text = (
-            f"{kind} compile time {b:.1f} s -> {p:.1f} s ({ratio - 1:+.0%} load-adjusted, "
-            f"threshold {rules.compile_time_regression:.0%})"
+            f"{kind} {m.label} {b:.1f} s -> {p:.1f} s ({ratio - 1:+.0%} load-adjusted, "
+            f"threshold {m.amount_text(threshold)})"
         )
         if v.disturbed:
             found.add("inconclusive")
@@ -210,46 +211,67 @@ def _memory(
     base: TargetResult,
     rules: GateConfig,
 ) -> None:
-    if not (result.memory and base.memory and result.memory.kind == base.memory.kind):
+    m = metrics.get("memory")
+    source = m.source(result) if m.source else None
+    if source is None or m.source is None or m.source(base) != source:
         return
-    b_mem, p_mem = base.memory.compiled_peak_bytes, result.memory.compiled_peak_bytes
+    b_mem, p_mem = m.value(base), m.value(result)
+    threshold = m.setting(rules) or 0.0
     if (
         b_mem is not None
         and p_mem is not None
-        and p_mem > b_mem * (1 + rules.memory_regression)
-        and p_mem - b_mem > MEMORY_FLOOR[result.memory.kind]
+        and p_mem > b_mem * (1 + threshold)
+        and p_mem - b_mem > m.floor_for(source)
     ):
         found.add("regressed")
         v.reasons.append(
-            f"peak memory {units.mib(b_mem)} MiB -> {units.mib(p_mem)} MiB "
-            f"(threshold {rules.memory_regression:.0%})"
+            f"{m.label} {units.mib(b_mem)} MiB -> {units.mib(p_mem)} MiB "
+            f"(threshold {m.amount_text(threshold)})"
         )
 
 
-def _work(
+def _counted(
     v: TargetVerdict,
     found: set[Verdict],
-    pr: Work | None,
-    base: Work | None,
-    against: str,
+    result: TargetResult,
+    base: TargetResult | None,
     rules: GateConfig,
 ) -> None:
-    """FLOPs and bytes accessed: deterministic, so any growth past the threshold counts."""
-    if pr is None or base is None:
-        return
-    for field_name, label in WORK_COUNTERS.items():
-        b, p = getattr(base, field_name), getattr(pr, field_name)
-        if not b or p is None:
+    """Every counted metric (gatekeeper.metrics): against the base commit's figure where
+    it was measured beside this one (paired), else the baseline's; past its bound fails
+    whatever the base."""
+    for m in metrics.counted():
+        p = m.value(result)
+        if p is not None and m.bound is not None:
+            _bound(v, found, m, p, float(getattr(rules, m.bound)))
+        if result.paired is not None and m.beside is not None:
+            b, against = m.base_value(result.paired), "base commit"
+        elif base is not None:
+            b, against = m.value(base), "baseline"
+        else:
             continue
-        change = p / b - 1
-        if change > rules.work_regression:
+        threshold = m.setting(rules)
+        if b is None or p is None or threshold is None:
+            continue
+        change = m.change(b, p)
+        if change is None or abs(p - b) <= m.floor_for(m.source(result) if m.source else None):
+            continue
+        said = f"{m.label} {m.fmt(b)} -> {m.fmt(p)} ({m.change_text(change)}"
+        if m.worse(change) > threshold:
             found.add("regressed")
-            v.reasons.append(
-                f"{label} {units.count(b)} -> {units.count(p)} ({change:+.1%} vs the {against}, "
-                f"threshold {rules.work_regression:.0%})"
-            )
-        elif change < -rules.work_regression:
-            v.notes.append(f"{label} {units.count(b)} -> {units.count(p)} ({change:+.1%})")
+            v.reasons.append(f"{said} vs the {against}, threshold {m.amount_text(threshold)})")
+        elif m.worse(change) < -threshold:
+            v.notes.append(f"{said})")
+
+
+def _bound(
+    v: TargetVerdict, found: set[Verdict], m: metrics.Metric, p: float, limit: float
+) -> None:
+    """A value on the wrong side of the metric's bound setting (``sqnr_floor``)."""
+    if (p < limit) if m.better == "higher" else (p > limit):
+        side = "below" if m.better == "higher" else "above"
+        found.add("regressed")
+        v.reasons.append(f"{m.label} {m.fmt(p)} is {side} {m.bound} = {m.fmt(limit)}")
 
 
 def _graph_breaks(
@@ -287,23 +309,28 @@ def _recompiles(
 
 
 def _gate_paired(
-    v: TargetVerdict, result: TargetResult, rules: GateConfig, found: set[Verdict]
+    v: TargetVerdict,
+    result: TargetResult,
+    base: TargetResult | None,
+    rules: GateConfig,
+    found: set[Verdict],
 ) -> None:
-    """Paired mode: base and head measured round by round in one process."""
+    """Paired mode: base and head measured round by round in one process (``base``:
+    the stored baseline's result, for a counted metric not measured beside it)."""
     pair = result.paired
     assert pair is not None and result.latency is not None
     comp = stats.compare(
         pair.samples,
         result.latency.samples["compiled"],
         paired=True,
-        threshold=rules.latency_regression,
+        threshold=metrics.get("latency").setting(rules) or 0.0,
     )
     timing(v, found, "latency", comp)
     name_rank(v, result)
     v.notes.append(f"paired with {pair.base_ref} ({pair.base_commit[:12]}) in one process")
     if result.graphs:
         _graph_breaks(v, found, pair.graphs, result.graphs, rules)
-    _work(v, found, result.work, pair.work, "base commit", rules)
+    _counted(v, found, result, base, rules)
 
 
 def overall(verdicts: list[TargetVerdict], *, require_baseline: bool = False) -> Verdict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import metrics
 from ..config import GateConfig
 from ..distributed import slow_rank
 from ..results import Baseline, TargetResult
@@ -46,7 +47,7 @@ def gate_runs(
         [p[0] for p in pr],
         sd=lat_sd or DEFAULT_DRIFT,
         df=df if lat_sd else None,
-        threshold=rules.latency_regression,
+        threshold=metrics.get("latency").setting(rules) or 0.0,
     )
     timing(v, found, "latency", dataclasses.replace(lat, normalised=normalised))
     name_rank(v, result, base)
@@ -59,7 +60,7 @@ def gate_runs(
             [p[1] for p in pr],
             sd=ratio_sd or DEFAULT_VS_EAGER_DRIFT,
             df=df if ratio_sd else None,
-            threshold=rules.speedup_regression,
+            threshold=metrics.get("speedup").setting(rules) or 0.0,
         ),
     )
     if not lat_sd:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import html
 
-from .. import kinds, units
+from .. import kinds, metrics, units
 from ..gate import GateRow
 from ..gate.stats import Comparison, summarize
 from ..results import GraphBreak, LatencySummary, ParityCheck, TargetResult
 from ..units import DASH
 from .profile import diff as profile_diff
-from .rows import base_profile, base_result
+from .rows import base_profile, base_result, base_value
 from .text import (
     MAX_BREAKS_LISTED,
     MAX_ERROR_CHARS,
@@ -168,38 +168,27 @@ def _memory_table(row: GateRow) -> str | None:
         if r is None or r.memory is None:
             continue
         m = r.memory
-        kind = {"cuda": "CUDA max allocated", "cpu": "peak bytes allocated"}.get(
-            m.kind, "peak RSS growth"
-        )
+        kind = metrics.get("memory").sources.get(m.kind, m.kind)
         rows.append([side, kind, units.mib(m.eager_peak_bytes), units.mib(m.compiled_peak_bytes)])
     if not rows:
         return None
     return md_table(rows, ["", "kind", "eager (MiB)", "compiled (MiB)"])
 
 
-def _work_table(row: GateRow) -> str | None:
-    base = base_result(row)
-    base_work = row.result.paired.work if row.result.paired else (base.work if base else None)
-    sides = [(base_label(row.result), base_work), ("PR", row.result.work)]
+def _group_table(row: GateRow, group: str) -> str | None:
+    """A group's metrics (the work counters), one row per side: the base commit's
+    (paired) or the baseline's, and the PR's."""
+    members = metrics.group(group)
     rows = []
-    for side, w in sides:
-        if w is None:
-            continue
-        rows.append(
-            [
-                side,
-                units.count(w.flops),
-                units.count(w.bytes_accessed),
-                units.count(w.kernels),
-                units.count(w.instructions),
-            ]
-        )
+    for side, values in (
+        (base_label(row.result), [base_value(row, m) for m in members]),
+        ("PR", [m.read(row.result) for m in members]),
+    ):
+        if any(v is not None for v in values):
+            rows.append([side, *(m.fmt(v) for m, v in zip(members, values, strict=True))])
     if not rows:
         return None
-    return md_table(
-        rows,
-        ["", "FLOPs / call", "bytes accessed / call", "kernels generated", "instructions / call"],
-    )
+    return md_table(rows, ["", *(m.heading or m.label for m in members)])
 
 
 def shows_profile(row: GateRow, everything: bool = False) -> bool:
@@ -341,7 +330,7 @@ def details_section(row: GateRow, everything: bool = False) -> str:
         ("Latency", _latency_table(row)),
         ("Latency comparison", _comparison_table(row)),
         ("Compile", _compile_table(row)),
-        ("Work per call (deterministic)", _work_table(row)),
+        *((title, _group_table(row, group)) for group, title in metrics.GROUPS.items()),
         ("Peak memory", _memory_table(row)),
         ("Parity", _parity_table(r)),
         ("Ranks", _ranks_table(r)),

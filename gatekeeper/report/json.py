@@ -6,23 +6,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .. import metrics
 from ..gate import GateReport, GateRow
 from ..results import TargetResult
 from .advice import advise
 from .profile import diff as profile_diff
 from .rows import (
-    base_breaks,
-    base_p50,
     base_profile,
     base_result,
-    breaks,
-    compile_s,
     counts,
+    figures,
     is_new,
-    p50,
-    recompiles,
     rule_changes,
-    speedup,
     sqnr,
     summary_line,
 )
@@ -63,6 +58,20 @@ def _latency_summaries(r: TargetResult | None) -> dict | None:
 
 
 def _target_json(row: GateRow, remeasured: set[str]) -> dict:
+    """One target; each registered metric's two sides under its ``json`` key (those of
+    the built-in metrics in their places below, any other after them)."""
+    out = _fixed_json(row, remeasured)
+    for m in metrics.registry():
+        if m.json_key is not None and m.json_key not in out:
+            out[m.json_key] = _side(*figures(row, m))
+    return out
+
+
+def _fig(row: GateRow, name: str) -> dict:
+    return _side(*figures(row, metrics.get(name)))
+
+
+def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
     r, v, base = row.result, row.verdict, base_result(row)
 
     def dump(m):
@@ -83,19 +92,19 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
         "remeasured": r.target in remeasured,
         "latency": v.latency.to_dict() if v.latency else None,
         "speedup_comparison": v.speedup.to_dict() if v.speedup else None,
-        "p50_s": _side(base_p50(row), p50(r)),  # as compared: paired, the base commit's
+        "p50_s": _fig(row, "latency"),  # as compared: paired, the base commit's
         "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
-        "speedup": _side(speedup(base), speedup(r)),
+        "speedup": _fig(row, "speedup"),
         "compile": _side(dump(base.compile) if base else None, dump(r.compile)),
-        "compile_s": _side(compile_s(base), compile_s(r)),
+        "compile_s": _fig(row, "compile"),
         "graphs": _side(
             base.graphs.count if base and base.graphs else None,
             r.graphs.count if r.graphs else None,
         ),
-        "graph_breaks": _side(base_breaks(row), breaks(r)),
+        "graph_breaks": _fig(row, "graph-breaks"),
         "break_reasons": [b.model_dump() for b in r.graphs.break_reasons] if r.graphs else [],
         "new_breaks": [b.model_dump() for b in v.new_breaks],
-        "recompiles": _side(recompiles(base), recompiles(r)),
+        "recompiles": _fig(row, "recompiles"),
         "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
         "parity": dump(r.parity),
         "quantization": _quantization(row),

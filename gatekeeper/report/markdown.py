@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
-from .. import units
+from .. import metrics, units
 from ..gate import GateReport, GateRow
 from ..gate.drift import normalised_latency
 from ..gate.governing import show
@@ -37,6 +38,7 @@ from .rows import (
     base_result,
     breaks,
     counts,
+    figures,
     from_baseline,
     is_new,
     p50,
@@ -44,8 +46,7 @@ from .rows import (
     recompiles,
     rule_changes,
     speedup,
-    sqnr,
-    twin_line,
+    twin_note,
 )
 from .rows import summary_line as summary_line
 from .text import (
@@ -70,20 +71,30 @@ STORED = " †"  # a paired row's figure compared with the stored baseline
 
 # ------------------------------------------------------------------------ the main table
 
-HEADERS = [
-    "target",
-    "verdict",
-    "p50 latency (Δ, trend)",
-    "speedup vs eager",
-    "compile",
-    "graph breaks",
-    "recompiles",
-    "peak mem compiled (MiB)",
-    "parity (max abs err)",
-    "cache",
-]
+# a metric's column (gatekeeper.metrics' ``column``) is drawn by its cell here, or, for
+# a metric without one, as both sides in its format, shown when any row has the figure
+CELLS: dict[str, Callable[[GateRow], str]] = {}
 
 
+def _cell(metric: str) -> Callable[[Callable[[GateRow], str]], Callable[[GateRow], str]]:
+    def add(draw: Callable[[GateRow], str]) -> Callable[[GateRow], str]:
+        CELLS[metric] = draw
+        return draw
+
+    return add
+
+
+def _columns(rows: list[GateRow]) -> list[metrics.Metric]:
+    """The metrics with a column: those with a cell of their own always, any other when
+    a row has its figure."""
+    return [
+        m
+        for m in metrics.registry()
+        if m.column and (m.name in CELLS or any(v is not None for r in rows for v in figures(r, m)))
+    ]
+
+
+@_cell("latency")
 def _latency_cell(row: GateRow) -> str:
     cell = sides(units.seconds(base_p50(row)), units.seconds(p50(row.result)))
     comp = row.verdict.latency
@@ -119,6 +130,7 @@ def _stored(row: GateRow, cell: str) -> str:
     return cell + STORED if from_baseline(row) and cell != DASH else cell
 
 
+@_cell("speedup")
 def _speedup_cell(row: GateRow) -> str:
     cell = sides(units.speedup(speedup(base_result(row))), units.speedup(speedup(row.result)))
     comp = row.verdict.speedup
@@ -127,6 +139,7 @@ def _speedup_cell(row: GateRow) -> str:
     return _stored(row, cell)
 
 
+@_cell("compile")
 def _compile_cell(row: GateRow) -> str:
     base, pr = base_result(row), row.result
     bc, pc = (base.compile if base else None), pr.compile
@@ -139,6 +152,7 @@ def _compile_cell(row: GateRow) -> str:
     return _stored(row, f"{b} {ARROW} {p}")
 
 
+@_cell("graph-breaks")
 def _breaks_cell(row: GateRow) -> str:
     """Graph breaks of the side the verdict compared with; more breaks beside a verdict
     that does not fail say why."""
@@ -159,15 +173,18 @@ def _breaks_cell(row: GateRow) -> str:
     return cell
 
 
+@_cell("recompiles")
 def _recompiles_cell(row: GateRow) -> str:
     b, p = recompiles(base_result(row)), recompiles(row.result)
     return _stored(row, sides(None if b is None else str(b), None if p is None else str(p)))
 
 
+@_cell("memory")
 def _memory_cell(row: GateRow) -> str:
     return _stored(row, sides(units.mib(peak(base_result(row))), units.mib(peak(row.result))))
 
 
+@_cell("parity")
 def _parity_cell(row: GateRow) -> str:
     r = row.result
     if r.parity is None:
@@ -176,26 +193,26 @@ def _parity_cell(row: GateRow) -> str:
     if failed:
         return "❌ FAILED (" + ", ".join(failed) + ")"
     vb = r.parity.vs_baseline
-    quantized = sqnr(row)
     return (
         f"eager {units.sci(r.parity.vs_eager.max_abs_err)} · "
         f"base {units.sci(vb.max_abs_err) if vb else DASH}"
-        + (f" · SQNR {sides(*map(units.db, quantized))}" if quantized else "")
     )
 
 
-def _table_row(row: GateRow) -> list[str]:
+def _figure_cell(row: GateRow, m: metrics.Metric) -> str:
+    """A metric without a cell of its own: both sides in its format."""
+    b, p = figures(row, m)
+    cell = sides(m.fmt(b), m.fmt(p))
+    from_stored = row.result.paired is not None and m.beside is None
+    return _stored(row, cell) if from_stored else cell
+
+
+def _table_row(row: GateRow, columns: list[metrics.Metric]) -> list[str]:
     r = row.result
     return [
         md_text(r.target),
         verdict_label(row.verdict.verdict),
-        _latency_cell(row),
-        _speedup_cell(row),
-        _compile_cell(row),
-        _breaks_cell(row),
-        _recompiles_cell(row),
-        _memory_cell(row),
-        _parity_cell(row),
+        *(CELLS[m.name](row) if m.name in CELLS else _figure_cell(row, m) for m in columns),
         r.compile.cache if r.compile else DASH,
     ]
 
@@ -413,7 +430,9 @@ def _head(report: GateReport, rows: list[GateRow], title: str) -> list[str]:
     altered, and which mode to pick."""
     head = [_headline(report, title)]
     if rows:
-        head.append(md_table((_table_row(r) for r in rows), HEADERS))
+        columns = _columns(rows)
+        titles = ["target", "verdict", *(m.column or m.name for m in columns), "cache"]
+        head.append(md_table((_table_row(r, columns) for r in rows), titles))
         if notes := _table_notes(report, rows):
             head.append("<sub>" + " ".join(notes) + "</sub>")
     else:
@@ -446,14 +465,8 @@ def _table_notes(report: GateReport, rows: list[GateRow]) -> list[str]:
             f"{md_code(report.base_ref)}: paired runs time, count graph breaks and "
             "work against the base commit, and compare the rest with its baseline."
         )
-    if twins := [
-        f"{md_code(r.result.target)} {md_text(line)}" for r in rows if (line := twin_line(r))
-    ]:
-        notes.append(
-            "Quantized targets beside their float twin in this run (p50, weight bytes): "
-            + "; ".join(twins)
-            + ". SQNR: the quantized model's output vs its float model's, in dB."
-        )
+    if twins := twin_note(rows):
+        notes.append(twins)
     if any(_trend(r) for r in rows):
         notes.append(
             f"Trend: {md_code(report.base_ref)}'s last baselines (latency ÷ "

@@ -6,13 +6,12 @@ formatting beyond that line.
 What the report shows is what the verdict used: paired, latency and graph breaks are
 the base commit's, measured in the same process (:func:`base_p50`,
 :func:`base_breaks`); the figures paired mode still compares with the stored baseline
-(compile time, memory, recompiles, speedup) say so (:func:`from_baseline`)."""
+(compile time, memory, recompiles, speedup) say so (:func:`from_baseline`). Each
+figure is read through its descriptor in :mod:`gatekeeper.metrics` (:func:`figures`)."""
 
 from __future__ import annotations
 
-import statistics
-
-from .. import units
+from .. import metrics, units
 from ..gate import ORDER, GateReport, GateRow, Verdict
 from ..gate.governing import Change
 from ..results import Profile, TargetResult
@@ -28,20 +27,36 @@ def from_baseline(row: GateRow) -> bool:
     return row.result.paired is not None and row.baseline is not None
 
 
+def base_value(row: GateRow, m: metrics.Metric) -> metrics.Value:
+    """The figure this run's is compared with: the base commit's where it was measured
+    beside this one (paired), else the baseline's."""
+    pair = row.result.paired
+    if pair is not None and m.beside is not None:
+        return m.beside(pair)
+    b = base_result(row)
+    return m.read(b) if b is not None else None
+
+
+def figures(row: GateRow, m: metrics.Metric) -> tuple[metrics.Value, metrics.Value]:
+    """The metric's figure on both sides: what it is compared with, and this run's."""
+    return base_value(row, m), m.read(row.result)
+
+
+def _read(name: str, r: TargetResult | None) -> metrics.Value:
+    return metrics.get(name).read(r) if r is not None else None
+
+
 def base_p50(row: GateRow) -> float | None:
     """The p50 this run's is compared with: the base commit's, timed in the same rounds
     (paired), else the baseline's."""
-    pair = row.result.paired
-    if pair is not None:
-        return statistics.median(pair.samples) if pair.samples else None
-    return p50(base_result(row))
+    return metrics.number(base_value(row, metrics.get("latency")))
 
 
 def base_breaks(row: GateRow) -> int | None:
     """The graph breaks this run's are compared with: the base commit's (paired), else
     the baseline's."""
-    pair = row.result.paired
-    return pair.graphs.breaks if pair is not None else breaks(base_result(row))
+    b = metrics.number(base_value(row, metrics.get("graph-breaks")))
+    return None if b is None else int(b)
 
 
 def is_new(row: GateRow) -> bool:
@@ -65,30 +80,31 @@ def rule_changes(report: GateReport) -> list[tuple[Change, list[str]]]:
 
 
 def p50(r: TargetResult | None) -> float | None:
-    return r.latency.compiled.p50 if r is not None and r.latency is not None else None
+    return metrics.number(_read("latency", r))
 
 
 def speedup(r: TargetResult | None) -> float | None:
-    return r.latency.speedup if r is not None and r.latency is not None else None
+    return metrics.number(_read("speedup", r))
 
 
 def compile_s(r: TargetResult | None) -> float | None:
-    return r.compile.seconds if r is not None and r.compile is not None else None
+    return metrics.number(_read("compile", r))
 
 
 def breaks(r: TargetResult | None) -> int | None:
-    return r.graphs.breaks if r is not None and r.graphs is not None else None
+    b = metrics.number(_read("graph-breaks", r))
+    return None if b is None else int(b)
 
 
 def recompiles(r: TargetResult | None) -> int | None:
     """Recompiles after the first compile: while measuring, plus the shape sweep's."""
-    if r is None or r.graphs is None:
-        return None
-    return r.graphs.recompiles + (r.graphs.sweep.recompiles if r.graphs.sweep else 0)
+    n = metrics.number(_read("recompiles", r))
+    return None if n is None else int(n)
 
 
 def peak(r: TargetResult | None) -> int | None:
-    return r.memory.compiled_peak_bytes if r is not None and r.memory is not None else None
+    n = metrics.number(_read("memory", r))
+    return None if n is None else int(n)
 
 
 def base_profile(row: GateRow) -> Profile | None:
@@ -99,14 +115,12 @@ def base_profile(row: GateRow) -> Profile | None:
 
 
 def sqnr(row: GateRow) -> tuple[float | None, float | None] | None:
-    """A quantized target's SQNR vs its float model: (the base commit's, paired, else the
-    baseline's; this run's), in dB. None for a float target."""
-    q = row.result.quantization
-    if q is None:
+    """A quantized target's SQNR vs its float model, in dB: (the base commit's, paired,
+    else the baseline's; this run's). None for a float target."""
+    if row.result.quantization is None:
         return None
-    pair, b = row.result.paired, base_result(row)
-    base = pair.quantization if pair is not None else (b.quantization if b else None)
-    return (base.sqnr_db if base else None, q.sqnr_db)
+    b, p = figures(row, metrics.get("sqnr"))
+    return metrics.number(b), metrics.number(p)
 
 
 def twin_line(row: GateRow) -> str | None:
@@ -117,6 +131,20 @@ def twin_line(row: GateRow) -> str | None:
     return (
         f"{q.config}: {units.speedup(twin['latency'])} latency, "
         f"{units.speedup(twin['weights'])} weights (vs {twin['twin']})"
+    )
+
+
+def twin_note(rows: list[GateRow]) -> str | None:
+    """The markdown table's note of each quantized target beside its float twin."""
+    from .text import md_code, md_text
+
+    twins = [f"{md_code(r.result.target)} {md_text(line)}" for r in rows if (line := twin_line(r))]
+    if not twins:
+        return None
+    return (
+        "Quantized targets beside their float twin in this run (p50, weight bytes): "
+        + "; ".join(twins)
+        + ". SQNR: the quantized model's output vs its float model's, in dB."
     )
 
 

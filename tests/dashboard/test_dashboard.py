@@ -7,6 +7,7 @@ import html
 import json
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from support.factories import ENV, make_baseline, make_result
@@ -14,7 +15,7 @@ from support.factories import ENV, make_baseline, make_result
 from gatekeeper.cli import main
 from gatekeeper.dashboard import build
 from gatekeeper.dashboard.data import charts, commit_url, metrics
-from gatekeeper.results import Baseline, Work
+from gatekeeper.results import Baseline, Memory, Work
 from gatekeeper.store import open_store
 from gatekeeper.store.baselines import BaselineKey
 
@@ -135,6 +136,18 @@ def test_work_counters_are_charted_when_results_carry_them():
     ids = [c["id"] for c in charts([metrics(r), m])]
     assert ids[-2:] == ["work-flops", "work-kernels"]
     assert "work-bytes_accessed" not in ids
+
+
+@pytest.mark.parametrize(
+    ("source", "label"),
+    [("cuda", "CUDA max allocated"), ("cpu", "peak bytes allocated"), ("rss", "peak RSS growth")],
+)
+def test_the_memory_chart_names_each_source_the_worker_emits(source, label):
+    """The dashboard had labels for cuda and rss only: the worker's cpu source (profiler
+    memory events) was captioned "peak memory". It says what the details table says."""
+    assert source in get_args(Memory.model_fields["kind"].annotation)
+    (chart,) = [c for c in charts([{"peak": float(3 << 20)}], source) if c["id"] == "memory"]
+    assert chart["caption"] == label
 
 
 def test_commits_link_to_the_repository(tmp_path, store, dash, monkeypatch):

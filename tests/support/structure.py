@@ -207,3 +207,30 @@ def worker_imports(root: Path = ROOT) -> dict[str, set[str]]:
         for name, targets in graph.items()
         if not (name == worker or name.startswith(worker + "."))
     }
+
+
+@dataclass(frozen=True)
+class MetricList:
+    module: str
+    line: int
+    names: tuple[str, ...]
+
+
+def metric_lists(names: Iterable[str], root: Path = ROOT) -> list[MetricList]:
+    """Module-level constants that hold two or more of ``names`` as strings (in a tuple,
+    list, set or dict, nested ones and ``Literal[...]`` included): a list of metrics, or
+    of their settings, kept outside the registry."""
+    wanted = set(names)
+    found = []
+    for name, path in modules(root).items():
+        for node in parse(path).body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            held = {
+                n.value
+                for n in ast.walk(node.value)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in wanted
+            }
+            if len(held) >= 2:
+                found.append(MetricList(name, node.lineno, tuple(sorted(held))))
+    return found
