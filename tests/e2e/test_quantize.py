@@ -167,7 +167,11 @@ def test_a_float_model_whose_numerics_change_fails_both(repo: Path):
     [
         ("float8-dynamic", {}, "float8-dynamic needs a CUDA GPU of compute capability 8.9"),
         ("int4-weight-only", {}, "int4-weight-only needs a CUDA GPU"),
-        ("int8-dynamic", {"old": "0.10.0"}, "needs torchao>=0.17, found torchao 0.10.0"),
+        (
+            "int8-dynamic",
+            {"old": "0.10.0"},
+            "int8-dynamic needs torchao>=0.17, found torchao 0.10.0",
+        ),
     ],
 )
 def test_what_cannot_run_here_is_one_line_and_exit_2(tmp_path, quantize, env, says):
