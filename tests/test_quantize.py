@@ -173,3 +173,26 @@ def test_the_report_shows_sqnr_beside_parity_and_the_twin_ratios():
     assert doc["sqnr_db"] == 28.0 and doc["base_sqnr_db"] == 41.3
     assert doc["twin"]["twin"] == "m/b2/default" and doc["twin"]["weights"] == 0.25
     assert report_json(rep)["targets"][0]["quantization"] is None
+
+
+def test_a_changed_quantization_is_judged_by_sqnr_not_by_parity_vs_the_base():
+    """A pull request that quantizes one more layer changes the quantized outputs on
+    purpose: parity vs the base is a note, SQNR decides (before, parity-failed)."""
+    from gatekeeper.results import ParityCheck
+
+    r = make_result("m/b2/default+int8wo")
+    assert r.parity is not None
+    failed = ParityCheck(passed=False, method="failed", detail="max abs err 0.5 > atol 1e-4")
+    r = r.model_copy(
+        update={
+            "parity": r.parity.model_copy(update={"vs_baseline": failed}),
+            "quantization": q(3.0).model_copy(update={"modules": ["body.*", "head"]}),
+        }
+    )
+    base = make_baseline(r.model_copy(update={"quantization": q(41.0)}))
+    v = gate.gate_target(r, base, RULES)
+    assert v.verdict == "regressed", (v.reasons, v.notes)
+    assert any("below the int8-weight-only floor" in x for x in v.reasons)
+    assert any("its quantization changed" in n for n in v.notes)
+    same = r.model_copy(update={"quantization": q(41.0)})
+    assert gate.gate_target(same, base, RULES).verdict == "parity-failed"

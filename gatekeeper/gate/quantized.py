@@ -59,6 +59,21 @@ def sqnr(
         v.notes.append(said)
 
 
+def requantized(result: TargetResult, base: Quantization | None) -> bool:
+    """Whether the change quantizes otherwise than the base (another config argument,
+    other modules, another torchao): its outputs are then meant to differ from the
+    base's, and SQNR vs float, not parity vs the base, judges them."""
+    q = result.quantization
+    if q is None or base is None:
+        return False
+    return (q.config, q.options, q.modules, q.torchao) != (
+        base.config,
+        base.options,
+        base.modules,
+        base.torchao,
+    )
+
+
 def ratios(result: TargetResult, twin: TargetResult) -> dict[str, float | str | None]:
     """A quantized target's p50 and weight bytes as ratios of its float twin's."""
     lat = result.latency.compiled.p50 if result.latency else None

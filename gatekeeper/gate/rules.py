@@ -98,19 +98,25 @@ def gate_target(
     base = baseline.result if baseline is not None else None
     v.disturbed = disturbance(result, base)
 
+    paired_q = result.paired.quantization if result.paired is not None else None
+    base_q = paired_q or (base.quantization if base is not None and not result.paired else None)
     parity = result.parity
     if parity is not None:
         label = "vs base commit" if result.paired is not None else "vs baseline"
         for name, check in (("vs eager", parity.vs_eager), (label, parity.vs_baseline)):
             if check is not None and not check.passed:
+                if name != "vs eager" and quantized.requantized(result, base_q):
+                    v.notes.append(
+                        f"parity {name}: {check.detail or check.method} (its "
+                        "quantization changed: SQNR vs float judges it)"
+                    )
+                    continue
                 found.add("parity-failed")
                 v.reasons.append(f"parity {name}: {check.detail or check.method}")
 
     if result.paired is not None:
         _gate_paired(v, result, base, rules, found)
-    paired_q = result.paired.quantization if result.paired is not None else None
-    stored_q = base.quantization if base is not None and result.paired is None else None
-    quantized.sqnr(v, found, result, paired_q or stored_q, rules)
+    quantized.sqnr(v, found, result, base_q, rules)
     if baseline is None:
         if result.paired is None:
             _counted(v, found, result, None, rules)
