@@ -26,7 +26,7 @@ from . import __version__, bundle, distributed, kinds
 from .bundle import signing_key
 from .config import Config
 from .errors import BundleError, ObjectTooLarge, StoreError
-from .key import CacheKey, Match, check_location, find_bundle, target_key
+from .key import CacheKey, Match, check_location, find_bundle, refuse_unrunnable, target_key
 from .progress import Progress
 from .provenance import creator
 from .scratch import scratch_dir
@@ -338,6 +338,7 @@ def compile_all(
     cold: bool = False,
 ) -> list[CompileResult]:
     targets = one_per_bundle(targets)  # a dynamic model compiles once for its shape sets
+    refuse_unrunnable(targets)  # a quantized config this machine cannot run: one line
     progress = Progress(len(targets))
     results = []
     for target in targets:

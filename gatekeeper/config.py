@@ -26,8 +26,9 @@ from pydantic import (
     model_validator,
 )
 
-from . import kinds
+from . import kinds, quantize
 from .errors import ConfigError
+from .quantize import SQNR_FLOOR, Quantize, Quantized
 from .secrecy import passable
 
 DEFAULT_STORE = ".gatekeeper/store"
@@ -46,8 +47,7 @@ PRECOMPILE: tuple[Precompile, ...] = get_args(Precompile)
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
-# torch.optim classes a training step can use by name (LBFGS needs a closure, SparseAdam
-# sparse gradients: neither fits one compiled step)
+# torch.optim classes by name (LBFGS needs a closure, SparseAdam sparse gradients)
 OPTIMIZERS = tuple(
     "Adafactor Adadelta Adagrad Adam Adamax AdamW ASGD Muon NAdam RAdam RMSprop Rprop SGD".split()
 )
@@ -62,9 +62,8 @@ def _kind(name: str) -> str:
     return name
 
 
-# how a model is compiled: an artifact kind's name (gatekeeper.kinds): whole
-# (torch.compile of the model), regional (each repeated block compiled, the rest
-# eager), aot (torch.export, then an AOTInductor package), or an installed kind's
+# how a model is compiled: an artifact kind's name (gatekeeper.kinds): whole, regional
+# (each repeated block compiled), aot (torch.export + AOTInductor) or an installed kind's
 Strategy = Annotated[str, AfterValidator(_kind)]
 
 
@@ -114,8 +113,7 @@ def _plain_value(value: Any) -> Any:
     return value
 
 
-# one input: a seeded random tensor (a table) or a plain value passed as it is (a flag
-# such as ``use_cache = false``, a number, a string)
+# one input: a seeded random tensor (a table) or a plain value passed as it is
 Input = Annotated[
     Annotated[InputSpec, Tag("tensor-input")]
     | Annotated[Any, BeforeValidator(_plain_value), Tag("plain-input")],
@@ -137,7 +135,7 @@ class ParityTolerance(_Strict):
 
 
 class GateConfig(_Strict):
-    """Regression thresholds, as fractions (0.05 = 5% worse)."""
+    """Regression thresholds, as fractions (0.05 = 5% worse), and the rules' choices."""
 
     latency_regression: float = Field(0.05, ge=0, lt=1)
     speedup_regression: float = Field(0.05, ge=0, lt=1)
@@ -149,6 +147,11 @@ class GateConfig(_Strict):
     recompiles: Literal["no-increase", "ignore"] = "no-increase"
     inconclusive: Literal["pass", "fail"] = "pass"  # exit code of an undecided slowdown
     parity: ParityTolerance = ParityTolerance()
+    # quantized targets (docs/quantization.md): SQNR vs the float model (dB) below a floor
+    # or fallen by more than sqnr_regression dB: regressed; slower than the float twin
+    sqnr_floor: dict[Quantized, float] = Field(default_factory=lambda: dict(SQNR_FLOOR))
+    sqnr_regression: float = Field(3.0, ge=0)
+    quantized_slower: Literal["advise", "fail"] = "advise"
 
 
 class DistributedConfig(_Strict):
@@ -247,6 +250,11 @@ class ModelConfig(_Strict):
     precisions: list[Precision] = Field(default_factory=lambda: list[Precision](["fp32"]))
     # inference targets only: a training step is always compiled whole
     strategies: list[Strategy] = Field(default_factory=lambda: list[Strategy](["whole"]))
+    # torchao variants of the infer fp32 targets (docs/quantization.md), each config's
+    # keyword arguments, the modules quantized (submodule name globs; default: nn.Linear)
+    quantize: list[Quantize] = Field(default_factory=lambda: list[Quantize](["none"]))
+    quantize_options: dict[Quantized, dict[str, Any]] = Field(default_factory=dict)
+    quantize_modules: list[str] | None = None
     # regional: the blocks to compile, as globs over submodule names ("layers.*");
     # default: the children of each nn.ModuleList that share a class
     regions: list[str] | None = None
@@ -322,7 +330,7 @@ class ModelConfig(_Strict):
             raise ValueError("'shapes' needs at least one shape set (use [{}] for none)")
         if len(set(self.modes)) != len(self.modes) or not self.modes:
             raise ValueError("'modes' must list distinct modes, at least one")
-        for name in ("tasks", "precisions", "strategies"):
+        for name in ("tasks", "precisions", "strategies", "quantize"):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"'{name}' must list distinct values, at least one")
@@ -330,6 +338,8 @@ class ModelConfig(_Strict):
             raise ValueError(
                 '\'train\' is set but \'tasks\' has no "train" (add it: tasks = ["infer", "train"])'
             )
+        if why := quantize.check_model(self):
+            raise ValueError(why)
         if self.options and self.modes != ["default"]:
             raise ValueError(
                 "'options' cannot be combined with modes other than 'default' "
@@ -364,14 +374,12 @@ class MeasureConfig(_Strict):
     """How long and how often to measure each target."""
 
     warmup: int = Field(5, ge=0)
-    # seconds of timed rounds per target: 10 s gave the paired gate 60/60 at 10% and 0/60
-    # at 0% on a shared 2-core runner (docs/statistics.md, "Paired and stored, 10 s of
-    # timed rounds"); `run` doubles it for a borderline target
+    # seconds of timed rounds per target: 10 s gave the paired gate 60/60 at 10% and 0/60 at
+    # 0% on a shared 2-core runner (docs/statistics.md); `run` doubles it when borderline
     min_time: float = Field(10.0, gt=0)
     max_samples: int = Field(400, ge=5)
     timeout: float = Field(1800, gt=0)  # per target subprocess, seconds
-    # after the first compile, run every shape set of the model in the same process and
-    # count recompiles (gated by gate.recompiles)
+    # run every shape set after the first compile, counting recompiles (gate.recompiles)
     shape_sweep: bool = True
 
 
@@ -385,8 +393,8 @@ class Config(_Strict):
     # record torch's caching-precompile package in each inference bundle, so that a
     # deploy can skip Dynamo once `check` verified it (a model's own setting wins)
     precompile: Precompile = "auto"
-    # load only bundles whose signature verifies: a missing or empty
-    # GATEKEEPER_SIGNING_KEY is then an error, never an unchecked load (docs/hardening.md)
+    # load only bundles whose signature verifies: a missing or empty GATEKEEPER_SIGNING_KEY
+    # is then an error, never an unchecked load (docs/hardening.md)
     require_signature: bool = False
     # variables (names, PREFIX* globs) workers get besides the allow-list (hardening.md)
     pass_env: list[PassEnv] = Field(default_factory=list)

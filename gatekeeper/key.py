@@ -50,9 +50,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from . import bundle, kinds
+from . import bundle, kinds, quantize
 from .config import InputSpec, ModelConfig
-from .errors import AccessDenied, BundleError, GatekeeperError, StoreUnavailable
+from .errors import AccessDenied, BundleError, ConfigError, GatekeeperError, StoreUnavailable
 from .hashing import locate, search_path, sha256_bytes, sha256_file
 from .store.layout import BundleLocation, Store
 from .targets import Target
@@ -222,6 +222,8 @@ def compile_spec(target: Target) -> dict:
         spec_doc["train"] = m.training.spec()
     if target.precision != "fp32":
         spec_doc["precision"] = target.precision
+    if target.quantized:  # the config, its arguments, the modules and torchao's version
+        spec_doc["quantize"] = target.quantization()
     if m.distributed is not None:
         spec_doc["distributed"] = m.distributed.spec()
     # what the artifact kind adds (the default kind nothing: those keys stay as they were)
@@ -280,10 +282,25 @@ class CacheKey:
         }
 
 
+def refuse_unrunnable(targets: list[Target]) -> None:
+    """A config error, before any work, for the first quantized target that cannot run
+    here (torchao missing or too old, a device without the config's kernels)."""
+    facts: dict[str, dict] = {}
+    for t in targets:
+        if t.quantized:
+            device = resolve_device(t.model.device)
+            if device not in facts:
+                facts[device] = env_facts(device)
+            if why := quantize.refusal(t.quantize, facts[device]):
+                raise ConfigError(f"models.{t.model.name}.quantize: {why}")
+
+
 def target_key(target: Target, base_dir: Path) -> CacheKey:
     """The env part of ``target``'s key and its compile spec; no code hash yet."""
     device = resolve_device(target.model.device)
     facts = env_facts(device)
+    if target.quantized and (why := quantize.refusal(target.quantize, facts)):
+        raise ConfigError(f"models.{target.model.name}.quantize: {why}")
     return CacheKey(
         target.bundle_id,
         env_key(facts),

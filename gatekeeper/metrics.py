@@ -174,6 +174,16 @@ def _work(name: str) -> tuple[Callable[[TargetResult], Value], Callable[[Paired]
     return read, beside
 
 
+def _sqnr(r: TargetResult) -> Value:
+    q = getattr(r, "quantization", None)  # not in every schema version
+    return q.sqnr_db if q is not None else None
+
+
+def _base_sqnr(pair: Paired) -> Value:
+    q = getattr(pair, "quantization", None)
+    return q.sqnr_db if q is not None else None
+
+
 def counter(
     name: str, label: str, heading: str, chart: Chart, threshold: str | None = None
 ) -> Metric:
@@ -294,6 +304,23 @@ BUILTIN: tuple[Metric, ...] = (
         json=None,  # the report's "parity" holds both checks
         bisect=True,
         doc="parity",
+    ),
+    # a quantized target's output vs its own float model's (gate.quantized: its rule, with
+    # the per-config floor gate.sqnr_floor and the float twin's latency)
+    Metric(
+        "sqnr",
+        "SQNR vs float",
+        _sqnr,
+        _base_sqnr,
+        fmt=units.db,
+        unit="dB",
+        better="higher",
+        rule="own",
+        threshold="sqnr_regression",
+        relative=False,
+        column="SQNR vs float",
+        json=None,  # the report's "quantization" holds it, the base's and the twin ratios
+        doc="SQNR (quantized targets)",
     ),
     counter(
         "flops",

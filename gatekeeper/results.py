@@ -247,6 +247,22 @@ class ReferenceOutputs(_Doc):
     size: int
 
 
+class Quantization(_Doc):
+    """A quantized target (docs/quantization.md): the torchao config it was quantized
+    with (its arguments, the modules, torchao's version), the SQNR in dB of the quantized
+    model's eager output against its own float model's (same seed, same inputs), and the
+    weight bytes of both (the quantized ones counted from torchao's tensor subclasses'
+    inner tensors)."""
+
+    config: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    modules: list[str] | None = None
+    torchao: str | None = None
+    sqnr_db: float | None = None  # None: no floating-point output to compare
+    weight_bytes: int
+    float_weight_bytes: int
+
+
 class Paired(_Doc):
     """Paired mode: the base version measured in the same process, round by round."""
 
@@ -260,6 +276,7 @@ class Paired(_Doc):
     profile: Profile | None = None  # the base version's, profiled in the same process
     # False: the base commit's config builds other inputs, so outputs were not compared
     same_inputs: bool = True
+    quantization: Quantization | None = None  # a quantized target: the base version's
 
 
 class BaseTarget(_Doc):
@@ -345,6 +362,7 @@ class TargetResult(_Doc):
     definition: dict[str, Any] | None = None
     base_target: BaseTarget | None = None  # paired: the base commit's definition of it
     ranks: list[RankResult] | None = None  # a distributed target's ranks
+    quantization: Quantization | None = None  # a quantized target's SQNR and weights
 
 
 class Results(_Doc):

@@ -1,16 +1,18 @@
-"""Targets: one (model, shape set, mode, dynamic, task, precision, strategy) each, with a
-stable readable id.
+"""Targets: one (model, shape set, mode, dynamic, task, precision, strategy, quantize)
+each, with a stable readable id.
 
 The id has exactly three '/'-separated parts — ``<model>/<shapes>/<variant>`` — e.g.
 ``mlp/b8/default``, ``gpt-block/b2-s64/max-autotune+dynamic``,
-``gpt2/b4/default+train+bf16``, ``gpt12/b1-s128/default+regional`` or
-``mlp/b8/default+train+ws2``: the training task, an autocast precision, a distributed
-model's world size and a compile strategy (an artifact kind, :mod:`gatekeeper.kinds`)
-join the third part with ``+`` so every store path keeps its depth. Inference, float32
-and the default kind (``whole``) are implicit, so the ids (and store paths) of targets
-from before they existed are unchanged. Each kind says which (task, precision) of a
-model it applies to (a training step is always compiled whole). The device is not in
-the id: it is part of the env key.
+``gpt2/b4/default+train+bf16``, ``gpt12/b1-s128/default+regional``,
+``mlp/b8/default+int8wo+regional`` or ``mlp/b8/default+train+ws2``: the training task,
+an autocast precision, a torchao quantization (``+int8wo``, ``+int8dq``, ``+fp8dq``,
+``+int4wo``: :mod:`gatekeeper.quantize`), a distributed model's world size and a compile
+strategy (an artifact kind, :mod:`gatekeeper.kinds`) join the third part with ``+`` so
+every store path keeps its depth. Inference, float32, the float model and the default
+kind (``whole``) are implicit, so the ids (and store paths) of targets from before they
+existed are unchanged. Each kind says which (task, precision) of a model it applies to
+(a training step is always compiled whole). The device is not in the id: it is part of
+the env key.
 
 A ``dynamic`` model compiles once for all its shape sets: its targets share one bundle,
 stored under :attr:`Target.bundle_id` (``<model>/dynamic/<variant>``), while each shape
@@ -23,7 +25,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from . import kinds
+from . import kinds, quantize
 from .config import Config, ModelConfig
 from .errors import UsageError
 
@@ -50,6 +52,7 @@ class Target:
     task: str = "infer"  # infer | train
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast)
     strategy: str = kinds.DEFAULT  # the artifact kind's name (gatekeeper.kinds)
+    quantize: str = quantize.NONE  # a torchao config's name (gatekeeper.quantize)
 
     @property
     def shape_set(self) -> dict[str, int]:
@@ -62,8 +65,30 @@ class Target:
             + ("+dynamic" if self.dynamic else "")
             + ("+train" if self.task == "train" else "")
             + (f"+{self.precision}" if self.precision != "fp32" else "")
+            + (f"+{quantize.SUFFIX[self.quantize]}" if self.quantized else "")
             + (f"+ws{self.world_size}" if self.world_size else "")
             + (f"+{self.strategy}" if self.strategy != kinds.DEFAULT else "")
+        )
+
+    @property
+    def quantized(self) -> bool:
+        """Whether it is a torchao-quantized variant (the id's ``+int8wo`` ...)."""
+        return self.quantize != quantize.NONE
+
+    @property
+    def twin(self) -> str:
+        """The id of its float twin: the same target unquantized (its own id if float)."""
+        if not self.quantized:
+            return self.id
+        return self.id.replace(f"+{quantize.SUFFIX[self.quantize]}", "", 1)
+
+    def quantization(self) -> dict[str, Any] | None:
+        """What its key and record say of its quantization (None: the float model)."""
+        if not self.quantized:
+            return None
+        m = self.model
+        return quantize.spec(
+            self.quantize, quantize.options_of(m, self.quantize), m.quantize_modules
         )
 
     @property
@@ -104,6 +129,8 @@ class Target:
             d["precision"] = self.precision
         if self.strategy != kinds.DEFAULT:
             d["strategy"] = self.strategy
+        if self.quantized:
+            d["quantize"] = self.quantization()
         if self.model.distributed is not None:
             d["distributed"] = self.model.distributed.spec()
         return d
@@ -114,6 +141,9 @@ class Target:
         targets, or its gate overrides, which are rules) and this target's shape set.
         A pull request that changes one of them changes the target (gate.governing)."""
         skip = {"name", "gate", "shapes", "modes", "tasks", "precisions", "strategies", "pass_env"}
+        skip |= {"quantize"} | (
+            {"quantize_options", "quantize_modules"} if not self.quantized else set()
+        )
         skip |= kinds.foreign(self.strategy)  # another kind's fields (regions, export)
         skip |= {"train"} if self.task != "train" else set()
         return {**self.model.model_dump(mode="json", exclude=skip), "shape_set": self.shape_set}
@@ -121,13 +151,14 @@ class Target:
 
 def expand(config: Config) -> list[Target]:
     targets = [
-        Target(model, tuple(shape_set.items()), mode, model.dynamic, task, precision, strategy)
+        Target(model, tuple(shape_set.items()), mode, model.dynamic, task, precision, strategy, q)
         for model in config.models
         for shape_set in model.shapes
         for mode in model.modes
         for task in model.tasks
         for precision in model.precisions
         for strategy in strategies(model, task, precision)
+        for q in quantizations(model, task, precision)
     ]
     ids = [t.id for t in targets]
     if dupes := sorted({i for i in ids if ids.count(i) > 1}):
@@ -143,6 +174,15 @@ def strategies(model: ModelConfig, task: str, precision: str = "fp32") -> list[s
     AOTInductor package runs its own kernels, which a caller's autocast cannot change),
     else the default kind."""
     return kinds.applying(model, task, precision)
+
+
+def quantizations(model: ModelConfig, task: str, precision: str) -> list[str]:
+    """The model's ``quantize`` values of a (task, precision): every one for inference
+    in float32 (torchao quantizes float32 weights; its kernels set their own activation
+    dtypes), only the float model for the others."""
+    if task == "infer" and precision == "fp32":
+        return list(model.quantize)
+    return [quantize.NONE] if quantize.NONE in model.quantize else []
 
 
 def one_per_bundle(targets: list[Target]) -> list[Target]:

@@ -95,6 +95,11 @@ def speedup(x: float | None) -> str:
     return DASH if x is None else f"{x:.2f}x"
 
 
+def db(x: float | None) -> str:
+    """A signal-to-noise ratio in decibels: ``41.3 dB`` (``inf dB``: identical)."""
+    return DASH if x is None else f"{x:.1f} dB"
+
+
 def number(x: float | None) -> str:
     """A plain number to four significant figures: ``0.8123``, ``1.235e+05``."""
     return DASH if x is None else f"{x:.4g}"

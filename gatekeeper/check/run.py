@@ -13,6 +13,7 @@ from .. import __version__, distributed
 from ..bundle import now_iso
 from ..config import Config
 from ..errors import ConfigError
+from ..key import refuse_unrunnable
 from ..progress import Progress
 from ..provenance import creator
 from ..results import Results
@@ -30,6 +31,7 @@ def check_all(targets: list[Target], config: Config, store: Store, plan: Plan) -
     is the base commit's own definition of it, from the base commit's config; a base
     config that does not load is one line, and the run is measured in stored mode
     instead."""
+    refuse_unrunnable(targets)  # a quantized config this machine cannot run: one line
     mode = plan.mode
     sys.stderr.write(f"gatekeeper: {mode.reason}\n")
     results, removed = None, []

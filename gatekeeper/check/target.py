@@ -313,6 +313,7 @@ def _pair(check: Check, paired: PairedBase | None, resp: Response) -> Paired | N
         work=measured.work,
         profile=measured.profile,
         same_inputs=measured.same_inputs,
+        quantization=measured.quantization,
     )
 
 
@@ -362,6 +363,7 @@ def _measured(check: Check, resp: Response, ident: dict, pair: Paired | None) ->
         if resp.profile
         else None,
         ranks=resp.ranks,
+        quantization=resp.quantization,
         reference=ReferenceOutputs(
             file=os.path.relpath(check.reference, out_dir),
             sha256=sha256_bytes(data),

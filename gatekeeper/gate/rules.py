@@ -40,6 +40,8 @@ Rules (defaults in :class:`gatekeeper.config.GateConfig`):
   (the shape sweep); with ``recompiles = "no-increase"``, more recompiles than the
   baseline's sweep fail, naming the guard that failed. Baselines without a sweep are not
   compared.
+* quantized targets: SQNR vs their float model, its fall from the base's, and their
+  float twin's latency (:mod:`.quantized`).
 * accepted: a ``regressed`` target the pull request accepts on purpose (``--accept``, the
   ``gatekeeper:accept`` label); parity failures are never accepted.
 * exportability: an ``+aot`` target whose model ``torch.export`` refuses on the pull
@@ -60,7 +62,7 @@ from dataclasses import dataclass, field
 from .. import metrics, units
 from ..config import GateConfig
 from ..results import Baseline, GraphBreak, Graphs, TargetResult
-from . import stats
+from . import quantized, stats
 from .drift import disturbance
 from .governing import definition_changes, governing, notes, rule_changes
 from .timing import gate_runs, name_rank, timing
@@ -96,16 +98,25 @@ def gate_target(
     base = baseline.result if baseline is not None else None
     v.disturbed = disturbance(result, base)
 
+    paired_q = result.paired.quantization if result.paired is not None else None
+    base_q = paired_q or (base.quantization if base is not None and not result.paired else None)
     parity = result.parity
     if parity is not None:
         label = "vs base commit" if result.paired is not None else "vs baseline"
         for name, check in (("vs eager", parity.vs_eager), (label, parity.vs_baseline)):
             if check is not None and not check.passed:
+                if name != "vs eager" and quantized.requantized(result, base_q):
+                    v.notes.append(
+                        f"parity {name}: {check.detail or check.method} (its "
+                        "quantization changed: SQNR vs float judges it)"
+                    )
+                    continue
                 found.add("parity-failed")
                 v.reasons.append(f"parity {name}: {check.detail or check.method}")
 
     if result.paired is not None:
         _gate_paired(v, result, base, rules, found)
+    quantized.sqnr(v, found, result, base_q, rules)
     if baseline is None:
         if result.paired is None:
             _counted(v, found, result, None, rules)
@@ -415,6 +426,7 @@ def build_report(
         gate_row(r, baselines.get(r.target), rules_for(r.target), accept=accepted(r.target))
         for r in results
     ]
+    quantized.twins(rows)  # quantized targets beside their float twins
     verdict = overall([row.verdict for row in rows], require_baseline=require_baseline)
     fail_inconclusive = any(
         row.verdict.verdict == "inconclusive"

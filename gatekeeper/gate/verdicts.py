@@ -58,6 +58,9 @@ class TargetVerdict:
     rules_from: Source | None = None
     rule_changes: list[Change] = field(default_factory=list)
     definition_changes: list[Change] = field(default_factory=list)
+    # a quantized target: its float twin's id, its p50 and weight bytes as ratios of the
+    # twin's (gate.quantized)
+    twin: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as plain JSON types (comparisons as dicts)."""

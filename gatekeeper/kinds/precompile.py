@@ -69,6 +69,11 @@ class Precompile(Package):
                 "a package recorded under autocast never loads (torch records its input "
                 "guards without the Autocast dispatch key, so every call misses them)"
             )
+        if target.quantized:
+            return (
+                "a quantized target warms from the compile cache: loading a package of "
+                "torchao's tensor subclasses is not verified"
+            )
         if target.model.distributed is not None:
             return (
                 "a distributed target's ranks warm from the compile cache: a package "

@@ -18,6 +18,7 @@ from .rows import (
     figures,
     is_new,
     rule_changes,
+    sqnr,
     summary_line,
 )
 
@@ -91,8 +92,7 @@ def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
         "remeasured": r.target in remeasured,
         "latency": v.latency.to_dict() if v.latency else None,
         "speedup_comparison": v.speedup.to_dict() if v.speedup else None,
-        # what the verdict compared: paired, the base commit's p50 and graph breaks
-        "p50_s": _fig(row, "latency"),
+        "p50_s": _fig(row, "latency"),  # as compared: paired, the base commit's
         "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
         "speedup": _fig(row, "speedup"),
         "compile": _side(dump(base.compile) if base else None, dump(r.compile)),
@@ -107,6 +107,7 @@ def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
         "recompiles": _fig(row, "recompiles"),
         "memory": _side(dump(base.memory) if base else None, dump(r.memory)),
         "parity": dump(r.parity),
+        "quantization": _quantization(row),
         # a distributed target's ranks: each one's medians, cache hits and parity
         "ranks": [x.model_dump(exclude={"cache_used"}) for x in r.ranks] if r.ranks else None,
         "cache": r.compile.cache if r.compile else None,
@@ -149,6 +150,19 @@ def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
             "created_at": row.baseline.created_at,
             "noise": row.baseline.noise.model_dump() if row.baseline.noise else None,
         },
+    }
+
+
+def _quantization(row: GateRow) -> dict | None:
+    """A quantized target: its config, SQNR vs its float model (the base's beside it) and
+    its latency and weights as ratios of its float twin's in this run."""
+    q = row.result.quantization
+    if q is None:
+        return None
+    return {
+        **q.model_dump(),
+        "base_sqnr_db": (sqnr(row) or (None, None))[0],
+        "twin": row.verdict.twin,
     }
 
 

@@ -46,6 +46,7 @@ from .rows import (
     recompiles,
     rule_changes,
     speedup,
+    twin_note,
 )
 from .rows import summary_line as summary_line
 from .text import (
@@ -464,6 +465,8 @@ def _table_notes(report: GateReport, rows: list[GateRow]) -> list[str]:
             f"{md_code(report.base_ref)}: paired runs time, count graph breaks and "
             "work against the base commit, and compare the rest with its baseline."
         )
+    if twins := twin_note(rows):
+        notes.append(twins)
     if any(_trend(r) for r in rows):
         notes.append(
             f"Trend: {md_code(report.base_ref)}'s last baselines (latency ÷ "

@@ -11,7 +11,7 @@ figure is read through its descriptor in :mod:`gatekeeper.metrics` (:func:`figur
 
 from __future__ import annotations
 
-from .. import metrics
+from .. import metrics, units
 from ..gate import ORDER, GateReport, GateRow, Verdict
 from ..gate.governing import Change
 from ..results import Profile, TargetResult
@@ -112,6 +112,40 @@ def base_profile(row: GateRow) -> Profile | None:
     baseline's."""
     r, b = row.result, base_result(row)
     return r.paired.profile if r.paired else (b.profile if b else None)
+
+
+def sqnr(row: GateRow) -> tuple[float | None, float | None] | None:
+    """A quantized target's SQNR vs its float model, in dB: (the base commit's, paired,
+    else the baseline's; this run's). None for a float target."""
+    if row.result.quantization is None:
+        return None
+    b, p = figures(row, metrics.get("sqnr"))
+    return metrics.number(b), metrics.number(p)
+
+
+def twin_line(row: GateRow) -> str | None:
+    """``int8-weight-only: 0.71x latency, 0.27x weights`` beside its float twin."""
+    twin, q = row.verdict.twin, row.result.quantization
+    if twin is None or q is None:
+        return None
+    return (
+        f"{q.config}: {units.speedup(twin['latency'])} latency, "
+        f"{units.speedup(twin['weights'])} weights (vs {twin['twin']})"
+    )
+
+
+def twin_note(rows: list[GateRow]) -> str | None:
+    """The markdown table's note of each quantized target beside its float twin."""
+    from .text import md_code, md_text
+
+    twins = [f"{md_code(r.result.target)} {md_text(line)}" for r in rows if (line := twin_line(r))]
+    if not twins:
+        return None
+    return (
+        "Quantized targets beside their float twin in this run (p50, weight bytes): "
+        + "; ".join(twins)
+        + ". SQNR: the quantized model's output vs its float model's, in dB."
+    )
 
 
 def counts(report: GateReport) -> dict[Verdict, int]:

@@ -74,7 +74,9 @@ def _path(req: CompileRequest, name: str | None) -> Path | None:
 
 
 def _eager_floor(req: ProbeRequest) -> Response:
-    model, inputs, found = build_recorded(req.model, req.shapes, req.base_path, req.device)
+    model, inputs, found = build_recorded(
+        req.model, req.shapes, req.base_path, req.device, req.quantize
+    )
     with torch.no_grad():
         seconds = first_call(
             under_autocast(entry(model, req.model.call), req.device, req.precision),
@@ -111,7 +113,9 @@ def _first_calls(
             ins.call(cstep)
 
         return resp.model_copy(update={"megacache_load_seconds": megacache_load}), run_step
-    model, inputs, found = build_recorded(req.model, req.shapes, req.base_path, req.device)
+    model, inputs, found = build_recorded(
+        req.model, req.shapes, req.base_path, req.device, req.quantize
+    )
     check_precision(req.device, req.precision)
     imports = import_inductor()
     kind = builder(req)

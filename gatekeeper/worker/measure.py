@@ -16,7 +16,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ..config import ParityTolerance
-from . import steps
+from . import quant, steps
 from .calls import Inputs, entry
 from .compiler import snapshot_counters
 from .counters import (
@@ -130,7 +130,9 @@ def measure(req: MeasureRequest) -> Response:
     device, kind = req.device, builder(req)
     tol = parity_tolerance(req.parity, req.precision)
     check_precision(device, req.precision)
-    model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, device)
+    model, inputs, deps = build_recorded(
+        req.model, req.shapes, req.base_path, device, req.quantize, judged=True
+    )
     head = _Side(req, model, inputs, deps)
     base_req = req.for_base() if req.paired_base is not None else None
     # the precision's autocast around every forward (none for fp32); fp64 runs without
@@ -179,7 +181,12 @@ def _build_base(
     """Paired: the base commit's target, as its own config defines it; the same inputs
     (the usual case) are the head's own objects, called alike."""
     base_model, base_inputs, base_deps = build_base(
-        base_req.model, base_req.shapes, base_req.base_path, base_req.device
+        base_req.model,
+        base_req.shapes,
+        base_req.base_path,
+        base_req.device,
+        base_req.quantize,
+        judged=True,
     )
     comparable = same_inputs(head.inputs, base_inputs)
     base = _Side(base_req, base_model, head.inputs if comparable else base_inputs, base_deps)
@@ -258,6 +265,7 @@ def _measured(
         pid=os.getpid(),
         torch=torch.__version__,
         deps=head.deps,
+        quantization=quant.figures(head.model),
     )
 
 
@@ -298,6 +306,7 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
         "deps": base.deps,
         "same_inputs": base.same_inputs,
         "work": _work(kind, lambda: base.inputs.call(eager), base.call),
+        "quantization": quant.figures(base.model),
     }
     return paired, out
 

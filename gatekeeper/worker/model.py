@@ -168,10 +168,16 @@ def make_inputs(
 
 
 def build_recorded(
-    cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str
+    cfg: ModelConfig,
+    shape_set: dict[str, int],
+    base_dir: Path,
+    device: str,
+    quantize: str = "none",
+    judged: bool = False,
 ) -> tuple[Any, Inputs, dict]:
     """The model (or function), its inputs, and what they were built from (the key's
-    dependencies)."""
+    dependencies); ``quantize``: the float model quantized by that torchao config
+    (``judged``: its SQNR and weights measured, :func:`gatekeeper.worker.quant.figures`)."""
     refs = [cfg.builder] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
     steps.enter("build model")
     with recording(base_dir) as rec:
@@ -181,6 +187,11 @@ def build_recorded(
     inputs = _with_call_kwargs(model, cfg.call, inputs)
     deps = rec.finish()
     _user_modules.update(deps["modules"])
+    if quantize != "none":
+        from . import quant
+
+        steps.enter("quantize")
+        model = quant.apply(model, inputs, cfg, quantize, judged)
     return model, inputs, deps
 
 
@@ -202,13 +213,18 @@ def _with_call_kwargs(model: Any, call: str | None, inputs: Inputs) -> Inputs:
 
 
 def build_base(
-    cfg: ModelConfig, shape_set: dict[str, int], base_dir: Path, device: str
+    cfg: ModelConfig,
+    shape_set: dict[str, int],
+    base_dir: Path,
+    device: str,
+    quantize: str = "none",
+    judged: bool = False,
 ) -> tuple[Any, Inputs, dict]:
     """Paired mode: the base version's model and inputs, built by the base commit's own
     config (``cfg``) from its own checkout, and what they were built from."""
     refs = [cfg.builder] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
     with other_version(base_dir, [r.split(":")[0] for r in refs]):
-        return build_recorded(cfg, shape_set, base_dir, device)
+        return build_recorded(cfg, shape_set, base_dir, device, quantize, judged)
 
 
 def same_inputs(a: Inputs, b: Inputs) -> bool:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from .. import kinds
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance, Precision, Task
+from ..quantize import Quantize
 from ..results import (
     Graphs,
     Latency,
@@ -27,6 +28,7 @@ from ..results import (
     Parity,
     ParityCheck,
     Profile,
+    Quantization,
     RankResult,
     Work,
 )
@@ -74,6 +76,7 @@ class Build(_Msg):
     dynamic: bool
     task: Task = "infer"
     precision: Precision = "fp32"
+    quantize: Quantize = "none"  # the torchao config applied to the float model
     kind: KindRef
     # what the worker's environment takes from the parent's besides the allow-list
     pass_env: list[str] = Field(default_factory=list)
@@ -90,6 +93,7 @@ class Build(_Msg):
             dynamic=target.dynamic,
             task=target.task,
             precision=target.precision,
+            quantize=target.quantize,
             kind=KindRef.of(target),
             pass_env=[*config.pass_env, *target.model.pass_env],
             **extra,
@@ -217,6 +221,7 @@ class BaseMeasured(_Msg):
     work: Work | None = None
     profile: Profile | None = None
     same_inputs: bool = True  # false: its inputs differ, outputs were not compared
+    quantization: Quantization | None = None
 
 
 class PackageParity(_Msg):
@@ -272,6 +277,7 @@ class Response(_Msg):
     rank: int | None = None
     cpu_samples: dict[str, list[float]] | None = None
     ranks: list[RankResult] | None = None  # the merged answer of a distributed target
+    quantization: Quantization | None = None  # measure: a quantized target's SQNR, weights
 
     @classmethod
     def failure(cls, kind: str, error: str) -> Response:

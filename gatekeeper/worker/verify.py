@@ -23,7 +23,9 @@ from .timing import first_call
 def verify(req: VerifyRequest) -> Response:
     half = package_half(req.package)
     check_precision(req.device, req.precision)
-    model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, req.device)
+    model, inputs, deps = build_recorded(
+        req.model, req.shapes, req.base_path, req.device, req.quantize
+    )
     tol = parity_tolerance(req.parity, req.precision)
     baked = bakes_tf32(req.mode, req.model.options)
     with half.loading(req, model) as loaded:

@@ -376,6 +376,7 @@ TARGET_KEYS = {
     "recompiles",
     "memory",
     "parity",
+    "quantization",
     "ranks",
     "cache",
     "env_key",

@@ -137,7 +137,9 @@ class PrecompileHalf(PackageHalf):
         steps.enter("record precompile package")
 
         def build() -> Callable[[], None]:
-            model, inputs, _ = build_recorded(req.model, req.shapes, req.base_path, req.device)
+            model, inputs, _ = build_recorded(
+                req.model, req.shapes, req.base_path, req.device, req.quantize
+            )
             compiled = under_autocast(
                 compile_model(entry(model, req.model.call), req.model, req.mode, req.dynamic),
                 req.device,
