@@ -128,12 +128,16 @@ def resolve_device(device: str) -> str:
     return resolve(device)
 
 
-def env_facts(device: str) -> dict:
-    """Every fact that decides whether compiled artifacts can be reused here."""
-    from .runtime import torch_facts
+def env_facts(device: str, torch_facts: dict | None = None) -> dict:
+    """Every fact that decides whether compiled artifacts can be reused here.
+    ``torch_facts``: what :func:`gatekeeper.runtime.torch_facts` says of ``device``
+    (asked of torch when not given; recorded ones stand in for a GPU this machine lacks)."""
+    if torch_facts is None:
+        from .runtime import torch_facts as ask
 
+        torch_facts = ask(device)
     facts: dict = {
-        **torch_facts(device),
+        **torch_facts,
         "triton": _dist_version("triton", "pytorch-triton", "pytorch-triton-rocm"),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "arch": platform.machine(),

@@ -87,13 +87,7 @@ def torch_facts(device: str) -> dict[str, Any]:
     facts: dict[str, Any] = {"torch": torch.__version__, "torch_git": torch.version.git_version}
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.device(device).index or 0)
-        facts.update(
-            device="cuda",
-            gpu=props.name,
-            capability=f"{props.major}.{props.minor}",
-            cuda=torch.version.cuda,
-            hip=torch.version.hip,
-        )
+        facts.update(gpu_facts(props, torch.version.cuda, torch.version.hip))
     else:
         facts.update(
             device="cpu",
@@ -101,6 +95,20 @@ def torch_facts(device: str) -> dict[str, Any]:
             threads=torch.get_num_threads(),
         )
     return facts
+
+
+def gpu_facts(props: Any, cuda: str | None, hip: str | None) -> dict[str, Any]:
+    """The GPU's part of :func:`torch_facts`: its name and compute capability (from
+    ``torch.cuda.get_device_properties``: ``name``, ``major``, ``minor``) and the CUDA
+    or ROCm runtime torch was built with. Apart so that recorded facts of a real GPU
+    (tests/data/cuda_facts.json) drive it on a machine without one."""
+    return {
+        "device": "cuda",
+        "gpu": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "cuda": cuda,
+        "hip": hip,
+    }
 
 
 def default_cache_dir() -> Path:

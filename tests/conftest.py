@@ -9,7 +9,11 @@ while the other had nothing left). The files under ``SLOWEST`` go first, longest
 (``pytest -n 2 --dist loadfile --durations=40`` on them names their setups), then the
 rest of ``tests/e2e/`` and ``tests/action/`` (real compiles, the Action's steps), then
 the others, short ones, which even out the two workers' ends; within each of the last
-two groups, files with more tests first, as xdist orders them."""
+two groups, files with more tests first, as xdist orders them.
+
+The fast tier: every test under ``HEAVY`` and in ``E2E_FILES`` (real compiles in
+subprocesses, the Action's steps, a browser) is marked ``e2e``, so that
+``pytest -m "not e2e" -n auto`` runs the rest for everyday work (CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
@@ -32,11 +36,25 @@ SLOWEST = (
     "e2e/test_aot_causal_lm.py",
 )
 HEAVY = ("e2e/", "action/")
+# outside HEAVY, the files that compile for real in subprocesses or drive a browser
+E2E_FILES = (
+    "test_distributed.py",
+    "test_untrusted_input.py",
+    "test_secrecy.py",
+    "test_workflow_installs.py",
+    "test_warm_packages.py",
+    "test_docs.py",
+    "dashboard/test_browser.py",
+)
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else str(path)
 
 
 def rank(path: Path) -> int:
     """Where a test file goes in the order: 0 for the slowest, then the heavy, then the rest."""
-    name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else str(path)
+    name = relative(path)
     if name in SLOWEST:
         return SLOWEST.index(name)
     return len(SLOWEST) + (0 if name.startswith(HEAVY) else 1)
@@ -51,3 +69,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # a stable sort by file: each file's tests stay together and in their own order
     tests = Counter(item.path for item in items)
     items.sort(key=lambda item: (rank(item.path), -tests[item.path]))
+    for item in items:
+        name = relative(item.path)
+        if name.startswith(HEAVY) or name in E2E_FILES:
+            item.add_marker(pytest.mark.e2e)

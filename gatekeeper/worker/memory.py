@@ -16,27 +16,33 @@ from typing import Any
 import torch
 
 
-def allocated(device: str) -> int:
-    """Bytes the CUDA allocator holds for tensors now (0 on CPU)."""
+def allocated(device: str, cuda: Any = None) -> int:
+    """Bytes the CUDA allocator holds for tensors now (0 on CPU). ``cuda``: the
+    allocator's statistics, ``torch.cuda`` unless given (see :func:`peak_memory`)."""
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        return torch.cuda.memory_allocated()
+        cuda = torch.cuda if cuda is None else cuda
+        cuda.synchronize()
+        return cuda.memory_allocated()
     return 0
 
 
-def peak_memory(fn: Callable[[], Any], device: str, held: int = 0) -> int | None:
+def peak_memory(fn: Callable[[], Any], device: str, held: int = 0, cuda: Any = None) -> int | None:
     """Bytes allocated at the peak of one call of ``fn`` (beyond what was live before),
     or ``held`` if more: what a compiled model keeps allocated between calls (a CUDA
     graph's memory pool is filled when it records, so its replays allocate nothing);
-    None when it cannot be measured here."""
+    None when it cannot be measured here. ``cuda``: the CUDA allocator's statistics
+    (``synchronize``, ``reset_peak_memory_stats``, ``memory_allocated``,
+    ``max_memory_allocated``), ``torch.cuda`` unless given: readings recorded on a real
+    GPU stand in for it on a machine without one (tests/test_cuda_facts.py)."""
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+        cuda = torch.cuda if cuda is None else cuda
+        cuda.synchronize()
+        cuda.reset_peak_memory_stats()
+        before = cuda.memory_allocated()
         for _ in range(3):
             fn()
-        torch.cuda.synchronize()
-        return max(torch.cuda.max_memory_allocated() - before, held)
+        cuda.synchronize()
+        return max(cuda.max_memory_allocated() - before, held)
     from .team import current
 
     if current() is not None:  # a rank: no profiler beside gloo's threads (worker.task)

@@ -20,6 +20,7 @@ from support.action_runner import (
     _bucket_keys,
 )
 from support.github_server import FakeGitHub
+from support.helpers import unchanged_passes
 
 
 def test_gate_flow_outputs_summary_sticky_comment_and_failures(
@@ -66,7 +67,11 @@ def test_gate_flow_outputs_summary_sticky_comment_and_failures(
     first = harness.pull_request({"store": store})
     assert first.outcome == "success", first.log
     assert "read-only: auto -> false" in first.step("gatekeeper").log
-    assert first.outputs["verdict"] in ("pass", "improved")
+    # stored mode compares two processes: under load an unchanged target may be
+    # undecided on timing alone, and only on a run the gate marked disturbed
+    (gated,) = json.loads(Path(first.outputs["report"]).with_suffix(".json").read_text())["targets"]
+    assert first.outputs["verdict"] == gated["verdict"], (first.outputs, gated)
+    assert gated["verdict"] == "improved" or unchanged_passes(gated), gated
     assert first.outputs["cache-hit"] == "true"
     report = Path(first.outputs["report"]).read_text()
     results = json.loads(Path(first.outputs["results"]).read_text())

@@ -279,9 +279,9 @@ def test_loosened_rules_do_not_judge_the_change_and_the_report_names_each(gated:
     changed = {c["field"]: (c["base"], c["pr"]) for c in t["rule_changes"]}
     assert changed == LOOSENED, changed
     for rule, (old, new) in LOOSENED.items():
-        assert f"{rule} {old:g} → {new:g}" if isinstance(old, float) else f"{rule} {old} → {new}"
+        # one list item per rule: "- `rule`: old → new (which targets)"
         shown = f"{old:g} → {new:g}" if isinstance(old, float) else f"{old} → {new}"
-        assert f"{rule}" in gated.markdown and shown in gated.markdown, (rule, gated.markdown)
+        assert f"- `{rule}`: {shown} (" in gated.markdown, (rule, gated.markdown)
 
 
 def test_an_unchanged_target_passes(gated: Gated):

@@ -6,13 +6,14 @@ unchanged pull request ``pass`` -> a pull request that makes rank 1 do more work
 a world size, a backend or a factory the machine cannot run as ranks is one line,
 exit 2.
 
-One project, compiled once for the module; every case reads or extends it.
+One project, compiled once for the module; every case works on its own copy of it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -57,11 +58,22 @@ def committed(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The three models compiled once, committed on main."""
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The three models compiled once, committed on main. Read only through
+    :func:`project`'s copies."""
     root = committed(tmp_path_factory.mktemp("distributed"))
     proc = gk("compile", "--json", cwd=root, env=QUIET)
     assert proc.returncode == 0, proc.stderr
+    return root
+
+
+@pytest.fixture
+def project(compiled: Path, tmp_path: Path) -> Path:
+    """A test's own copy of the compiled project (its git history, on main, and its
+    store): what one test checks out, writes or publishes no other test sees, so each
+    passes alone or in any order."""
+    root = tmp_path / "project"
+    shutil.copytree(compiled, root, symlinks=True)
     return root
 
 
@@ -166,7 +178,6 @@ def test_an_fsdp2_training_step_checks_on_both_ranks(project: Path) -> None:
 def test_each_rank_is_checked_against_its_own_stored_outputs(project: Path) -> None:
     """Stored mode: the baseline's reference file holds every rank's outputs, and each
     rank compares with its own (rank 1's are twice rank 0's here)."""
-    git(project, "checkout", "-q", "main")  # the baseline is main's, as check looks for
     (project / "ranked.toml").write_text(one_model("ranked", "{ world_size = 2 }"))
     for command in ("check", "baseline", "check"):
         proc = gk(command, "--config", "ranked.toml", cwd=project, env=QUIET)

@@ -6,6 +6,7 @@ runs `gatekeeper run` on a private copy of that project (store included), as CI 
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from support.projects import (
     CONFIG,
     QUIET,
     TARGET,
+    check_gate,
     measure_main_again,
     pr_version,
     run_gate,
@@ -105,6 +107,30 @@ def test_outputs_beyond_tolerance_fail_parity(project: Path):
     assert code == 1, err
     assert target_of(doc)["verdict"] == "parity-failed"
     assert "parity vs baseline" in " ".join(target_of(doc)["reasons"])
+
+
+def test_a_model_that_holds_more_memory_per_call_is_regressed_naming_memory(project: Path):
+    """The memory rule at its real defaults (this config sets no memory_regression: 5%,
+    with a floor of 256 KiB on CPU): each call also materialises a 4 MiB matmul (its
+    input repeated 64 times); the outputs stay the same."""
+    (project / "tinymodel.py").write_text(
+        pr_version("""
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            big = self.extra(h.repeat(64, 1))  # 4096 x 256 floats in and out: 4 MiB each
+            return self.fc2(h) + 0.0 * big[: h.shape[0]]
+    """)
+    )
+    assert "memory_regression" not in (project / "gatekeeper.toml").read_text()
+    code, doc, err = check_gate(project)
+    assert code == 1, err
+    t = target_of(doc)
+    assert t["verdict"] == "regressed", t
+    (memory,) = [r for r in t["reasons"] if r.startswith("peak memory ")]
+    assert memory.endswith("(threshold 5%)"), memory
+    before, after = (float(x) for x in re.findall(r"([\d.]+) MiB", memory))
+    assert after - before >= 4, memory  # at least the 4 MiB buffer the change holds
+    assert not any("parity" in r for r in t["reasons"]), t["reasons"]
 
 
 def test_reordered_float_work_passes_parity(project: Path):

@@ -9,7 +9,7 @@ Timings differ from run to run, so the comparison is of structure and verdicts: 
 targets, their verdicts and statuses, the overall verdict and exit code, the rows of the
 report's table (target and verdict columns), never a latency. Stored mode compares
 processes, and a loaded machine moves the tiny model's timing past even the wide
-thresholds, which the gate rightly calls a slowdown it cannot tell from drift: what is
+thresholds, which the gate calls undecided on a run it marks disturbed: what is
 compared is the verdict the gate reaches on everything else (:func:`settled`).
 """
 
@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support.helpers import gk, parity_only_config
+from support.helpers import TIMING_REASONS, gk, parity_only_config, unchanged_passes
 
 MODEL = textwrap.dedent("""
     import os
@@ -91,15 +91,13 @@ def table_rows(report_md: str) -> list[tuple[str, str]]:
     return rows
 
 
-TIMING = ("latency ", "speedup vs eager ")  # the timing rules' reasons
-
-
 def settled(t: dict) -> tuple[str, list[str]]:
     """A target's verdict and reasons less what timing left undecided: ``inconclusive``
-    on timing reasons alone (two processes on a loaded machine) is ``pass``. Any other
+    on a run marked disturbed, on timing reasons alone that name the disturbance (two
+    processes on a loaded machine: :func:`unchanged_passes`), is ``pass``. Any other
     verdict, and every other reason, stands as the gate gave it."""
-    reasons = [r for r in t["reasons"] if not r.startswith(TIMING)]
-    if t["verdict"] == "inconclusive" and not reasons:
+    reasons = [r for r in t["reasons"] if not r.startswith(TIMING_REASONS)]
+    if t["verdict"] == "inconclusive" and unchanged_passes(t):
         return "pass", reasons
     return t["verdict"], reasons
 

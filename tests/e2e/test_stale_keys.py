@@ -278,10 +278,11 @@ def test_key_hit_whose_graphs_all_miss_is_stale(project: Project, tmp_path: Path
 # -- compile --force replaces atomically --------------------------------------------------
 def test_force_replaces_atomically_under_a_concurrent_reader(project: Project, tmp_path: Path):
     (path,) = project.manifests()
-    old_archive = bundle.Manifest.model_validate_json(path.read_bytes()).archive.name
+    old = bundle.Manifest.model_validate_json(path.read_bytes())
+    old_archive = old.archive.name
     store = open_store(str(project.root / "store"), read_only=True)
     loc_prefix = path.parent.relative_to(project.root / "store").as_posix()
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()  # (manifest created_at, archive) read whole
     failures: list[str] = []
     reads = 0
     done = threading.Event()
@@ -298,7 +299,7 @@ def test_force_replaces_atomically_under_a_concurrent_reader(project: Project, t
                 archive = scratch / m.archive.name
                 store.download(f"{loc_prefix}/{m.archive.name}", archive, max_bytes=m.archive.size)
                 bundle.extract(scratch / m.archive.name, m, scratch / "staging")
-                seen.add(m.archive.name)
+                seen.add((m.created_at, m.archive.name))
                 reads += 1
             except Exception as e:  # any failure is the finding
                 failures.append(f"{type(e).__name__}: {e}")
@@ -307,17 +308,25 @@ def test_force_replaces_atomically_under_a_concurrent_reader(project: Project, t
     thread.start()
     try:
         (entry,) = project.json("compile", "--force")["targets"]
-        time.sleep(0.5)
+        new = bundle.Manifest.model_validate_json(path.read_bytes())
+        deadline = time.monotonic() + 30  # the reader reads the new bundle too, whole
+        while (new.created_at, new.archive.name) not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         done.set()
         thread.join(timeout=60)
     assert entry["status"] == "replaced", entry
     assert failures == []
-    new_archive = bundle.Manifest.model_validate_json(path.read_bytes()).archive.name
+    # whatever inductor's bytes (an identical output keeps the archive's name), the
+    # manifest is new (its created_at), and the reader read the old bundle and then the
+    # new one, each verified and extracted whole, with no failure in between
+    assert new.created_at != old.created_at, (old.created_at, new.created_at)
+    assert (old.created_at, old_archive) in seen, seen
+    assert (new.created_at, new.archive.name) in seen, seen
+    assert reads > 1, reads
+    new_archive = new.archive.name
     archives = sorted(p.name for p in path.parent.glob("bundle-*.tar.zst"))
-    if new_archive != old_archive:  # inductor's output may be byte-identical: same name
-        assert archives == sorted([old_archive, new_archive])
-        assert new_archive in seen and reads > 1
+    assert archives == sorted({old_archive, new_archive}), archives
     # the old archive is left for prune, which treats it as an orphan after the grace
     writable = open_store(str(project.root / "store"))
     assert prune(writable, keep=None, older_than_days=None) == []

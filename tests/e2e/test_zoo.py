@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -139,3 +140,13 @@ def test_scaling_one_layers_attention_fails_parity_naming_its_cache_leaf(zoo):
     detail = parity["vs_baseline"]["detail"]
     assert ".layers[1].values" in detail and ".layers[0]" not in detail, detail
     assert ".layers[1].keys" not in detail, detail  # the keys were not touched
+
+
+def test_the_readme_names_the_families_ci_runs():
+    """The README's zoo table is benchmarks/zoo.py's; what it says CI runs is what this
+    file's config holds, no more and no less."""
+    readme = (ROOT / "README.md").read_text()
+    said = re.search(r"CI runs \w+ of the families,\s+([\w,\s]+?)\s+\(", readme)
+    assert said, "the README no longer says which zoo families CI runs"
+    named = set(re.split(r",\s*|\s+and\s+", said.group(1)))
+    assert named == set(re.findall(r'^name = "([\w-]+)"', CONFIG, re.M)), named

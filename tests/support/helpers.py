@@ -162,3 +162,20 @@ def hash_pins(path: Path) -> dict[str, tuple[str, list[str]]]:
         assert m, f"not a hash-pinned requirement: {line!r}"
         pins[canonicalize_name(m[1])] = (m[2], re.findall(r"[0-9a-f]{64}", m[3]))
     return pins
+
+
+TIMING_REASONS = ("latency ", "speedup vs eager ")  # the timing rules' reasons
+
+
+def unchanged_passes(t: dict) -> bool:
+    """An unchanged target's gate verdict (a report.json target) is right: ``pass``; or
+    ``inconclusive`` only where the run marked itself disturbed (other processes used
+    the CPU while it was timed: ``disturbed`` set) and every reason is a timing rule's
+    that names that disturbance. An unchanged target that is inconclusive on a quiet
+    run, or for any other reason, is a finding."""
+    if t["verdict"] == "pass":
+        return True
+    timing = bool(t["reasons"]) and all(
+        r.startswith(TIMING_REASONS) and "the run was disturbed" in r for r in t["reasons"]
+    )
+    return t["verdict"] == "inconclusive" and bool(t.get("disturbed")) and timing

@@ -161,15 +161,50 @@ INPUTS = Inputs((torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_se
 EXACT = TOL.model_copy(update={"atol": 1e-7, "rtol": 1e-7})
 
 
+def rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).square().mean().sqrt().item()
+
+
+def rounded_to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """The test's own TF32, independent of the emulator under test: each float32 value
+    rounded to 11 significant bits (TF32's implicit 1 and 10-bit mantissa), round half
+    to even, by plain arithmetic on the mantissa (frexp: ``t = m * 2**e``, 0.5 <= |m| < 1)."""
+    m, e = torch.frexp(t.double())
+    return torch.ldexp(torch.round(m * 2.0**11) / 2.0**11, e)  # torch.round: half to even
+
+
+class Tf32Conv(torch.nn.Module):
+    """A convolution as a TF32 tensor core computes it: operands rounded to TF32, products
+    and sums in fp64 (wider than the kernel's fp32 accumulator), the result in float32."""
+
+    def __init__(self, conv: torch.nn.Conv2d) -> None:
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x):
+        c = self.conv
+        w, b = rounded_to_tf32(c.weight), c.bias.double()
+        y = torch.nn.functional.conv2d(rounded_to_tf32(x), w, b, c.stride, c.padding)
+        return y.float()
+
+
 def compiled_like(model, tf32: bool):
     """What a compiled model returns: its own layout (channels-last, as inductor lays
-    out convolutions) and summation order, with TF32 convolutions or without."""
+    out convolutions) and summation order, with TF32 convolutions (the test's own,
+    :class:`Tf32Conv`) or without."""
     m = copy.deepcopy(model).to(memory_format=torch.channels_last)
     img = INPUTS.args[0].contiguous(memory_format=torch.channels_last)
     if tf32:
-        return tf32_eager(m, Inputs((img,)), conv=True, matmul=False)
+        m.stem = Tf32Conv(m.stem)
+        m.convs = torch.nn.ModuleList(Tf32Conv(c) for c in m.convs)
     with torch.no_grad():
         return Outputs.of(m(img))
+
+
+def test_the_tests_own_tf32_rounds_half_to_even_to_ten_mantissa_bits():
+    ulp = 2.0**-10
+    x = torch.tensor([1 + ulp / 2, 1 + 1.5 * ulp, 1 + 0.49 * ulp, -(1 + 0.51 * ulp), 3.0])
+    assert rounded_to_tf32(x).tolist() == [1.0, 1 + 2 * ulp, 1.0, -(1 + ulp), 3.0]
 
 
 def planted(model, **change):
@@ -207,6 +242,11 @@ def test_where_the_compiled_kernels_keep_tf32_eagers_own_error_is_taken_at_tf32(
         compiled_like(planted(model, act=torch.nn.ReLU), True), eager, ref64, EXACT, at_tf32
     )
     assert not failed["passed"], failed
+    # the emulator's rounding to nearest is the test's own TF32: the same error, within 10%
+    ((leaf, c),) = compiled.leaves.items()
+    (near,) = tf32_eager(model, INPUTS, conv=True, matmul=False, nearest=True).leaves.values()
+    own, emulated = rmse(c, ref64[leaf]), rmse(near, ref64[leaf])
+    assert abs(emulated / own - 1) < 0.1, (emulated, own)
 
 
 def test_on_cpu_nothing_changes_the_ladder():
