@@ -360,6 +360,9 @@ class MeasureConfig(_Strict):
     # at 0% on a shared 2-core runner (docs/statistics.md, "Paired and stored, 10 s of
     # timed rounds"); `run` doubles it for a borderline target
     min_time: float = Field(10.0, gt=0)
+    # paired: rounds go on past min_time while they cannot decide, up to this (None:
+    # 3 x min_time; gatekeeper.worker.timing.time_limit)
+    max_time: float | None = Field(None, gt=0)
     max_samples: int = Field(400, ge=5)
     timeout: float = Field(1800, gt=0)  # per target subprocess, seconds
     # after the first compile, run every shape set of the model in the same process and

@@ -228,6 +228,11 @@ def measure(
         if paired is not None and base is not None
         else None,
         trace_out=str(check.trace),
+        # paired: the base's rules judge the change (gate.governing); the rounds go on
+        # while they cannot decide it
+        decide_at=base.config.gate_for(base.target.model).latency_regression
+        if paired is not None and base is not None
+        else None,
         # a package serves the shape it was built for (a dynamic one: all of them)
         sweep=config.measure.shape_sweep and kind.sweeps,
         load=head.package(),

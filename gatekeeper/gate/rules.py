@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from .. import units
 from ..config import GateConfig
 from ..results import Baseline, GraphBreak, Graphs, TargetResult, Work
-from . import stats
+from . import rounds, stats
 from .drift import disturbance
 from .governing import definition_changes, governing, notes, rule_changes
 from .timing import gate_runs, name_rank, timing
@@ -292,6 +292,9 @@ def _gate_paired(
         result.latency.samples["compiled"],
         paired=True,
         threshold=rules.latency_regression,
+    )
+    v.detectable = rounds.paired_detectable_change(
+        pair.samples, result.latency.samples["compiled"], threshold=rules.latency_regression
     )
     timing(v, found, "latency", comp)
     name_rank(v, result)

@@ -158,6 +158,9 @@ class MeasureRequest(Build):
     sweep: bool = True  # run every shape set of the model and count recompiles
     load: PackageRef | None = None
     paired_base: BaseSide | None = None  # paired: the base commit's target
+    # paired: the latency threshold that judges it (the base's rules); the timed rounds
+    # go on past min_time while their interval straddles it (MeasureConfig.max_time)
+    decide_at: float | None = None
 
     def for_base(self) -> MeasureRequest:
         """Paired: the same request for the base commit's target (its task, precision
