@@ -33,6 +33,7 @@ from .counters import (
     reset_inductor_metrics,
 )
 from .graphs import graph_breaks
+from .memory import footprint
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
 from .protocol import Build, CompileRequest, MeasureRequest, ProbeRequest, Response
@@ -146,7 +147,7 @@ def measure_train(req: MeasureRequest) -> Response:
         counters=cache,
         graphs=graphs,
         parity=parity,
-        memory=memory,
+        memory=footprint(memory, model, device),
         latency=lat,
         cpu_samples=lat.pop("cpu", None),
         paired=paired,

@@ -41,6 +41,18 @@ def test_paired_eager_runs_on_weights_of_its_own():
     assert torch.equal(eager(x), head(x))
 
 
+def test_paired_eager_runs_on_the_heads_own_weights_when_they_outgrow_the_cache():
+    """A copy for eager was a whole model's bytes more (a 1B fp32 model: 4.4 GB), for a
+    reason, cache warmth, that holds only for weights the caches can hold. Weights past
+    twice the last-level cache run eager on the head's own; the machine's own cache
+    size keeps a tiny model copied. Fails on the old eager_model, which always copied."""
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))  # 17 KiB
+    assert eager_model(head, paired=True, cache=4 << 10) is head
+    assert eager_model(head, paired=True, cache=16 << 10) is not head
+    assert eager_model(head, paired=True) is not head  # this machine's cache: MiBs
+
+
 def test_unpaired_eager_is_the_model_itself():
     """Alone, eager and compiled share the model: nothing to favour, no copy to hold."""
     head = nn.Linear(4, 4)
@@ -382,3 +394,21 @@ def test_paired_rounds_go_on_past_min_time_while_the_interval_straddles_the_thre
         assert compare(b, h, paired=True, threshold=0.05).verdict == "regressed"
     without = latency(lambda: None, head, "cpu", budget, base=base)  # no threshold: min_time
     assert len(without["samples"]["base"]) <= at_min_time
+
+
+def test_the_regional_kinds_compiled_copy_shares_the_models_weights():
+    """A regional target compiles its blocks in place on a copy, so that eager stays
+    eager: a deep copy held the weights twice. The copy's modules are its own (a block
+    compiled there leaves the model's eager) and its weights the model's."""
+    from gatekeeper.worker.kinds.regional import shared_copy
+
+    model = _Tied()
+    twin = shared_copy(model)
+    assert twin.mid is not model.mid and twin.head.weight is twin.emb.weight
+    assert {id(t) for t in [*twin.parameters(), *twin.buffers()]} == {
+        id(t) for t in [*model.parameters(), *model.buffers()]
+    }
+    twin.mid.compile(backend="eager")
+    assert model.mid._compiled_call_impl is None and twin.mid._compiled_call_impl is not None
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(twin(ids), model(ids))
