@@ -17,6 +17,7 @@ from .counters import record_inductor_metrics
 from .deps import watching_cache
 from .kinds import Job, Refused, builder, package_half
 from .model import build_recorded
+from .plan import fits
 from .protocol import CompileRequest, DepsRequest, ProbeRequest, Response
 from .task import check_precision, shape_sweep, under_autocast
 from .timing import first_call
@@ -112,6 +113,8 @@ def _first_calls(
 
         return resp.model_copy(update={"megacache_load_seconds": megacache_load}), run_step
     model, inputs, found = build_recorded(req.model, req.shapes, req.base_path, req.device)
+    if isinstance(req, CompileRequest):
+        fits(model, req)
     check_precision(req.device, req.precision)
     imports = import_inductor()
     kind = builder(req)

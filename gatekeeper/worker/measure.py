@@ -31,6 +31,7 @@ from .kinds import Builder, Job, Refused, builder
 from .memory import allocated, footprint, last_level_cache
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
+from .plan import fits
 from .protocol import MeasureRequest, Response
 from .task import (
     autocast,
@@ -145,6 +146,7 @@ def measure(req: MeasureRequest) -> Response:
     tol = parity_tolerance(req.parity, req.precision)
     check_precision(device, req.precision)
     model, inputs, deps = build_recorded(req.model, req.shapes, req.base_path, device)
+    fits(model, req, paired=req.paired_base is not None)
     head = _Side(req, model, inputs, deps)
     base_req = req.for_base() if req.paired_base is not None else None
     # the precision's autocast around every forward (none for fp32); fp64 runs without
