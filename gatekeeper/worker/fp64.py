@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["COPY_LIMIT", "in_float64", "weight_bytes"]
+__all__ = ["COPY_LIMIT", "in_float64", "plain", "weight_bytes"]
 
 #: a model whose forward cannot run module by module in float64 is copied whole up to
 #: this many bytes of weights (beyond, its RMSE rung is skipped, never a big copy)
@@ -36,15 +36,25 @@ def weight_bytes(model: object) -> int:
     total = 0
     for t in [*model.parameters(), *model.buffers()]:
         data = t.data if isinstance(t, nn.Parameter) else t
+        data = getattr(data, "_local_tensor", data)  # a DTensor: this rank's shard
         try:
             key = (data.untyped_storage().data_ptr(), int(data.storage_offset()))
-        except (RuntimeError, NotImplementedError):  # a subclass without storage here
+        except Exception:  # a subclass without a storage of its own here
             key = (id(t), 0)
         if key in seen:
             continue
         seen.add(key)
         total += data.numel() * data.element_size()
     return total
+
+
+def plain(model: nn.Module) -> bool:
+    """Whether every parameter and buffer is a plain tensor (not a DTensor or another
+    subclass, whose dtype a module-by-module cast would go behind the back of)."""
+    return all(
+        type(t.data if isinstance(t, nn.Parameter) else t) is torch.Tensor
+        for t in [*model.parameters(), *model.buffers()]
+    )
 
 
 def _runs(module: nn.Module) -> bool:

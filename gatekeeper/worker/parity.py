@@ -29,7 +29,7 @@ import torch
 from ..config import ParityTolerance
 from ..errors import first_line
 from .calls import Inputs, entry
-from .fp64 import COPY_LIMIT, in_float64, weight_bytes
+from .fp64 import COPY_LIMIT, in_float64, plain, weight_bytes
 from .outputs import Outputs, UnreadableOutput
 from .tf32 import accuracy_settings, precise, tf32_eager, tf32_in_force
 
@@ -127,9 +127,11 @@ def fp64_reference(model: Any, inputs: Inputs, call: str | None = None) -> Outpu
     copied whole only while small (``COPY_LIMIT``)."""
     if not isinstance(model, torch.nn.Module):
         return _in_fp64(model, inputs, call)
-    with in_float64(model):
-        out = _in_fp64(model, inputs, call)
-    if out is None and weight_bytes(model) <= COPY_LIMIT:
+    out = None
+    if plain(model):  # a sharded model's (DTensor) weights: the copy, as it always had
+        with in_float64(model):
+            out = _in_fp64(model, inputs, call)
+    if out is None and (weight_bytes(model) <= COPY_LIMIT or not plain(model)):
         try:
             return _in_fp64(copy.deepcopy(model).double(), inputs, call)
         except Exception:  # FSDP2 refuses a deep copy: the RMSE test is skipped
