@@ -25,7 +25,7 @@ from pathlib import Path
 from . import __version__, bundle, distributed, kinds
 from .bundle import signing_key
 from .config import Config
-from .errors import BundleError, ObjectTooLarge, StoreError
+from .errors import BundleError, ObjectTooLarge, StoreError, WontFit
 from .key import CacheKey, Match, check_location, find_bundle, refuse_unrunnable, target_key
 from .progress import Progress
 from .provenance import creator
@@ -228,6 +228,8 @@ def compile_target(
             label=target.id,
         )
         result.export = resp.export
+        if not resp.ok and resp.kind == "memory":  # refused before any compile
+            raise WontFit(f"{target.id}: {resp.error}")
         if not resp.ok and resp.kind in ("export", "unavailable"):  # a result, not an error
             result.status = "not-exportable" if resp.kind == "export" else "unavailable"
             result.error = resp.error

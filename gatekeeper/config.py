@@ -377,6 +377,9 @@ class MeasureConfig(_Strict):
     # seconds of timed rounds per target: 10 s gave the paired gate 60/60 at 10% and 0/60 at
     # 0% on a shared 2-core runner (docs/statistics.md); `run` doubles it when borderline
     min_time: float = Field(10.0, gt=0)
+    # paired: rounds go on past min_time while they cannot decide, up to this (None:
+    # 3 x min_time; gatekeeper.worker.timing.time_limit)
+    max_time: float | None = Field(None, gt=0)
     max_samples: int = Field(400, ge=5)
     timeout: float = Field(1800, gt=0)  # per target subprocess, seconds
     # run every shape set after the first compile, counting recompiles (gate.recompiles)

@@ -64,3 +64,8 @@ class BundleError(GatekeeperError):
 
 class WorkerError(GatekeeperError):
     """A compile or measure subprocess failed."""
+
+
+class WontFit(GatekeeperError):
+    """A target will not fit in the memory given: refused before any compile, naming
+    the estimate and the ways out (gatekeeper.worker.plan)."""

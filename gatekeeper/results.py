@@ -188,6 +188,12 @@ class Memory(_Doc):
     kind: Literal["cuda", "cpu", "rss"]
     eager_peak_bytes: int | None = None
     compiled_peak_bytes: int | None = None
+    # the model's parameters and buffers (each storage once), and the worker's own peak
+    # (CUDA: the allocator's; CPU: the resident set, torch's libraries included) as a
+    # multiple of them: what gatekeeper holds besides the weights (paired: base and head)
+    weight_bytes: int | None = None
+    process_peak_bytes: int | None = None
+    peak_x_weights: float | None = None
 
 
 class Work(_Doc):

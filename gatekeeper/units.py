@@ -64,6 +64,24 @@ def size(n: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A size as people write it, in bytes: ``123456``, ``512KiB``, ``1.5 GiB``,
+    ``12G`` (binary units; ``GB`` is read as ``GiB``); ValueError for anything else."""
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1:] if t[-1:] in _SCALE else ""
+    number = t[: len(t) - len(unit)].strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"expected a size such as 12GiB or 500MiB, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"expected a positive size such as 12GiB, got {text!r}")
+    return int(value * _SCALE[unit])
+
+
 def mib(n: float | None) -> str:
     """Bytes as MiB, one decimal, no unit (for a column whose header says MiB)."""
     return DASH if n is None else f"{n / 2**20:.1f}"

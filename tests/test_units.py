@@ -113,3 +113,13 @@ def test_chart_units_follow_the_largest_value():
     assert units.bytes_unit([1024]) == ("KiB", 1024.0)
     assert units.bytes_unit([5 * 2**20, 10]) == ("MiB", 2.0**20)
     assert units.bytes_unit([]) == ("B", 1.0)
+
+
+def test_parse_size_reads_sizes_as_people_write_them():
+    assert units.parse_size("123456") == 123456
+    assert units.parse_size("512KiB") == 512 << 10
+    assert units.parse_size("1.5 GiB") == 3 << 29
+    assert units.parse_size("12G") == units.parse_size("12GB") == 12 << 30
+    for bad in ("lots", "", "-1GiB", "0", "nan"):
+        with pytest.raises(ValueError):
+            units.parse_size(bad)

@@ -23,7 +23,7 @@ from typing import Any
 from .. import kinds
 from ..bundle import now_iso, signing_key
 from ..config import Config, ParityTolerance
-from ..errors import StoreError
+from ..errors import StoreError, WontFit
 from ..gate.governing import INPUT_FIELDS, governing
 from ..hashing import sha256_bytes
 from ..key import CacheKey, target_key
@@ -135,6 +135,8 @@ def check_target(
         rules = config.gate_for(target.model)
         tolerance = governing(rules, recorded, baseline).rules.parity
         resp = measure(check, tolerance, base_reference, paired, Path(tmp, "cache"))
+    if not resp.ok and resp.kind == "memory":  # refused before any compile
+        raise WontFit(f"{target.id}: {resp.error}")
     if resp.ok:
         check.verdicts = verify(check, store, resp)
     return assemble(check, resp, paired)
@@ -228,6 +230,11 @@ def measure(
         if paired is not None and base is not None
         else None,
         trace_out=str(check.trace),
+        # paired: the base's rules judge the change (gate.governing); the rounds go on
+        # while they cannot decide it
+        decide_at=base.config.gate_for(base.target.model).latency_regression
+        if paired is not None and base is not None
+        else None,
         # a package serves the shape it was built for (a dynamic one: all of them)
         sweep=config.measure.shape_sweep and kind.sweeps,
         load=head.package(),

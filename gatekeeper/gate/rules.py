@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from .. import metrics, units
 from ..config import GateConfig
 from ..results import Baseline, GraphBreak, Graphs, TargetResult
-from . import quantized, stats
+from . import quantized, rounds, stats
 from .drift import disturbance
 from .governing import definition_changes, governing, notes, rule_changes
 from .timing import gate_runs, name_rank, timing
@@ -330,6 +330,9 @@ def _gate_paired(
         result.latency.samples["compiled"],
         paired=True,
         threshold=metrics.get("latency").setting(rules) or 0.0,
+    )
+    v.detectable = rounds.paired_detectable_change(
+        pair.samples, result.latency.samples["compiled"], threshold=rules.latency_regression
     )
     timing(v, found, "latency", comp)
     name_rank(v, result)

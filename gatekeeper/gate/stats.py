@@ -218,6 +218,7 @@ def decide(
     *,
     threshold: float,
     alpha: float = 0.05,
+    interval_decides: bool = False,
 ) -> tuple[Decision, bool]:
     """The gate's decision rule; returns ``(verdict, significant)``.
 
@@ -230,7 +231,9 @@ def decide(
       interval lies beyond the threshold); **improved** is the mirror below ``L``.
     - **borderline** (re-measure before failing): the point estimate is beyond the
       threshold but that is not shown, or the change is significant and its interval
-      straddles the threshold.
+      straddles the threshold; with ``interval_decides`` (the paired comparison, whose
+      interval is the measurement's own), also any interval that reaches past the
+      upper threshold: a slowdown it does not rule out is not ``unchanged``.
     - **unchanged**: everything else.
     """
     threshold = float(threshold)
@@ -246,7 +249,13 @@ def decide(
         verdict: Decision = "regressed"
     elif faster and ratio < lower and ci_hi < lower:
         verdict = "improved"
-    elif ratio > upper or ratio < lower or (slower and ci_hi > upper) or (faster and ci_lo < lower):
+    elif (
+        ratio > upper
+        or ratio < lower
+        or (slower and ci_hi > upper)
+        or (faster and ci_lo < lower)
+        or (interval_decides and ci_hi > upper)
+    ):
         verdict = "borderline"
     else:
         verdict = "unchanged"
@@ -267,9 +276,16 @@ def _comparison(
     test: str,
     unit: Unit,
 ) -> Comparison:
-    """A Comparison with the verdict of :func:`decide`."""
+    """A Comparison with the verdict of :func:`decide` (a paired one's interval decides)."""
     verdict, significant = decide(
-        ratio, lo, hi, p_slower, p_faster, threshold=threshold, alpha=alpha
+        ratio,
+        lo,
+        hi,
+        p_slower,
+        p_faster,
+        threshold=threshold,
+        alpha=alpha,
+        interval_decides=paired,
     )
     return Comparison(
         ratio=ratio,
@@ -340,13 +356,13 @@ def compare(
     sample-level test blames on the PR (see the module docstring; use
     :func:`compare_runs`).
     """
-    b = _samples(base, "base")
-    p = _samples(pr, "pr")
     if not paired:
         raise ValueError(
             "unpaired samples from two processes cannot be compared sample by "
             "sample (drift between processes); use compare_runs"
         )
+    b = _samples(base, "base")
+    p = _samples(pr, "pr")
     if b.size != p.size:
         raise ValueError(f"paired samples need equal lengths, got base={b.size} and pr={p.size}")
     if b.size < 2:

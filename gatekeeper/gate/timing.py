@@ -105,9 +105,13 @@ def timing(v: TargetVerdict, found: set[Verdict], name: str, comp: stats.Compari
         return
     if comp.verdict == "borderline":
         v.borderline = True
-    # a disturbed run vouches only for a change whose whole interval is within bounds
-    unsure = comp.ratio > limit or (
-        v.disturbed is not None and (comp.ci_hi > limit or comp.ratio < 1.0 - comp.threshold)
+    # a disturbed run vouches only for a change whose whole interval is within bounds;
+    # a paired one only for a slowdown its interval rules out
+    reaches = comp.ci_hi > limit and (comp.paired or v.disturbed is not None)
+    unsure = (
+        comp.ratio > limit
+        or reaches
+        or (v.disturbed is not None and comp.ratio < 1.0 - comp.threshold)
     )
     if unsure:
         found.add("inconclusive")
@@ -115,10 +119,12 @@ def timing(v: TargetVerdict, found: set[Verdict], name: str, comp: stats.Compari
             f", the smallest slowdown it can tell is {v.detectable:.0%}" if v.detectable else ""
         )
         why = "the run was disturbed" if v.disturbed else "this run cannot tell it from drift"
+        if comp.paired and not v.disturbed:
+            why = f"{comp.n_pr} rounds do not decide it"
         v.reasons.append(
             f"{name} {comp.delta:+.1%} (CI {comp.ci_lo - 1:+.1%}.."
-            f"{comp.ci_hi - 1:+.1%}) is past the {comp.threshold:.0%} threshold "
-            f"but {why}{detect}: " + how_to_decide(v)
+            f"{comp.ci_hi - 1:+.1%}) {'is' if comp.ratio > limit else 'reaches'} past the "
+            f"{comp.threshold:.0%} threshold but {why}{detect}: " + how_to_decide(v)
         )
     elif comp.verdict in ("borderline", "improved", "regressed"):
         v.notes.append(
@@ -131,7 +137,7 @@ def how_to_decide(v: TargetVerdict) -> str:
     if v.disturbed:
         return "measure again on a quiet runner (one measurement per runner at a time)"
     if v.mode == "paired":
-        return "measure again, or raise measure.min_time for more rounds"
+        return "measure again, or raise measure.max_time for more rounds"
     return (
         "pair with the base commit (--mode paired; the Action fetches it) or publish "
         "more baseline runs"

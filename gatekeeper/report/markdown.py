@@ -102,8 +102,12 @@ def _latency_cell(row: GateRow) -> str:
         delta = units.change(comp.delta)
         if comp.verdict == "regressed":
             delta = f"**{delta}**"
-        sig = units.p_value(comp.p_value) if comp.significant else "n.s."
-        cell += f", {delta} ({sig}{', paired' if comp.paired else ''})"
+        if comp.paired:  # the estimate the verdict read, its interval and its rounds
+            interval = f"[{units.change(comp.ci_lo - 1)}, {units.change(comp.ci_hi - 1)}]"
+            cell += f", {delta} {interval}, {comp.n_pr} rounds"
+        else:
+            sig = units.p_value(comp.p_value) if comp.significant else "n.s."
+            cell += f", {delta} ({sig})"
     trend = _trend(row)
     if trend:
         cell += f" {md_code(trend, table=True)}"
@@ -457,7 +461,9 @@ def _table_notes(report: GateReport, rows: list[GateRow]) -> list[str]:
         )
     if any(r.verdict.latency and r.verdict.latency.paired for r in rows):
         notes.append(
-            "paired: Δ is the base commit against this change, timed round by round in one process."
+            "paired: Δ is the base commit against this change, timed round by round in one "
+            "process: the geometric mean of the rounds' ratios, with its 95% interval "
+            "(it can differ from the ratio of the p50s)."
         )
     if any(from_baseline(r) for r in rows):
         notes.append(

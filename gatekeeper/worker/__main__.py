@@ -111,6 +111,28 @@ def describe(e: BaseException, base_dir: Path) -> str:
     return first_line(e) + (f" (at {at})" if at else "")
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """Python's MemoryError, torch's OutOfMemoryError (a GPU's), or the CPU allocator's
+    refusal (a RuntimeError from ``alloc_cpu``)."""
+    torch = sys.modules.get("torch")
+    if isinstance(e, MemoryError) or (torch and isinstance(e, torch.OutOfMemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+
+
+def failed(e: Exception, base_dir: Path) -> Response:
+    """The response for what the work raised: a target the plan refused
+    (:mod:`gatekeeper.worker.plan`), an out-of-memory naming the step it happened in,
+    else the model's own failure and where."""
+    if type(e).__name__ == "WontFit":
+        return Response.failure("memory", str(e))
+    if out_of_memory(e):
+        return Response.failure(
+            "compile", f"out of memory in {steps.current() or 'the worker'}: {first_line(e, 300)}"
+        )
+    return Response.failure("compile", describe(e, base_dir))
+
+
 def main(argv: list[str]) -> int:
     request_path, response_path = Path(argv[0]), Path(argv[1])
     # a worker killed by a signal leaves its step (and, from faulthandler, the Python
@@ -138,7 +160,7 @@ def main(argv: list[str]) -> int:
         resp = Response.failure("config", str(e))
     except Exception as e:  # the model's own failure: report it, let other targets run
         traceback.print_exc(file=sys.stderr)
-        resp = Response.failure("compile", describe(e, req.base_path))
+        resp = failed(e, req.base_path)
     response_path.write_text(resp.model_dump_json())
     if req.model.distributed is None:
         return 0

@@ -17,6 +17,7 @@ from .counters import record_inductor_metrics
 from .deps import watching_cache
 from .kinds import Job, Refused, builder, package_half
 from .model import build_recorded
+from .plan import fits
 from .protocol import CompileRequest, DepsRequest, ProbeRequest, Response
 from .task import check_precision, shape_sweep, under_autocast
 from .timing import first_call
@@ -116,6 +117,8 @@ def _first_calls(
     model, inputs, found = build_recorded(
         req.model, req.shapes, req.base_path, req.device, req.quantize
     )
+    if isinstance(req, CompileRequest):
+        fits(model, req)
     check_precision(req.device, req.precision)
     imports = import_inductor()
     kind = builder(req)

@@ -26,10 +26,12 @@ from .counters import (
     record_inductor_metrics,
     reset_inductor_metrics,
 )
+from .fp64 import weight_bytes
 from .kinds import Builder, Job, Refused, builder
-from .memory import allocated
+from .memory import allocated, footprint, last_level_cache
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
+from .plan import fits
 from .protocol import MeasureRequest, Response
 from .task import (
     autocast,
@@ -44,18 +46,31 @@ from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
 
 
-def eager_model(model: torch.nn.Module, paired: bool) -> torch.nn.Module:
-    """The module eager calls run on. Paired, a copy of the head's: eager runs in every
-    round right after base and head, so on the head's own weights it would leave them
-    hot in the CPU's caches for the head alone, and an identical head would read faster
-    than its base (2-7% on a 20-layer MLP, 1 or 2 threads: docs/gate.md). On a copy of
-    its own neither side is favoured."""
+def eager_model(model: torch.nn.Module, paired: bool, cache: int | None = None) -> torch.nn.Module:
+    """The module eager calls run on. Paired, a copy of the head's while its weights fit
+    in twice the device's last-level cache (``cache``: its bytes, else
+    :func:`~gatekeeper.worker.memory.last_level_cache`): eager runs in every round right
+    after base and head, so on the head's own weights it would leave them hot in the
+    caches for the head alone, and an identical head would read faster than its base
+    (2-7% on a 20-layer MLP of 5 MiB, 1 or 2 threads: docs/gate.md). On a copy of its
+    own neither side is favoured. Weights larger than that leave nothing of the start of
+    the model in the cache by the next call: eager runs on the head's own, and the copy
+    (a whole model's bytes) is not held."""
     if not paired:
+        return model
+    limit = 2 * (cache if cache is not None else last_level_cache(next_device(model)))
+    if weight_bytes(model) > limit:
         return model
     try:
         return copy.deepcopy(model)
     except Exception:  # FSDP2 refuses a deep copy: eager then runs on the head's own
         return model
+
+
+def next_device(model: torch.nn.Module) -> str:
+    """The device of the model's first parameter or buffer ("cpu" without any)."""
+    t = next(iter([*model.parameters(), *model.buffers()]), None)
+    return str(t.device) if t is not None else "cpu"
 
 
 def same_placement(first: object, second: object) -> None:
@@ -133,6 +148,7 @@ def measure(req: MeasureRequest) -> Response:
     model, inputs, deps = build_recorded(
         req.model, req.shapes, req.base_path, device, req.quantize, judged=True
     )
+    fits(model, req, paired=req.paired_base is not None)
     head = _Side(req, model, inputs, deps)
     base_req = req.for_base() if req.paired_base is not None else None
     # the precision's autocast around every forward (none for fp32); fp64 runs without
@@ -256,7 +272,7 @@ def _measured(
         graphs=head.graphs,
         parity=parity,
         outputs=cand.summary(),
-        memory=memory,
+        memory=footprint(memory, head.model, device),
         latency=lat,
         cpu_samples=lat.pop("cpu", None),
         paired=paired,

@@ -11,9 +11,29 @@ order, their running sum peaks at the most bytes the call held at once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+
+#: the last-level cache assumed where the machine does not say
+DEFAULT_CACHE = 32 << 20
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def last_level_cache(device: str) -> int:
+    """Bytes of the device's last-level cache: a GPU's L2, the CPU's largest cache as
+    Linux lists it (``/sys/devices/system/cpu/cpu0/cache``), else DEFAULT_CACHE."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.get_device_properties(device).L2_cache_size) or DEFAULT_CACHE
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip()
+        try:
+            sizes.append(int(text[:-1]) * _UNITS[text[-1]] if text[-1] in _UNITS else int(text))
+        except (ValueError, IndexError):
+            continue
+    return max(sizes, default=DEFAULT_CACHE)
 
 
 def allocated(device: str, cuda: Any = None) -> int:
@@ -24,6 +44,34 @@ def allocated(device: str, cuda: Any = None) -> int:
         cuda.synchronize()
         return cuda.memory_allocated()
     return 0
+
+
+_cuda_high = [0]  # the CUDA allocator's peak before peak_memory last reset it
+
+
+def process_peak(device: str) -> int | None:
+    """The most bytes this process has held: the CUDA allocator's peak on a GPU (over
+    every reset :func:`peak_memory` made), else the peak resident set (torch's own
+    libraries and compiled code included)."""
+    if device.startswith("cuda"):
+        return max(_cuda_high[0], int(torch.cuda.max_memory_allocated()))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
+def footprint(memory: dict, model: object, device: str) -> dict:
+    """``memory`` with the process's peak as a multiple of the model's weight bytes
+    (parameters and buffers, :func:`gatekeeper.worker.fp64.weight_bytes`)."""
+    from .fp64 import weight_bytes
+
+    weights, peak = weight_bytes(model), process_peak(device)
+    return {
+        **memory,
+        "weight_bytes": weights or None,
+        "process_peak_bytes": peak,
+        "peak_x_weights": round(peak / weights, 3) if weights and peak else None,
+    }
 
 
 def peak_memory(fn: Callable[[], Any], device: str, held: int = 0, cuda: Any = None) -> int | None:
@@ -37,6 +85,7 @@ def peak_memory(fn: Callable[[], Any], device: str, held: int = 0, cuda: Any = N
     if device.startswith("cuda"):
         cuda = torch.cuda if cuda is None else cuda
         cuda.synchronize()
+        _cuda_high[0] = max(_cuda_high[0], int(cuda.max_memory_allocated()))
         cuda.reset_peak_memory_stats()
         before = cuda.memory_allocated()
         for _ in range(3):

@@ -29,6 +29,7 @@ import torch
 from ..config import ParityTolerance
 from ..errors import first_line
 from .calls import Inputs, entry
+from .fp64 import COPY_LIMIT, in_float64, plain, weight_bytes
 from .outputs import Outputs, UnreadableOutput
 from .tf32 import accuracy_settings, precise, tf32_eager, tf32_in_force
 
@@ -120,11 +121,28 @@ def read_reference(path: str) -> tuple[Outputs, dict[str, Any] | None] | None:
 def fp64_reference(model: Any, inputs: Inputs, call: str | None = None) -> Outputs | None:
     """The eager model's outputs (its method ``call``'s; a plain function's) computed in
     float64, under :func:`precise` (for whatever a model computes in another dtype
-    inside), or None where it cannot run so."""
+    inside), or None where it cannot run so. A module computes in float64 module by
+    module on its own weights (:func:`gatekeeper.worker.fp64.in_float64`), not on a
+    float64 copy of itself; one that cannot (a weight read outside its own module) is
+    copied whole only while small (``COPY_LIMIT``)."""
+    if not isinstance(model, torch.nn.Module):
+        return _in_fp64(model, inputs, call)
+    out = None
+    if plain(model):  # a sharded model's (DTensor) weights: the copy, as it always had
+        with in_float64(model):
+            out = _in_fp64(model, inputs, call)
+    if out is None and (weight_bytes(model) <= COPY_LIMIT or not plain(model)):
+        try:
+            return _in_fp64(copy.deepcopy(model).double(), inputs, call)
+        except Exception:  # FSDP2 refuses a deep copy: the RMSE test is skipped
+            return None
+    return out
+
+
+def _in_fp64(model: Any, inputs: Inputs, call: str | None) -> Outputs | None:
     try:
-        m64 = copy.deepcopy(model).double() if isinstance(model, torch.nn.Module) else model
         with torch.no_grad(), precise():
-            return Outputs.of(inputs.double().call(entry(m64, call)))
+            return Outputs.of(inputs.double().call(entry(model, call)))
     except Exception:  # a model with fp32-only kernels: the RMSE test is skipped
         return None
 

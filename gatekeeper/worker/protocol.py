@@ -12,13 +12,15 @@ once, on the way in, and each side uses it as it is.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from .. import kinds
+from .. import kinds, units
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance, Precision, Task
+from ..errors import ConfigError
 from ..quantize import Quantize
 from ..results import (
     Graphs,
@@ -64,6 +66,17 @@ class PackageRef(_Msg):
         return cls(name=package.name, worker=package.worker, path=str(path))
 
 
+def memory_limit() -> int | None:
+    """``GATEKEEPER_MEMORY_LIMIT`` in bytes (``12GiB``, ``500MiB``...), or None unset."""
+    text = os.environ.get("GATEKEEPER_MEMORY_LIMIT", "").strip()
+    if not text:
+        return None
+    try:
+        return units.parse_size(text)
+    except ValueError as e:
+        raise ConfigError(f"GATEKEEPER_MEMORY_LIMIT: {e}") from None
+
+
 class Build(_Msg):
     """The target a worker builds: the model as the config defines it, its shape set,
     mode, task, precision and kind, on a resolved device."""
@@ -80,11 +93,15 @@ class Build(_Msg):
     kind: KindRef
     # what the worker's environment takes from the parent's besides the allow-list
     pass_env: list[str] = Field(default_factory=list)
+    # bytes the target's model may take (GATEKEEPER_MEMORY_LIMIT): more is refused
+    # before any compile (gatekeeper.worker.plan); None: the device's free memory
+    memory_limit: int | None = None
 
     @classmethod
     def of(cls, target: Target, config: Config, device: str, **extra: Any) -> Self:
         """This request for ``target`` (``extra``: the action's own fields)."""
         return cls(
+            memory_limit=memory_limit(),
             model=target.model,
             base_dir=str(config.base_dir),
             device=device,
@@ -165,6 +182,9 @@ class MeasureRequest(Build):
     sweep: bool = True  # run every shape set of the model and count recompiles
     load: PackageRef | None = None
     paired_base: BaseSide | None = None  # paired: the base commit's target
+    # paired: the latency threshold that judges it (the base's rules); the timed rounds
+    # go on past min_time while their interval straddles it (MeasureConfig.max_time)
+    decide_at: float | None = None
 
     def for_base(self) -> MeasureRequest:
         """Paired: the same request for the base commit's target (its task, precision
@@ -237,12 +257,13 @@ class Response(_Msg):
     inputs are wrong), ``compile`` (torch failed), ``export`` (an ``+aot`` target's
     model does not export: ``export`` says torch's reason and the user's line) or
     ``unavailable`` (an ``+aot`` target whose package took its worker down inside
-    torch's AOTInductor: :func:`gatekeeper.worker.launch.run_or_fail`), ``error`` one
-    line. ``ok`` true: the fields of the action that ran; nested documents match
-    :mod:`gatekeeper.results`."""
+    torch's AOTInductor: :func:`gatekeeper.worker.launch.run_or_fail`) or ``memory``
+    (the target will not fit in the memory given: refused before any compile,
+    :mod:`gatekeeper.worker.plan`), ``error`` one line. ``ok`` true: the fields of the
+    action that ran; nested documents match :mod:`gatekeeper.results`."""
 
     ok: bool
-    kind: Literal["config", "compile", "export", "unavailable"] | None = None
+    kind: Literal["config", "compile", "export", "unavailable", "memory"] | None = None
     error: str | None = None
     torch: str | None = None
     compile_seconds: float | None = None  # first compiled call, wall time

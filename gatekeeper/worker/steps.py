@@ -25,6 +25,12 @@ from pathlib import Path
 SUFFIX = ".step"
 
 _path: Path | None = None
+_current: str | None = None
+
+
+def current() -> str | None:
+    """The step this process entered last (None before the first)."""
+    return _current
 
 
 def breadcrumb(response: Path) -> Path:
@@ -40,6 +46,8 @@ def begin(response: Path) -> None:
 
 def enter(name: str) -> None:
     """The worker enters step ``name`` (a no-op outside a worker)."""
+    global _current
+    _current = name
     if _path is None:
         return
     torch = sys.modules.get("torch")

@@ -436,7 +436,7 @@ def measure_calls(
 
     if before_timing is not None:
         before_timing()
-    lat = latency(eager_fn, compiled_fn, device, req.budget, base=base_fn, halfway=halfway)
+    lat = latency(eager_fn, compiled_fn, device, req.budget, base_fn, halfway, req.decide_at)
     # A distributed target's ranks run no profiler: beside gloo's threads it corrupted
     # the heap (glibc "unaligned fastbin chunk", SIGABRT) in 1 of 7 runs of a tensor-
     # parallel MLP on torch 2.13 CPU, and in none of 17 without it.

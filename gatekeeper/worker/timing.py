@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..config import MeasureConfig
-from ..gate import stats
+from ..gate import rounds, stats
 from . import steps
 from .calls import Inputs
 
@@ -142,6 +142,13 @@ class _Alone:
         pass
 
 
+def time_limit(budget: MeasureConfig) -> float:
+    """Seconds of timed rounds at most (paired, while the rounds cannot decide):
+    ``max_time`` (three times ``min_time`` unless set), never less than ``min_time``."""
+    limit = budget.max_time if budget.max_time is not None else 3 * budget.min_time
+    return max(budget.min_time, limit)
+
+
 def _loops(one_call: float) -> int:
     """Calls per sample: a power of two giving at least SAMPLE_SECONDS of work."""
     return min(2 ** max(0, math.ceil(math.log2(SAMPLE_SECONDS / one_call))), 4096)
@@ -175,6 +182,28 @@ def _round(
         samples[name].append(_timed(fns[name], count, device, cpu[name] if cpu else None))
 
 
+def _enough(team: Any, budget: MeasureConfig, elapsed: float, n: int, half: int) -> bool:
+    """``min_time`` has passed, with at least 5 rounds. The second half (``half``: the
+    rounds before halfway ran) takes at least as many rounds as the first, however long
+    a stalled round made the first: else one half's order effects outweigh the other's."""
+    return bool(team.any(elapsed >= budget.min_time and n >= max(5, 2 * half)))
+
+
+def _decided(
+    team: Any,
+    budget: MeasureConfig,
+    elapsed: float,
+    samples: dict[str, list[float]],
+    decide_at: float,
+) -> bool:
+    """Paired, past ``min_time``: the rounds decide a slowdown against ``decide_at``
+    (their interval does not straddle it), or :func:`time_limit` has passed."""
+    undecided = not rounds.paired_decisive(
+        samples["base"], samples["compiled"], threshold=decide_at
+    )
+    return not team.any(elapsed < time_limit(budget) and undecided)
+
+
 def _warm_up(fns: dict[str, Callable[[], Any]], rounds: int) -> None:
     for _ in range(rounds):
         for fn in fns.values():
@@ -188,10 +217,13 @@ def latency(
     budget: MeasureConfig,
     base: Callable[[], Any] | None = None,
     halfway: Callable[[], Any] | None = None,
+    decide_at: float | None = None,
 ) -> dict:
     """Warm up, then time eager, compiled and the reference interleaved (see
     :func:`_round_order`) until ``min_time`` seconds have passed or ``max_samples``
-    rounds were taken.
+    rounds were taken. Paired with a threshold (``decide_at``), the rounds go on past
+    ``min_time`` while the paired estimate's interval straddles it
+    (:func:`gatekeeper.gate.rounds.paired_decisive`), up to :func:`time_limit`.
 
     In paired mode ``base`` (the base version, compiled) is timed in each round too,
     next to the head's compiled sample, so each (base, compiled) pair shares the
@@ -222,9 +254,9 @@ def latency(
     half = 0  # rounds taken before halfway ran
     while len(samples["eager"]) < budget.max_samples:
         n, elapsed = len(samples["eager"]), time.perf_counter() - start
-        # The second half takes at least as many rounds as the first, however long a
-        # stalled round made the first: else one half's order effects outweigh the other's.
-        done = team.any(elapsed >= budget.min_time and n >= max(5, 2 * half))
+        done = _enough(team, budget, elapsed, n, half)
+        if done and base is not None and decide_at is not None and halfway is None:
+            done = _decided(team, budget, elapsed, samples, decide_at)
         if halfway is not None and team.any(
             done or elapsed >= budget.min_time / 2 or n >= budget.max_samples // 2
         ):

@@ -33,8 +33,10 @@ from .counters import (
     reset_inductor_metrics,
 )
 from .graphs import graph_breaks
+from .memory import footprint
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
+from .plan import fits
 from .protocol import Build, CompileRequest, MeasureRequest, ProbeRequest, Response
 from .task import (
     Trainer,
@@ -68,6 +70,8 @@ def compile_steps(req: CompileRequest | ProbeRequest) -> tuple[Response, Callabl
     Also returns the compiled step."""
     cfg, device = req.model, req.device
     model, inputs, deps = build_recorded(cfg, req.shapes, req.base_path, device)
+    if isinstance(req, CompileRequest):
+        fits(model, req, trainers=1)
     loss_fn = prepare(req, req.base_path, model, inputs)
     record_inductor_metrics()
     trainer = Trainer.copy_of(model, cfg, loss_fn, device, req.precision, req.base_path)
@@ -88,6 +92,7 @@ def measure_train(req: MeasureRequest) -> Response:
     tol = parity_tolerance(req.parity, req.precision)
     steps = cfg.training.steps
     model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
+    fits(model, req, paired=req.paired_base is not None, trainers=2)
     loss_fn = prepare(req, base_dir, model, inputs)
 
     def new(m):
@@ -146,7 +151,7 @@ def measure_train(req: MeasureRequest) -> Response:
         counters=cache,
         graphs=graphs,
         parity=parity,
-        memory=memory,
+        memory=footprint(memory, model, device),
         latency=lat,
         cpu_samples=lat.pop("cpu", None),
         paired=paired,

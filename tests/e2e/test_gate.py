@@ -70,6 +70,7 @@ def test_unchanged_model_in_new_process_passes(project: Path):
     results = Results.model_validate_json((project / "results.json").read_text())
     assert results.targets[0].compile.cache == "hit"
     assert results.targets[0].parity.vs_baseline.passed
+    assert t["memory"]["pr"]["peak_x_weights"] > 1  # the JSON report shows it
 
 
 def test_new_graph_break_is_regressed_and_located(project: Path):
@@ -233,6 +234,13 @@ def test_counters_are_identical_cold_and_warm(project: Path):
         c.work.instructions,
     )
     assert w.memory.kind == "cpu" and w.memory.compiled_peak_bytes > 0
+    # the worker's peak as a multiple of the weights: fc1, fc2 and the knob's extra
+    # layer, three Linear(256, 256) in fp32
+    assert w.memory.weight_bytes == 3 * (256 * 256 + 256) * 4
+    assert w.memory.process_peak_bytes > w.memory.weight_bytes
+    assert w.memory.peak_x_weights == pytest.approx(
+        w.memory.process_peak_bytes / w.memory.weight_bytes, rel=1e-3
+    )
 
 
 def test_ten_percent_more_flops_is_regressed_by_the_counters(project: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from gatekeeper.config import MeasureConfig, ModelConfig
+from gatekeeper.gate.stats import compare
 from gatekeeper.worker import timing
 from gatekeeper.worker.calls import Inputs
 from gatekeeper.worker.measure import eager_model, same_placement
@@ -37,6 +39,18 @@ def test_paired_eager_runs_on_weights_of_its_own():
     assert not head_ptrs & {p.data_ptr() for p in eager.parameters()}
     x = torch.randn(3, 8)
     assert torch.equal(eager(x), head(x))
+
+
+def test_paired_eager_runs_on_the_heads_own_weights_when_they_outgrow_the_cache():
+    """A copy for eager was a whole model's bytes more (a 1B fp32 model: 4.4 GB), for a
+    reason, cache warmth, that holds only for weights the caches can hold. Weights past
+    twice the last-level cache run eager on the head's own; the machine's own cache
+    size keeps a tiny model copied. Fails on the old eager_model, which always copied."""
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))  # 17 KiB
+    assert eager_model(head, paired=True, cache=4 << 10) is head
+    assert eager_model(head, paired=True, cache=16 << 10) is not head
+    assert eager_model(head, paired=True) is not head  # this machine's cache: MiBs
 
 
 def test_unpaired_eager_is_the_model_itself():
@@ -234,6 +248,7 @@ def test_paired_forward_halves_mirror_each_other_and_memory_is_measured_before_t
         budget=MeasureConfig(warmup=1, min_time=0.2, max_samples=100),
         trace_out=None,
         sweep=False,
+        decide_at=None,
     )
     with torch.no_grad():
         head_out = head_c(x)  # the first compiles, as the worker makes them
@@ -309,6 +324,7 @@ def test_paired_training_steps_are_timed_in_two_halves_each_side_compiled_first_
         budget=MeasureConfig(warmup=1, min_time=0.2, max_samples=100),
         trace_out=None,
         sweep=False,
+        decide_at=None,
     )
     paired: dict = {}
     graphs: dict = {}
@@ -324,3 +340,75 @@ def test_paired_training_steps_are_timed_in_two_halves_each_side_compiled_first_
     assert seen[first:] == ["head", "base", "base", "head"]
     assert graphs["recompiles"] == 0, graphs["recompile_guards"]
     assert len(paired["samples"]) == len(lat["samples"]["compiled"]) >= 5
+
+
+def _virtual_calls(monkeypatch, head_factor: float, spread: float):
+    """Base and head calls that take no real time but move the clock the rounds read by
+    1 s (base) and ``head_factor`` s (head) times ``exp(+spread)`` and ``exp(-spread)``
+    in turn: rounds whose samples and durations do not depend on the machine's speed."""
+    skipped = [0.0]
+    monkeypatch.setattr(
+        timing, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + skipped[0])
+    )
+    calls = [0]
+
+    def base():
+        skipped[0] += 1.0
+
+    def head():
+        calls[0] += 1
+        skipped[0] += head_factor * math.exp(spread if calls[0] % 2 else -spread)
+
+    return base, head
+
+
+@pytest.mark.parametrize(
+    ("factor", "spread", "decided"),
+    [(1.0, 0.001, "at min_time"), (1.04, 0.08, "never"), (1.10, 0.08, "later")],
+)
+def test_paired_rounds_go_on_past_min_time_while_the_interval_straddles_the_threshold(
+    monkeypatch, factor, spread, decided
+):
+    """At ~1 s per call, 10 s gave 8 rounds whose interval reached past the 5% threshold;
+    the rounds went no further. Now they go on, up to max_time, while the interval of
+    the paired estimate straddles the threshold: an unchanged head decides at min_time,
+    a 10% slower one decides (regressed) before max_time, and a +4% one with this
+    spread takes rounds until max_time and stays undecided. Fails on the old loop,
+    which stopped at min_time whatever the interval."""
+    from gatekeeper.gate.rounds import paired_decisive
+
+    base, head = _virtual_calls(monkeypatch, factor, spread)
+    budget = MeasureConfig(warmup=1, min_time=10.0, max_time=120.0, max_samples=100_000)
+    lat = latency(lambda: None, head, "cpu", budget, base=base, decide_at=0.05)
+    b, h = lat["samples"]["base"], lat["samples"]["compiled"]
+    seconds = lat["disturbance"]["seconds"]
+    at_min_time = 6  # rounds of ~2 virtual seconds before 10 s passed
+    if decided == "at min_time":
+        assert len(b) <= at_min_time, (len(b), seconds)
+    elif decided == "never":  # up to max_time: 120 s of ~2 s rounds
+        assert seconds >= 100 and 20 <= len(b) <= 61, (len(b), seconds)
+        assert not paired_decisive(b, h, threshold=0.05)
+    else:
+        assert len(b) > at_min_time and seconds < 100, (len(b), seconds)
+        assert paired_decisive(b, h, threshold=0.05)
+        assert compare(b, h, paired=True, threshold=0.05).verdict == "regressed"
+    without = latency(lambda: None, head, "cpu", budget, base=base)  # no threshold: min_time
+    assert len(without["samples"]["base"]) <= at_min_time
+
+
+def test_the_regional_kinds_compiled_copy_shares_the_models_weights():
+    """A regional target compiles its blocks in place on a copy, so that eager stays
+    eager: a deep copy held the weights twice. The copy's modules are its own (a block
+    compiled there leaves the model's eager) and its weights the model's."""
+    from gatekeeper.worker.kinds.regional import shared_copy
+
+    model = _Tied()
+    twin = shared_copy(model)
+    assert twin.mid is not model.mid and twin.head.weight is twin.emb.weight
+    assert {id(t) for t in [*twin.parameters(), *twin.buffers()]} == {
+        id(t) for t in [*model.parameters(), *model.buffers()]
+    }
+    twin.mid.compile(backend="eager")
+    assert model.mid._compiled_call_impl is None and twin.mid._compiled_call_impl is not None
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(twin(ids), model(ids))

@@ -294,3 +294,68 @@ def test_precise_turns_tf32_and_reductions_off_and_puts_every_setting_back():
     with precise():
         pass
     assert settings() == before and guard.check()
+
+
+class _Shapes(torch.nn.Module):
+    """What stock models hold: a tied weight, a buffer, a ModuleList and a
+    ParameterList (containers that never run: their parent reads them), a root
+    parameter, and a layer that computes internally in float32 whatever it is given."""
+
+    def __init__(self, reach: bool = False) -> None:
+        super().__init__()
+        self.reach = reach
+        self.emb = torch.nn.Embedding(16, 8)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+        self.scales = torch.nn.ParameterList(torch.nn.Parameter(torch.rand(8)) for _ in range(3))
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+        self.shift = torch.nn.Parameter(torch.randn(8))
+        self.register_buffer("inv", torch.rand(8))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids) * self.inv
+        for layer, scale in zip(self.layers, self.scales, strict=True):
+            x = torch.tanh(layer(x)) * scale + self.shift
+        if self.reach:  # a weight read outside its own module's forward
+            return torch.nn.functional.linear(x, self.emb.weight)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("reach", [False, True])
+def test_the_fp64_reference_is_the_float64_models_without_a_float64_copy(reach):
+    """The reference was ``copy.deepcopy(model).double()``'s outputs: a float64 copy of
+    the whole model (2x an fp32 model's bytes, 4x a bf16 one's). Now each module's own
+    weights are float64 only during its forward: the outputs are the same bits, never
+    more than one layer's weights exist in float64 at once, and the model's weights are
+    its own again afterwards (same storage, dtype and values). A model that reads a
+    weight outside its module (``reach``) is small here: it falls back to the copy."""
+    torch.manual_seed(0)
+    model = _Shapes(reach).eval()
+    ids = Inputs(args=[torch.randint(0, 16, (2, 5))], kwargs={})
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(ids.args[0])
+    before = {n: (t.data_ptr(), t.dtype, t.clone()) for n, t in model.state_dict().items()}
+    widest = [0]
+
+    def count(*_):
+        fp64 = {
+            t.data_ptr(): t.numel() * 8
+            for t in [*model.parameters(), *model.buffers()]
+            if t.dtype == torch.float64
+        }
+        widest[0] = max(widest[0], sum(fp64.values()))
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if m is not model]
+    got = fp64_reference(model, ids)
+    for h in hooks:
+        h.remove()
+    assert got is not None
+    (leaf,) = got.leaves.values()
+    assert torch.equal(leaf, want)
+    whole = sum(t.numel() * 8 for t in model.state_dict().values() if t.is_floating_point())
+    if not reach:
+        assert 0 < widest[0] < whole / 2, (widest[0], whole)
+    after = model.state_dict()
+    for n, (ptr, dtype, values) in before.items():
+        assert after[n].data_ptr() == ptr and after[n].dtype == dtype
+        assert torch.equal(after[n], values)

@@ -115,12 +115,20 @@ def regional_graphs(
     return total
 
 
+def shared_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model``'s modules that shares its parameters and buffers: its blocks
+    compile in place while the model stays eager, and the weights are held once (a
+    deep copy held them twice)."""
+    memo: dict[int, Any] = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
+
+
 class Regional(Builder):
     name = "regional"
 
     def compiled(self, job: Job) -> tuple[Callable[..., Any], Built]:
         cfg, req = job.req.model, job.req
-        target = copy.deepcopy(job.model) if job.keep_eager else job.model
+        target = shared_copy(job.model) if job.keep_eager else job.model
         blocks = compile_regions(target, cfg, compile_kwargs(cfg, req.mode, req.dynamic))
         return entry(target, cfg.call), Built(regions=[n for n, _ in blocks])
 

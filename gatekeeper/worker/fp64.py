@@ -1,0 +1,125 @@
+"""The model in float64 without a float64 copy of it: each module's own floating-point
+parameters and buffers are cast to float64 for the duration of that module's forward,
+and put back as it returns (:func:`in_float64`). At most the float64 tensors of one
+chain of nested modules exist at once (a layer's, not the model's), where
+``copy.deepcopy(model).double()`` held twice an fp32 model's bytes (four times a bf16
+one's) on the model's device. The arithmetic is the same: every op sees the float64
+tensors the cast model would have held.
+
+A parameter some code reads outside its own module's forward (a parent that calls
+``F.linear(h, self.embed.weight)``) is still in its own dtype there: that forward fails
+on mixed dtypes, and :mod:`gatekeeper.worker.parity` falls back to the whole-model
+copy where the model is small enough that the copy cannot matter
+(``COPY_LIMIT``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["COPY_LIMIT", "in_float64", "plain", "weight_bytes"]
+
+#: a model whose forward cannot run module by module in float64 is copied whole up to
+#: this many bytes of weights (beyond, its RMSE rung is skipped, never a big copy)
+COPY_LIMIT = 256 << 20
+
+
+def weight_bytes(model: object) -> int:
+    """Bytes of a module's parameters and buffers, each storage once (a tied weight
+    counts once), a tensor subclass's by its own size; 0 for a plain function."""
+    if not isinstance(model, nn.Module):
+        return 0
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        data = t.data if isinstance(t, nn.Parameter) else t
+        data = getattr(data, "_local_tensor", data)  # a DTensor: this rank's shard
+        try:
+            key = (data.untyped_storage().data_ptr(), int(data.storage_offset()))
+        except Exception:  # a subclass without a storage of its own here
+            key = (id(t), 0)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += data.numel() * data.element_size()
+    return total
+
+
+def plain(model: nn.Module) -> bool:
+    """Whether every parameter and buffer is a plain tensor (not a DTensor or another
+    subclass, whose dtype a module-by-module cast would go behind the back of)."""
+    return all(
+        type(t.data if isinstance(t, nn.Parameter) else t) is torch.Tensor
+        for t in [*model.parameters(), *model.buffers()]
+    )
+
+
+def _runs(module: nn.Module) -> bool:
+    """Whether a module has a forward of its own (a container such as ``ModuleList``
+    or ``ParameterList`` is never called: its parent reads what it holds)."""
+    return type(module).forward is not nn.Module.forward
+
+
+def _holders(model: nn.Module) -> dict[nn.Module, list[tuple[nn.Module, str, bool]]]:
+    """For each module that runs, the tensors to cast while it runs: its own floating
+    parameters and buffers, and those of the containers below it that never run
+    (``(holder, name, is_parameter)``)."""
+    parent: dict[nn.Module, nn.Module] = {}
+    for m in model.modules():
+        for child in m.children():
+            parent.setdefault(child, m)
+    out: dict[nn.Module, list[tuple[nn.Module, str, bool]]] = {}
+    for m in model.modules():
+        owner = m
+        while not _runs(owner) and owner in parent:
+            owner = parent[owner]
+        own = [(m, n, True) for n, p in m._parameters.items() if p is not None]
+        own += [(m, n, False) for n, b in m._buffers.items() if b is not None]
+        floating = [h for h in own if getattr(h[0], h[1]).is_floating_point()]
+        if floating:
+            out.setdefault(owner, []).extend(floating)
+    return out
+
+
+@contextlib.contextmanager
+def in_float64(model: nn.Module) -> Iterator[None]:
+    """Within it, each module of ``model`` computes in float64 (see the module
+    docstring); on the way out every tensor is the one it was, whatever was raised."""
+    holders = _holders(model)
+    undo: list[list[tuple[nn.Module, str, bool, torch.Tensor]]] = []
+
+    def cast(module: nn.Module, *_: object) -> None:
+        done = []
+        for holder, name, is_param in holders[module]:
+            t = getattr(holder, name)
+            if t.dtype == torch.float64:  # cast already (a tied weight, an outer module)
+                continue
+            if is_param:
+                done.append((holder, name, True, t.data))
+                t.data = t.data.double()
+            else:
+                done.append((holder, name, False, t))
+                holder._buffers[name] = t.double()
+        undo.append(done)
+
+    def restore(*_: object) -> None:
+        for holder, name, is_param, old in reversed(undo.pop() if undo else []):
+            if is_param:
+                getattr(holder, name).data = old
+            else:
+                holder._buffers[name] = old
+
+    handles = []
+    try:
+        for module in holders:
+            handles.append(module.register_forward_pre_hook(cast))
+            handles.append(module.register_forward_hook(restore, always_call=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        while undo:
+            restore()

@@ -1,0 +1,133 @@
+"""A plan before the work: will the target fit in memory? Right after the worker built
+the model, before anything compiles, the peak is estimated from the model's weight
+bytes (its parameters and buffers in their own dtypes), the mode and the task, and
+compared with the memory given (``GATEKEEPER_MEMORY_LIMIT``, the request's
+``memory_limit``) or, without one, with what the device has free. A target that will
+not fit is refused in one line (:class:`WontFit`) naming the estimate and the ways out.
+
+What the estimate counts, in multiples of the weights ``W``: the model itself (1); in
+paired mode the base commit's model (1 more) and, while the weights are small enough
+for cache warmth to matter, eager's copy of them
+(:func:`gatekeeper.worker.measure.eager_model`); a training step's eager and compiled
+copies, each with its gradients and the optimizer's state (Adam's two moments: 4 per
+copy); and the float64 reference's largest module in float64. Activations are not
+known before a call and are not counted; neither is torch's own runtime (the limit is
+on what the model costs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .. import units
+from . import steps
+from .fp64 import weight_bytes
+from .memory import last_level_cache
+from .protocol import Build
+
+__all__ = ["Estimate", "WontFit", "check_fits", "estimate", "fits"]
+
+# optimizer state per parameter byte, by torch.optim class (the rest: Adam's)
+_STATE = {"SGD": 1.0, "Adagrad": 1.0, "RMSprop": 1.0, "Adam": 2.0, "AdamW": 2.0}
+
+
+class WontFit(Exception):
+    """The target will not fit in the memory given: one line, before any compile."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    weights: int  # bytes of the model's parameters and buffers
+    copies: float  # the weights' multiples held at the peak
+    fp64_layer: int  # the float64 reference's largest module, in float64
+    why: str  # what the copies are
+
+    @property
+    def peak(self) -> int:
+        return int(self.weights * self.copies) + self.fp64_layer
+
+
+def _largest_layer_fp64(model: object) -> int:
+    """Bytes of the largest module's own floating tensors, in float64."""
+    if not isinstance(model, nn.Module):
+        return 0
+    best = 0
+    for m in model.modules():
+        own = [t for t in [*m._parameters.values(), *m._buffers.values()] if t is not None]
+        best = max(best, sum(t.numel() * 8 for t in own if t.is_floating_point()))
+    return best
+
+
+def estimate(
+    model: object, device: str, *, paired: bool, trainers: int = 0, optimizer: str = "Adam"
+) -> Estimate:
+    """The peak this target's work holds besides torch's runtime and activations;
+    ``trainers``: a training target's copies of the model, each with its gradients and
+    optimizer state (a compile's one, a measurement's two: eager and compiled)."""
+    w = weight_bytes(model)
+    copies, why = 1.0, ["the model"]
+    if trainers:
+        copies += trainers * (2 + _STATE.get(optimizer, 2.0))
+        why.append(f"{trainers} training copies with gradients and {optimizer} state")
+    if paired:
+        copies *= 2
+        why.append("paired: the base commit's beside it")
+        if not trainers and w <= 2 * last_level_cache(device):
+            copies += 1
+            why.append("eager's copy (weights within the cache)")
+    return Estimate(w, copies, 0 if trainers else _largest_layer_fp64(model), ", ".join(why))
+
+
+def fits(model: object, req: Build, *, paired: bool = False, trainers: int = 0) -> None:
+    """Refuse (:class:`WontFit`) a target whose work will not fit; see the module
+    docstring. Runs right after the model is built, before anything compiles."""
+    steps.enter("plan")
+    est = estimate(
+        model, req.device, paired=paired, trainers=trainers, optimizer=req.model.training.optimizer
+    )
+    check_fits(est, req.device, req.memory_limit, paired=paired)
+
+
+def available(device: str) -> int | None:
+    """Bytes the device can still give: the GPU's free memory, else the kernel's
+    ``MemAvailable``; None where that cannot be read."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_fits(est: Estimate, device: str, limit: int | None, *, paired: bool) -> None:
+    """Raise :class:`WontFit` where ``est`` exceeds ``limit`` (the whole estimate) or,
+    without one, the device's free memory (what it needs beyond the model, already
+    built and resident)."""
+    if limit is not None:
+        need, given = est.peak, f"GATEKEEPER_MEMORY_LIMIT gives {units.size(limit)}"
+        have = limit
+    else:
+        free = available(device)
+        if free is None:
+            return
+        need, have = est.peak - est.weights, free  # the model is built already
+        given = f"{device} has {units.size(free)} free besides the model"
+    if need <= have:
+        return
+    outs = ["raise GATEKEEPER_MEMORY_LIMIT" if limit is not None else "a device with more memory"]
+    if paired:
+        outs.insert(0, "check one side (--mode stored: no base model beside it)")
+    outs.append("split the model over tensor parallel ranks (the model's distributed setting)")
+    parts = [f"{est.copies:g} x {units.size(est.weights)} of weights ({est.why})"]
+    if est.fp64_layer:
+        parts.append(f"{units.size(est.fp64_layer)} for the float64 reference's largest layer")
+    raise WontFit(
+        f"needs about {units.size(est.peak)}: {' + '.join(parts)}, plus activations; "
+        f"{given}: not started; ways out: {'; '.join(outs)}"
+    )
