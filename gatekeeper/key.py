@@ -51,9 +51,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import bundle, kinds, quantize
-from .config import InputSpec, ModelConfig
+from .config import ModelConfig
 from .errors import AccessDenied, BundleError, ConfigError, GatekeeperError, StoreUnavailable
 from .hashing import locate, search_path, sha256_bytes, sha256_file
+from .inputs import InputSpec
 from .store.layout import BundleLocation, Store
 from .targets import Target
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from ..config import InputSpec, ModelConfig
+from ..config import ModelConfig
 from ..errors import ConfigError
+from ..inputs import InputSpec
 from . import steps
 from .calls import Inputs
 from .deps import recording
