@@ -12,23 +12,12 @@ import math
 
 import numpy as np
 
-from .stats import ArrayLike, _check_open_unit, _samples
+from .stats import ArrayLike, _check_open_unit, log_ratios
 
 __all__ = ["paired_decisive", "paired_detectable_change", "paired_interval"]
 
 #: fewer pairs than this decide nothing (the rounds' own minimum)
 MIN_PAIRS = 5
-
-
-def _log_ratios(base: ArrayLike, pr: ArrayLike) -> np.ndarray:
-    """``log(pr_i / base_i)`` of paired samples, or ValueError saying what is wrong."""
-    b = _samples(base, "base")
-    p = _samples(pr, "pr")
-    if b.size != p.size:
-        raise ValueError(f"paired samples need equal lengths, got base={b.size} and pr={p.size}")
-    if b.size < 2:
-        raise ValueError("paired samples need at least 2 pairs")
-    return np.log(p) - np.log(b)
 
 
 def _half_width(d: np.ndarray, confidence: float) -> float:
@@ -45,7 +34,7 @@ def paired_interval(
 ) -> tuple[float, float, float]:
     """``(ratio, lo, hi)``: :func:`~gatekeeper.gate.stats.compare`'s paired estimate
     and interval, without its test."""
-    d = _log_ratios(base, pr)
+    d = log_ratios(base, pr)
     mean, half = float(d.mean()), _half_width(d, _check_open_unit(confidence, "confidence"))
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
@@ -77,7 +66,7 @@ def paired_detectable_change(
     probability about ``power``:
     ``(1 + threshold) * exp((t_{n-1, 1-alpha/2} + z_power) * sd(d) / sqrt(n)) - 1``,
     ``d`` the log ratios."""
-    d = _log_ratios(base, pr)
+    d = log_ratios(base, pr)
     alpha = _check_open_unit(alpha, "alpha")
     power = _check_open_unit(power, "power")
     from scipy.stats import norm, t

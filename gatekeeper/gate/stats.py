@@ -329,6 +329,17 @@ def _signed_rank_p(d: np.ndarray) -> tuple[float, float]:
     return slower, faster
 
 
+def log_ratios(base: ArrayLike, pr: ArrayLike) -> np.ndarray:
+    """``log(pr_i / base_i)`` of paired samples, or ValueError saying what is wrong."""
+    b = _samples(base, "base")
+    p = _samples(pr, "pr")
+    if b.size != p.size:
+        raise ValueError(f"paired samples need equal lengths, got base={b.size} and pr={p.size}")
+    if b.size < 2:
+        raise ValueError("paired samples need at least 2 pairs")
+    return np.log(p) - np.log(b)
+
+
 def compare(
     base: ArrayLike,
     pr: ArrayLike,
@@ -361,16 +372,10 @@ def compare(
             "unpaired samples from two processes cannot be compared sample by "
             "sample (drift between processes); use compare_runs"
         )
-    b = _samples(base, "base")
-    p = _samples(pr, "pr")
-    if b.size != p.size:
-        raise ValueError(f"paired samples need equal lengths, got base={b.size} and pr={p.size}")
-    if b.size < 2:
-        raise ValueError("paired samples need at least 2 pairs")
+    d = log_ratios(base, pr)
     confidence = _check_open_unit(confidence, "confidence")
     from scipy.stats import t
 
-    d = np.log(p) - np.log(b)
     n, mean = d.size, float(d.mean())
     half = float(t.ppf(0.5 + confidence / 2.0, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
     p_slower, p_faster = _signed_rank_p(d)

@@ -13,7 +13,7 @@ from ..scratch import scratch_dir
 from ..secrecy import seal
 from . import steps
 from .protocol import Build, Response
-from .spawn import cache_env, configs_of, outputs_of, read_answer, read_tail, worker_command
+from .spawn import cache_env, configs_of, read_answer, read_tail, worker_command, writable_for
 
 __all__ = ["WorkerDied", "cache_env", "run_or_fail", "run_worker"]
 
@@ -53,9 +53,7 @@ def run_worker(
         req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
         log_path = Path(tmp, "worker.log")
         req_path.write_text(request.model_dump_json())
-        writable = [cache_dir, *outputs_of(request)]
-        for folder in writable:
-            folder.mkdir(parents=True, exist_ok=True)
+        writable = writable_for(cache_dir, request)
         cmd = worker_command(
             str(req_path),
             str(resp_path),

@@ -28,7 +28,7 @@ from . import steps
 from .gather import merge
 from .launcher import PEER_LOST
 from .protocol import Build, Response
-from .spawn import cache_env, configs_of, outputs_of, read_answer, read_tail, worker_command
+from .spawn import cache_env, configs_of, read_answer, read_tail, worker_command, writable_for
 
 if TYPE_CHECKING:
     from ..kinds import Launch
@@ -130,9 +130,7 @@ def run_ranks(
             "PYTHONHASHSEED": "0",
             "TMPDIR": tmp,  # what the ranks leave there goes with the run
         }
-        writable = [cache_dir, *outputs_of(request)]
-        for folder in writable:
-            folder.mkdir(parents=True, exist_ok=True)
+        writable = writable_for(cache_dir, request)
         cmd = worker_command(
             str(spec_path),
             str(out_path),

@@ -237,3 +237,12 @@ def outputs_of(request: object) -> list[Path]:
     for ref in getattr(request, "packages", None) or []:
         found.append(Path(ref.path).parent)
     return found
+
+
+def writable_for(cache_dir: Path, request: object) -> list[Path]:
+    """The folders a worker's box may write (its cache and the request's outputs),
+    made if missing."""
+    writable = [cache_dir, *outputs_of(request)]
+    for folder in writable:
+        folder.mkdir(parents=True, exist_ok=True)
+    return writable
