@@ -18,10 +18,8 @@ before it reaches markdown, so it can neither break a table nor ping anyone.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
-from typing import Any
 
 from .. import metrics, units
 from ..gate import GateReport, GateRow
@@ -30,7 +28,6 @@ from ..gate.governing import show
 from ..gate.verdicts import EXPLAINED, FAILING
 from ..results import TargetResult
 from ..units import DASH
-from .advice import Advice, advise
 from .details import details_section, parity_failed
 from .rows import (
     base_breaks,
@@ -64,6 +61,7 @@ from .text import (
 )
 from .text import error_line as error_line
 from .trend import sparkline
+from .which_mode import mode_advice
 
 MAX_MARKDOWN_CHARS = 60_000
 STORED = " †"  # a paired row's figure compared with the stored baseline
@@ -278,76 +276,6 @@ def _failures(rows: list[GateRow]) -> str | None:
     return "\n".join(items) if items else None
 
 
-def _calls(n: float | None) -> str:
-    if n is None:
-        return DASH
-    return "never" if math.isinf(n) else f"{math.ceil(n):,}"
-
-
-def _advice_note(f: Any) -> str:
-    if not f.ok:
-        return "❌ parity"
-    if f.loads_package and f.verified is not True:
-        return "package not verified" if f.verified is None else "❌ package rejected"
-    return ""
-
-
-def _advice_block(a: Advice) -> str:
-    rows = [
-        [
-            md_code(f.label, table=True),
-            units.seconds(f.cold_s),
-            units.seconds(f.warm_s),
-            units.seconds(f.p50),
-            units.speedup(f.speedup),
-            units.mib(f.peak),
-            f"{_calls(f.break_even(f.cold_s))} / {_calls(f.break_even(f.warm_s))}",
-            _advice_note(f),
-        ]
-        for f in a.modes
-    ]
-    rows += [
-        [md_code(label, table=True), *[DASH] * 6, md_text(why, MAX_REASON_CHARS)]
-        for label, why in a.unavailable
-    ]
-    table = md_table(
-        rows,
-        [
-            "mode+strategy" if a.strategies else "mode",
-            "compile cold",
-            "deploy first call",
-            "p50",
-            "speedup vs eager",
-            "peak MiB",
-            "break-even calls (cold / warm)",
-            "note",
-        ],
-    )
-    lines = [f"**{md_text(a.model)} / {md_text(a.shapes)}**", "", table, ""]
-    if a.serving:
-        lines.append(f"- serving: {md_code(a.serving)} — {md_text(a.serving_rule)}")
-    if a.short_job:
-        lines.append(f"- short jobs: {md_code(a.short_job)} — {md_text(a.short_job_rule)}")
-    return "\n".join(lines)
-
-
-def _mode_advice(report: GateReport) -> str | None:
-    advice = advise([row.result for row in report.rows])
-    if not advice:
-        return None
-    strategies = any(a.strategies for a in advice)
-    return "\n\n".join(
-        [
-            "### Which mode and strategy?" if strategies else "### Which mode?",
-            "<sub>Break-even: compile time ÷ time saved per "
-            "call against eager. Cold: an empty cache; deploy first call: the first call "
-            "in a new process after a warm start from the bundle (aot: the package "
-            "loaded).</sub>",
-            *[_advice_block(a) for a in advice],
-        ]
-    )
-
-
 def _rule_changes(report: GateReport) -> str | None:
     """Each gate rule the change alters (old → new): the base's rules judged this run,
     so a change cannot loosen its own gate; its own apply once it is merged."""
@@ -445,7 +373,7 @@ def _head(report: GateReport, rows: list[GateRow], title: str) -> list[str]:
     if failures:
         failed = any(r.verdict.verdict in FAILING for r in rows)
         head += ["**Why it failed**" if failed else "**What needs a look**", failures]
-    for block in (_rule_changes(report), _mode_advice(report)):
+    for block in (_rule_changes(report), mode_advice(report)):
         if block:
             head.append(block)
     return head
