@@ -19,6 +19,7 @@ stage's own.
     run, paired       a branch that changes a comment of the factory: gatekeeper run
                       --base-ref main, as the Action runs it (base and head in one worker)
     aot compile       gatekeeper compile of the +aot target: export, AOTInductor package
+    aot check         its check, the package run on the model's weights bound at load
     aot warm          the package into a fresh cache dir (download, verify, extract)
     load_aot + call   a fresh process: the model built, gatekeeper.load_aot(model=...),
                       one call
@@ -52,6 +53,7 @@ SIZES = {  # LlamaConfig fields; parameters and fp32 bytes in the comment
                num_attention_heads=32, num_key_value_heads=8, vocab_size=32000),  # 1.1B
 }  # fmt: skip
 STAGES = ("build", "compile", "warm", "check", "paired", "aot", "aot-warm", "load")
+# "aot" is the +aot target's compile and check (warm installs only a verified package)
 TARGET = "lm/b1-s128/default"
 AOT = TARGET + "+aot"
 
@@ -238,6 +240,9 @@ def run_stages(repo: Path, wanted: set[str]) -> tuple[dict, list[dict]]:
         r = gk(repo, "compile", "--target", AOT)
         add("aot compile (weights bound)", r)
         info["aot_bundle"] = {k: v for k, v in files(repo / "store").items() if k not in before}
+        # warm installs only packages a check verified: the check binds the weights too
+        r = gk(repo, "check", "--target", AOT, "--out", "out-aot")
+        add("aot check (weights bound)", r, repo / "out-aot/results.json")
     if "aot-warm" in wanted or "load" in wanted:
         add("aot warm (fresh cache)", gk(repo, "warm", "--target", AOT, "--cache-dir", "cache-aot"))
         info["pt2"] = files(repo / "cache-aot", "*.pt2")
