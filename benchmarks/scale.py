@@ -1,0 +1,307 @@
+"""A stock Llama-shaped causal LM through every stage, as a user runs it: each stage's wall
+time and peak memory as a multiple of the model's weight bytes, and the bundle sizes.
+
+The model is transformers' ``LlamaForCausalLM`` built from a ``LlamaConfig`` with random
+weights (no download), at a ``--size`` preset (``1b`` is the Llama-3.2-1B / TinyLlama
+shape: hidden 2048, 16 layers, 32k vocabulary) and a ``--dtype``. A scratch git project
+holds a factory module and a ``gatekeeper.toml`` configured as docs/models.md tells a
+user (keyword inputs ``input_ids``, ``attention_mask``), with targets ``lm/b1-s128/default``
+and ``lm/b1-s128/default+aot`` (``export.weights = "bound"``: the package without its
+weights). Each stage runs the CLI in a subprocess, through a small wrapper process that
+times it and reads ``getrusage(RUSAGE_CHILDREN).ru_maxrss``: the peak resident set of the
+largest process in that stage's tree (the CLI or its worker), so each figure is that
+stage's own.
+
+    build             python + torch + transformers + the model, nothing else (the floor)
+    compile           gatekeeper compile (the whole target): the bundle into the store
+    warm --probe      into an empty cache dir, then the first compiled call
+    check             one check of main (published as main's baseline by baseline --ref)
+    run, paired       a branch that changes a comment of the factory: gatekeeper run
+                      --base-ref main, as the Action runs it (base and head in one worker)
+    aot compile       gatekeeper compile of the +aot target: export, AOTInductor package
+    aot check         its check, the package run on the model's weights bound at load
+    aot warm          the package into a fresh cache dir (download, verify, extract)
+    load_aot + call   a fresh process: the model built, gatekeeper.load_aot(model=...),
+                      one call
+
+Usage, from the repo root (the 1B model in fp32 needs ~20 GB free for the paired stage):
+
+    python benchmarks/scale.py --size tiny|100m|300m|1b [--dtype fp32|bf16]
+        [--stages compile,warm,...] [--min-time 1] [--json out.json] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tabulate import tabulate
+
+SIZES = {  # LlamaConfig fields; parameters and fp32 bytes in the comment
+    "tiny": dict(hidden_size=256, num_hidden_layers=4, intermediate_size=688,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=8192),  # 7.4M
+    "100m": dict(hidden_size=768, num_hidden_layers=8, intermediate_size=2048,
+                 num_attention_heads=12, num_key_value_heads=4, vocab_size=32000),  # 0.1B
+    "300m": dict(hidden_size=1024, num_hidden_layers=16, intermediate_size=2816,
+                 num_attention_heads=16, num_key_value_heads=4, vocab_size=32000),  # 0.27B
+    "1b": dict(hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+               num_attention_heads=32, num_key_value_heads=8, vocab_size=32000),  # 1.1B
+}  # fmt: skip
+STAGES = ("build", "compile", "warm", "check", "paired", "aot", "aot-warm", "load")
+# "aot" is the +aot target's compile and check (warm installs only a verified package)
+TARGET = "lm/b1-s128/default"
+AOT = TARGET + "+aot"
+
+FACTORY = """\
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+SIZE = {size!r}
+DTYPE = {dtype!r}
+
+
+def make():
+    torch.manual_seed(0)
+    config = LlamaConfig(**SIZE, max_position_embeddings=2048, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    return model.to(getattr(torch, DTYPE))
+"""
+
+CONFIG = """\
+[tool.gatekeeper]
+store = "store"
+
+[tool.gatekeeper.measure]
+min_time = {min_time}
+
+[[tool.gatekeeper.models]]
+name = "lm"
+factory = "scale_model:make"
+shapes = [{{ batch = 1, seq = 128 }}]
+strategies = ["whole", "aot"]
+export = {{ weights = "bound" }}
+
+[tool.gatekeeper.models.inputs]
+input_ids = {{ shape = ["batch", "seq"], dtype = "int64", high = {vocab} }}
+attention_mask = {{ shape = ["batch", "seq"], dtype = "int64", low = 1, high = 2 }}
+"""
+
+# One stage: the command in a child, its wall time and the largest peak RSS in its tree.
+WRAPPER = """\
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.run(sys.argv[2:], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+wall = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
+with open(sys.argv[1], "w") as f:
+    json.dump({"rc": proc.returncode, "wall_s": wall, "peak_rss": peak,
+               "stdout": proc.stdout, "stderr": proc.stderr[-4000:]}, f)
+"""
+
+BUILD = """\
+import sys, torch, scale_model
+m = scale_model.make()
+n = sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
+print(n, sum(p.numel() for p in m.parameters()))
+"""
+
+LOAD = """\
+import sys, time, torch, gatekeeper, scale_model
+model = scale_model.make()
+t0 = time.perf_counter()
+fn = gatekeeper.load_aot("gatekeeper.toml", sys.argv[1], cache_dir=sys.argv[2], model=model)
+t1 = time.perf_counter()
+g = torch.Generator().manual_seed(0)
+ids = torch.randint(0, model.config.vocab_size, (1, 128), generator=g)
+with torch.no_grad():
+    out = fn(input_ids=ids, attention_mask=torch.ones_like(ids))
+t2 = time.perf_counter()
+logits = out["logits"] if isinstance(out, dict) or hasattr(out, "keys") else out[0]
+print(f"{t1 - t0:.2f} {t2 - t1:.2f} {tuple(logits.shape)}")
+"""
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=scale", "-c", "user.email=scale@localhost", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    )
+
+
+def scratch(work: Path, size: str, dtype: str, min_time: float) -> Path:
+    repo = work / "repo"
+    repo.mkdir()
+    (repo / "scale_model.py").write_text(FACTORY.format(size=SIZES[size], dtype=dtype))
+    vocab = SIZES[size]["vocab_size"]
+    (repo / "gatekeeper.toml").write_text(CONFIG.format(min_time=min_time, vocab=vocab))
+    (repo / ".gitignore").write_text(".gatekeeper/\nstore/\nout*/\ncache*/\nresults.json\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the model")
+    return repo
+
+
+def stage(repo: Path, *cmd: str, ok=(0, 1)) -> dict:
+    """Run ``cmd`` through the wrapper: its wall time, peak RSS and output."""
+    out = repo.parent / "stage.json"
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    subprocess.run([sys.executable, "-c", WRAPPER, str(out), *cmd], cwd=repo, env=env, check=True)
+    r = json.loads(out.read_text())
+    if r["rc"] not in ok:
+        sys.exit(f"{' '.join(cmd)} exited {r['rc']}:\n{r['stderr']}")
+    return r
+
+
+def gk(repo: Path, *args: str) -> dict:
+    return stage(repo, sys.executable, "-m", "gatekeeper", *args)
+
+
+def peaks(doc: object, path: str = "") -> dict[str, object]:
+    """Every field of a results document whose name says peak (a ``peak_x_weights`` or a
+    memory figure), wherever it is: read defensively, the schema may grow."""
+    found: dict[str, object] = {}
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            p = f"{path}.{k}" if path else str(k)
+            if "peak" in str(k) and not isinstance(v, (dict, list)):
+                found[p] = v
+            else:
+                found.update(peaks(v, p))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            found.update(peaks(v, f"{path}[{i}]"))
+    return found
+
+
+def results_figures(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    doc = json.loads(path.read_text())
+    figures: dict = {"peaks": peaks(doc)}
+    for t in doc.get("targets", []):
+        aot = t.get("aot") or {}
+        if aot:
+            figures["aot"] = {k: aot.get(k) for k in ("weights", "bytes", "weight_bytes")}
+    return figures
+
+
+def files(root: Path, pattern: str = "*") -> dict[str, int]:
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob(pattern) if p.is_file()}
+
+
+def gb(n: float | None) -> str:
+    if n is None:
+        return ""
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def run_stages(repo: Path, wanted: set[str]) -> tuple[dict, list[dict]]:
+    built = stage(repo, sys.executable, "-c", BUILD, ok=(0,))
+    weight_bytes, params = map(int, built["stdout"].split())
+    info = {"weight_bytes": weight_bytes, "params": params}
+    rows = [dict(built, stage="build (python + torch + the model)")] if "build" in wanted else []
+
+    def add(name: str, r: dict, results: Path | None = None) -> None:
+        row = dict(r, stage=name)
+        if results is not None:
+            row["results"] = results_figures(results)
+        rows.append(row)
+        print(f"{name}: {r['wall_s']:.1f} s, {gb(r['peak_rss'])}", file=sys.stderr, flush=True)
+
+    if "compile" in wanted:
+        add("compile", gk(repo, "compile", "--target", TARGET))
+        info["store_after_compile"] = files(repo / "store")
+    if "warm" in wanted:
+        add("warm --probe, fresh cache", gk(repo, "warm", "--probe", "--target", TARGET,
+                                            "--cache-dir", "cache-warm"))  # fmt: skip
+    if "check" in wanted:
+        add("check", gk(repo, "check", "--target", TARGET, "--out", "out-check"),
+            repo / "out-check/results.json")  # fmt: skip
+        gk(repo, "baseline", "--ref", "main", "--results", "out-check/results.json")
+    if "paired" in wanted:
+        git(repo, "checkout", "-qb", "pr")
+        factory = repo / "scale_model.py"
+        factory.write_text(factory.read_text() + "# a comment: the PR changes nothing\n")
+        git(repo, "commit", "-qam", "a comment")
+        r = gk(repo, "run", "--base-ref", "main", "--target", TARGET, "--out", "out-pr")
+        add(f"run, paired, unchanged PR (exit {r['rc']})", r, repo / "out-pr/results.json")
+        git(repo, "checkout", "-q", "main")
+    if "aot" in wanted:
+        before = set(files(repo / "store"))
+        r = gk(repo, "compile", "--target", AOT)
+        add("aot compile (weights bound)", r)
+        info["aot_bundle"] = {k: v for k, v in files(repo / "store").items() if k not in before}
+        # warm installs only packages a check verified: the check binds the weights too
+        r = gk(repo, "check", "--target", AOT, "--out", "out-aot")
+        add("aot check (weights bound)", r, repo / "out-aot/results.json")
+    if "aot-warm" in wanted or "load" in wanted:
+        add("aot warm (fresh cache)", gk(repo, "warm", "--target", AOT, "--cache-dir", "cache-aot"))
+        info["pt2"] = files(repo / "cache-aot", "*.pt2")
+    if "load" in wanted:
+        r = stage(repo, sys.executable, "-c", LOAD, AOT, "cache-aot", ok=(0,))
+        load_s, call_s, _ = r["stdout"].split(maxsplit=2)
+        add(f"load_aot {load_s} s + first call {call_s} s (fresh process)", r)
+    return info, rows
+
+
+def table(info: dict, rows: list[dict]) -> str:
+    w = info["weight_bytes"]
+    body = [[r["stage"], f"{r['wall_s']:.1f} s", gb(r["peak_rss"]), f"{r['peak_rss'] / w:.2f}"]
+            for r in rows]  # fmt: skip
+    return tabulate(body, headers=["stage", "wall", "peak RSS", "x weights"], tablefmt="github")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=tuple(SIZES), default="tiny")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument(
+        "--stages", default=",".join(STAGES), help="comma-separated: " + ",".join(STAGES)
+    )
+    ap.add_argument("--min-time", type=float, default=1.0, help="measure.min_time (s)")
+    ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch project")
+    a = ap.parse_args()
+    wanted = set(a.stages.split(","))
+    dtype = {"fp32": "float32", "bf16": "bfloat16"}[a.dtype]
+    work = Path(tempfile.mkdtemp(prefix="gk-scale-"))
+    repo = scratch(work, a.size, dtype, a.min_time)
+    try:
+        info, rows = run_stages(repo, wanted)
+    finally:
+        if not a.keep:
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+        else:
+            print(f"scratch project: {repo}", file=sys.stderr)
+    w = info["weight_bytes"]
+    print(f"LlamaForCausalLM {a.size}: {info['params'] / 1e6:.1f}M parameters, {a.dtype}, "
+          f"weights {gb(w)}\n")  # fmt: skip
+    print(table(info, rows))
+    for label, key in (("store after compile", "store_after_compile"),
+                       ("aot bundle", "aot_bundle"), (".pt2", "pt2")):  # fmt: skip
+        found = info.get(key) or {}
+        if found:
+            big = sorted(found.items(), key=lambda kv: -kv[1])[:4]
+            listed = ", ".join(f"{k} {gb(v)}" for k, v in big)
+            print(f"\n{label}: {gb(sum(found.values()))} in {len(found)} files ({listed})")
+    for r in rows:
+        for k, v in (r.get("results") or {}).get("peaks", {}).items():
+            print(f"{r['stage']}: results.json {k} = {v}")
+    if a.json:
+        for r in rows:
+            r.pop("stdout", None), r.pop("stderr", None)
+        a.json.write_text(json.dumps({"size": a.size, "dtype": a.dtype, **info, "rows": rows},
+                                     indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
