@@ -148,6 +148,10 @@ def scratch(work: Path, size: str, dtype: str, min_time: float) -> Path:
     return repo
 
 
+class StageFailed(Exception):
+    """A stage exited with a code it should not have: the stages before it still print."""
+
+
 def stage(repo: Path, *cmd: str, ok=(0, 1)) -> dict:
     """Run ``cmd`` through the wrapper: its wall time, peak RSS and output."""
     out = repo.parent / "stage.json"
@@ -155,7 +159,7 @@ def stage(repo: Path, *cmd: str, ok=(0, 1)) -> dict:
     subprocess.run([sys.executable, "-c", WRAPPER, str(out), *cmd], cwd=repo, env=env, check=True)
     r = json.loads(out.read_text())
     if r["rc"] not in ok:
-        sys.exit(f"{' '.join(cmd)} exited {r['rc']}:\n{r['stderr']}")
+        raise StageFailed(f"{' '.join(cmd)} exited {r['rc']}:\n{r['stderr']}")
     return r
 
 
@@ -217,6 +221,14 @@ def run_stages(repo: Path, wanted: set[str]) -> tuple[dict, list[dict]]:
         rows.append(row)
         print(f"{name}: {r['wall_s']:.1f} s, {gb(r['peak_rss'])}", file=sys.stderr, flush=True)
 
+    try:
+        _stages(repo, wanted, info, add)
+    except StageFailed as e:
+        info["failed"] = str(e)
+    return info, rows
+
+
+def _stages(repo: Path, wanted: set[str], info: dict, add) -> None:
     if "compile" in wanted:
         add("compile", gk(repo, "compile", "--target", TARGET))
         info["store_after_compile"] = files(repo / "store")
@@ -250,7 +262,6 @@ def run_stages(repo: Path, wanted: set[str]) -> tuple[dict, list[dict]]:
         r = stage(repo, sys.executable, "-c", LOAD, AOT, "cache-aot", ok=(0,))
         load_s, call_s, _ = r["stdout"].split(maxsplit=2)
         add(f"load_aot {load_s} s + first call {call_s} s (fresh process)", r)
-    return info, rows
 
 
 def table(info: dict, rows: list[dict]) -> str:
@@ -301,6 +312,8 @@ def main() -> None:
             r.pop("stdout", None), r.pop("stderr", None)
         a.json.write_text(json.dumps({"size": a.size, "dtype": a.dtype, **info, "rows": rows},
                                      indent=2))  # fmt: skip
+    if "failed" in info:
+        sys.exit(f"stopped: {info['failed']}")
 
 
 if __name__ == "__main__":
