@@ -25,7 +25,7 @@ from pydantic import (
 
 from . import kinds, quantize
 from .errors import ConfigError
-from .inputs import _INPUT_TAGS, Inputs, InputSpec, _Strict
+from .inputs import INPUT_TAGS, Inputs, InputSpec, Strict
 from .quantize import SQNR_FLOOR, Quantize, Quantized
 from .secrecy import passable
 
@@ -61,13 +61,13 @@ def _kind(name: str) -> str:
 Strategy = Annotated[str, AfterValidator(_kind)]
 
 
-class ParityTolerance(_Strict):
+class ParityTolerance(Strict):
     atol: float = Field(1e-4, ge=0)
     rtol: float = Field(1e-4, ge=0)
     cosine: float = Field(0.99, ge=-1, le=1)
 
 
-class GateConfig(_Strict):
+class GateConfig(Strict):
     """Regression thresholds, as fractions (0.05 = 5% worse), and the rules' choices."""
 
     latency_regression: float = Field(0.05, ge=0, lt=1)
@@ -87,7 +87,7 @@ class GateConfig(_Strict):
     quantized_slower: Literal["advise", "fail"] = "advise"
 
 
-class DistributedConfig(_Strict):
+class DistributedConfig(Strict):
     """A model run as ``world_size`` ranks (docs/distributed.md): each rank calls the
     factory after joining the process group, and the factory parallelizes the model.
     ``backend`` ``auto``: ``nccl`` on CUDA, ``gloo`` on CPU. ``mesh``: the dimensions
@@ -153,7 +153,7 @@ class TrainConfig(BaseModel):
         }
 
 
-class ExportConfig(_Strict):
+class ExportConfig(Strict):
     """How the ``aot`` strategy exports the model: ``torch.export.export(strict=...)``
     (non-strict by default: the model's Python runs as Python, only torch calls are
     traced); ``weights``: in the package (``bundled``), or left out and bound at load to
@@ -167,7 +167,7 @@ class ExportConfig(_Strict):
 PassEnv = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\*?$"), AfterValidator(passable)]
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     name: str = Field(pattern=_NAME)
     # what is compiled: the module ``factory`` returns (its ``forward``, or its method
     # ``call``), or the plain function ``function`` names
@@ -303,7 +303,7 @@ class ModelConfig(_Strict):
                     )
 
 
-class MeasureConfig(_Strict):
+class MeasureConfig(Strict):
     """How long and how often to measure each target."""
 
     warmup: int = Field(5, ge=0)
@@ -319,7 +319,7 @@ class MeasureConfig(_Strict):
     shape_sweep: bool = True
 
 
-class Config(_Strict):
+class Config(Strict):
     store: str = DEFAULT_STORE
     endpoint_url: str | None = None
     read_only: bool = False
@@ -366,7 +366,7 @@ class Config(_Strict):
 def _where(loc: tuple) -> str:
     out = ""
     for part in loc:
-        if part in _INPUT_TAGS:  # an input's kind, not a field the user wrote
+        if part in INPUT_TAGS:  # an input's kind, not a field the user wrote
             continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out

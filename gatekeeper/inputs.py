@@ -22,12 +22,12 @@ Dtype = Literal[
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     # strict: TOML has real types, so "yes" is not a bool and "8" is not an int
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class InputSpec(_Strict):
+class InputSpec(Strict):
     """One seeded random input tensor; names in ``shape`` are bound by a shape set."""
 
     shape: list[int | str]
@@ -80,4 +80,4 @@ Inputs = Annotated[
     | Annotated[dict[str, Input], Tag("keyword-inputs")],
     Discriminator(lambda v: "keyword-inputs" if isinstance(v, dict) else "positional-inputs"),
 ]
-_INPUT_TAGS = ("tensor-input", "plain-input", "positional-inputs", "keyword-inputs")
+INPUT_TAGS = ("tensor-input", "plain-input", "positional-inputs", "keyword-inputs")
