@@ -461,7 +461,7 @@ def test_strategy_is_in_the_spec_and_whole_keeps_the_old_one():
     )
     assert compile_spec(whole) == compile_spec(plain)  # today's keys and stores unchanged
     assert compile_spec(regional)["strategy"] == "regional"
-    assert compile_spec(aot)["export"] == {"strict": False}
+    assert compile_spec(aot)["export"] == {"strict": False, "weights": "auto"}
     named = expand(
         Config.model_validate(
             {"models": [{**m, "strategies": ["regional", "aot"], "regions": ["layers.*"]}]}
