@@ -47,7 +47,11 @@ MODEL = textwrap.dedent("""
         return Tiny()
 """)
 
-CONFIG = parity_only_config("[{ batch = 4 }, { batch = 8 }]")
+# the drift switch is an environment variable: the worker's environment is an
+# allow-list, so the config passes it on (pass_env), as a user's model setting would be
+CONFIG = parity_only_config("[{ batch = 4 }, { batch = 8 }]").replace(
+    'store = "store"', 'store = "store"\npass_env = ["TINY_DRIFT"]'
+)
 
 TARGETS = ["tiny/b4/default", "tiny/b8/default"]
 # one thread: every run has the same env key, and a busy machine cannot turn an OpenMP
