@@ -27,11 +27,13 @@ test measured, seconds of timed rounds per target, and seconds per trial. Usage:
 
     python benchmarks/detection_power.py [--levels 0:100,10:60,5:20,20:20]
         [--modes default,stored] [--knob compute|layers] [--baseline-runs 1] [--threads N]
-        [--sines 5:14,10:23,20:42] [--calibration 3:8] [--json PATH]
+        [--sines 5:14,10:23,20:42] [--calibration 3:8] [--json PATH] [--samples PATH]
         [--device cpu|cuda] [--work 1048576]
     python benchmarks/detection_power.py --from-json PATH [PATH ...]
 
 `--json` writes every trial as it ends, so a run stopped early keeps what it measured;
+`--samples` writes each paired trial's base and head samples (tests/data/paired_samples.json
+was recorded so, for tests/gate/test_detection_power.py);
 `--from-json` prints one table of such files (a row per thread count, mode and level).
 
 A level without ``:N`` takes ``--trials``. Measurement settings are the defaults unless
@@ -254,6 +256,17 @@ def halves(result: dict) -> list[float] | None:
     return [math.expm1(statistics.fmean(part)) for part in (logs[:mid], logs[mid:])]
 
 
+def paired_samples(result: dict) -> dict | None:
+    """A paired trial's samples as the gate compares them: the base commit's and the
+    head's compiled seconds per call, round by round (index i of each is one round),
+    rounded to 6 significant digits; None for a trial not measured paired."""
+    try:
+        head, base = result["latency"]["samples"]["compiled"], result["paired"]["samples"]
+    except (KeyError, TypeError):
+        return None
+    return {"base": [float(f"{x:.6g}") for x in base], "head": [float(f"{x:.6g}") for x in head]}
+
+
 def level_map(text: str, default: int) -> dict[int, int]:
     """``"0:100,10:60,5"`` as {0: 100, 10: 60, 5: default}."""
     return {int(a): int(b or default) for a, _, b in (x.partition(":") for x in text.split(","))}
@@ -298,6 +311,12 @@ def main() -> None:
         help="calibration processes, and seconds of timed rounds in each (default 3:8)",
     )
     ap.add_argument("--json", metavar="PATH", help="also write every trial here, as each one ends")
+    ap.add_argument(
+        "--samples",
+        metavar="PATH",
+        help="also write each trial's paired samples here (base and head compiled "
+        "seconds per round, as the gate compares them), as each one ends",
+    )
     ap.add_argument(
         "--budget",
         type=float,
@@ -356,6 +375,7 @@ def main() -> None:
     git(repo, "checkout", "-qb", "pr")
 
     trials: list[dict] = []
+    kept: list[dict] = []  # --samples
     for pct, n_trials in counts.items():
         if args.knob == "compute":
             if pct and pct not in sines:  # sized right before its trials
@@ -415,6 +435,9 @@ def main() -> None:
                 trials.append(trial)
                 if args.json:  # after every trial, so a run stopped early keeps what it measured
                     Path(args.json).write_text(json.dumps(trials, indent=2))
+                if args.samples and (pair := paired_samples(r)):
+                    kept.append({"slowdown": pct, "trial": n, "verdict": t["verdict"], **pair})
+                    Path(args.samples).write_text(json.dumps(kept, indent=1) + "\n")
                 delta = "-" if trial["delta"] is None else f"{trial['delta']:+.1%}"
                 print(
                     f"{mode} {pct}% #{n + 1}: {t['verdict']} Δ {delta} "

@@ -1,7 +1,7 @@
 """gatekeeper's quick start: one model compiled cold, a deploy warm-started from the
 store, and a pull request gated against main.
 
-    python examples/quickstart.py [--dir DIR] [--change slower|numerics]
+    python examples/quickstart.py [--dir DIR] [--change slower|numerics ...]
 
 It copies examples/quickstart/ (a gatekeeper.toml and a model.py) into a scratch git
 repository (a new temporary folder, or --dir) whose `main` branch holds it, and runs the
@@ -16,10 +16,12 @@ real CLI there, printing each command before it runs it:
 4. a pull request branch changes the model and `gatekeeper run --out pr` gates it,
    paired with main's commit: --change slower (the default) adds a layer that leaves
    the outputs unchanged but costs work on every call; --change numerics switches an
-   activation from GELU to ReLU, which changes the outputs.
+   activation from GELU to ReLU, which changes the outputs. --change given more than
+   once gates each change in turn, each on its own branch from main, after the same
+   steps 1-3 (its report in pr-<change>/ instead of pr/).
 
-Nothing outside the scratch folder is written. Exit 0 when the gate caught the change,
-1 when it did not, 2 when a command failed.
+Nothing outside the scratch folder is written. Exit 0 when the gate caught every
+change, 1 when it did not, 2 when a command failed.
 """
 
 from __future__ import annotations
@@ -84,9 +86,12 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
+STEPS = [4]  # steps in all: 3 + one per change
+
+
 def step(n: int, title: str) -> None:
     took = int(time.monotonic() - START)
-    say(f"\n[{took // 60}:{took % 60:02d}] {n}/4 {title}")
+    say(f"\n[{took // 60}:{took % 60:02d}] {n}/{STEPS[0]} {title}")
 
 
 def git(repo: Path, *args: str) -> str:
@@ -152,7 +157,9 @@ def set_up(folder: Path) -> Path:
     shutil.copytree(
         PROJECT, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
     )
-    (folder / ".gitignore").write_text(".gatekeeper/\ndeploy-cache/\nmain/\npr/\n__pycache__/\n")
+    (folder / ".gitignore").write_text(
+        ".gatekeeper/\ndeploy-cache/\nmain/\npr/\npr-*/\n__pycache__/\n"
+    )
     git(folder, "init", "-q", "-b", "main")
     git(folder, "add", ".")
     git(folder, "commit", "-qm", "A classifier, gated by gatekeeper")
@@ -160,9 +167,10 @@ def set_up(folder: Path) -> Path:
 
 
 def change_model(repo: Path, change: str) -> None:
-    """Apply the pull request's edits to model.py on a new branch and commit them."""
+    """Apply the pull request's edits to model.py on a new branch from main and commit
+    them."""
     summary, _, edits = CHANGES[change]
-    git(repo, "checkout", "-qb", f"pr-{change}")
+    git(repo, "checkout", "-qb", f"pr-{change}", "main")
     model = repo / "model.py"
     text = model.read_text()
     for old, new in edits:
@@ -173,11 +181,37 @@ def change_model(repo: Path, change: str) -> None:
     git(repo, "commit", "-qam", f"Classifier: {summary}")
 
 
+def pull_request(repo: Path, target: str, change: str, n: int, out: str) -> dict:
+    """Step ``n``: a pull request making ``change``, gated paired with main's commit
+    (report in ``out``); its report row."""
+    summary, why, _ = CHANGES[change]
+    step(n, f"A pull request {summary}")
+    change_model(repo, change)
+    say(f"  ({why}; branch pr-{change})")
+    for line in git(repo, "diff", "main", "--", "model.py").splitlines():
+        if line[:1] in ("+", "-") and line[:3] not in ("+++", "---"):
+            say("    " + line)
+    code, doc = gatekeeper(repo, "run", "--out", out, ok=(0, 1))
+    row = doc["targets"][0]
+    because = ". Why:" if row["reasons"] else ""
+    say(f"  -> {target}: {row['verdict']} (exit {code}), paired with main's commit{because}")
+    for reason in row["reasons"]:
+        say(f"     - {reason}")
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, help="scratch folder (default: a new temporary one)")
-    ap.add_argument("--change", choices=sorted(CHANGES), default="slower")
+    ap.add_argument(
+        "--change",
+        choices=sorted(CHANGES),
+        action="append",
+        help="the pull request's change (default slower); repeat to gate several",
+    )
     args = ap.parse_args()
+    changes = list(dict.fromkeys(args.change or ["slower"]))
+    STEPS[0] = 3 + len(changes)
     if shutil.which("git") is None:
         fail("quickstart: git is needed (the pull request is a branch of a scratch repo)")
     for module, install in (
@@ -229,25 +263,24 @@ def main() -> int:
         f"process, against {seconds(cold)} cold: {cold / first:.1f}x faster ({how})"
     )
 
-    summary, why, _ = CHANGES[args.change]
-    step(4, f"A pull request {summary}")
-    change_model(repo, args.change)
-    say(f"  ({why}; branch pr-{args.change})")
-    for line in git(repo, "diff", "main", "--", "model.py").splitlines():
-        if line[:1] in ("+", "-") and line[:3] not in ("+++", "---"):
-            say("    " + line)
-    code, doc = gatekeeper(repo, "run", "--out", "pr", ok=(0, 1))
-    row = doc["targets"][0]
-    why = ". Why:" if row["reasons"] else ""
-    say(f"  -> {target}: {row['verdict']} (exit {code}), paired with main's commit{why}")
-    for reason in row["reasons"]:
-        say(f"     - {reason}")
-
+    out = {c: "pr" if len(changes) == 1 else f"pr-{c}" for c in changes}
+    rows = [pull_request(repo, target, c, 4 + i, out[c]) for i, c in enumerate(changes)]
     took = int(time.monotonic() - START)
     say(f"\nDone in {took // 60}:{took % 60:02d}. Where to look next:")
     for path, what in (
-        ("pr/report.md", "the pull request's report, as its PR comment shows it"),
-        ("pr/results.json", "every figure measured, per target (pr/traces: Chrome traces)"),
+        *(
+            (
+                f"{o}/report.md",
+                "the pull request's report"
+                + (f" (--change {c})" if len(out) > 1 else "")
+                + ", as its PR comment shows it",
+            )
+            for c, o in out.items()
+        ),
+        (
+            f"{out[changes[0]]}/results.json",
+            f"every figure measured, per target ({out[changes[0]]}/traces: Chrome traces)",
+        ),
         ("main/report.md", "main's run, now its baseline"),
         (".gatekeeper/store", "the store: bundles/ and baselines/"),
         ("deploy-cache", "the inductor cache dir the deploy was warmed into"),
@@ -259,13 +292,17 @@ def main() -> int:
         ("docs/configuration.md", "gate your own model"),
         ("docs/action.md", "gate every pull request in GitHub Actions"),
         ("mkdocs serve", "all of docs/ as a site (after pip install -e '.[docs]')"),
-        (TOUR, "the full tour: every example target (32), through every stage"),
+        (TOUR, "the full tour: every example target (38), through every stage"),
     ):
         say(f"  {path}\n      {what}")
-    caught = row["verdict"] in ("regressed", "parity-failed")
-    if not caught:
-        say(f"quickstart: the gate did not catch the change ({row['verdict']})")
-    return 0 if caught else 1
+    missed = [
+        f"{c} ({row['verdict']})"
+        for c, row in zip(changes, rows, strict=True)
+        if row["verdict"] not in ("regressed", "parity-failed")
+    ]
+    if missed:
+        say(f"quickstart: the gate did not catch the change: {', '.join(missed)}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
