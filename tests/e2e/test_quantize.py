@@ -1,14 +1,15 @@
 """Quantized variants end to end, with the real torchao and real compiles: a tiny model
 with ``quantize = ["none", "int8-weight-only", "int8-dynamic"]`` through compile, warm
 (a hit), check and baseline on main, then pull requests checked paired with main: one
-unchanged, one that quantizes one more layer (SQNR below the floor), one that changes
-the float model's numerics; and the configs that cannot run here (torchao not installed
-included), one line each."""
+unchanged, one that quantizes one more layer (SQNR below the floor), one that changes a
+config argument (SQNR fallen from main's), one that changes the float model's numerics;
+and the configs that cannot run here (torchao not installed included), one line each."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -149,6 +150,27 @@ def test_quantizing_one_more_layer_falls_below_the_floor(repo: Path):
     said = " ".join(t["reasons"])
     assert "below the int8-weight-only floor of 20 dB" in said, said
     assert "SQNR vs float" in said and "->" in said, said  # and its fall from main's
+
+
+def test_a_config_argument_that_costs_accuracy_is_regressed_by_sqnr(repo: Path):
+    """``reduce_range`` halves int8-dynamic's range (about 6 dB): another config argument
+    than main's, so SQNR vs float judges it, paired with main's, and parity vs main's
+    outputs (meant to differ) is no failure."""
+    config = repo / "gatekeeper.toml"
+    config.write_text(CONFIG + "quantize_options = { int8-dynamic = { reduce_range = true } }\n")
+    try:
+        code, doc, _ = check_gate(repo, "--target", INT8DQ)
+    finally:
+        git(repo, "checkout", "gatekeeper.toml")
+    assert code == 1, doc
+    (t,) = doc["targets"]
+    assert t["verdict"] == "regressed", t
+    assert t["quantization"]["options"] == {"reduce_range": True}, t["quantization"]
+    (said,) = [r for r in t["reasons"] if "SQNR" in r]
+    assert re.fullmatch(
+        r"SQNR vs float [\d.]+ dB -> [\d.]+ dB \(-[\d.]+ dB, threshold 3 dB\)", said
+    )
+    assert not any("parity" in r for r in t["reasons"]), t
 
 
 def test_a_float_model_whose_numerics_change_fails_both(repo: Path):
