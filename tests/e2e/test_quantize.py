@@ -1,12 +1,17 @@
 """Quantized variants end to end, with the real torchao and real compiles: a tiny model
 with ``quantize = ["none", "int8-weight-only", "int8-dynamic"]`` through compile, warm
 (a hit), check and baseline on main, then pull requests checked paired with main: one
-unchanged, one that quantizes one more layer (SQNR below the floor), one that changes
-the float model's numerics; and the configs that cannot run here, one line each."""
+unchanged, one that quantizes one more layer (SQNR below the floor), one that changes a
+config argument (SQNR fallen from main's), one that changes the float model's numerics;
+and the configs that cannot run here (torchao not installed included), one line each."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -147,6 +152,27 @@ def test_quantizing_one_more_layer_falls_below_the_floor(repo: Path):
     assert "SQNR vs float" in said and "->" in said, said  # and its fall from main's
 
 
+def test_a_config_argument_that_costs_accuracy_is_regressed_by_sqnr(repo: Path):
+    """``reduce_range`` halves int8-dynamic's range (about 6 dB): another config argument
+    than main's, so SQNR vs float judges it, paired with main's, and parity vs main's
+    outputs (meant to differ) is no failure."""
+    config = repo / "gatekeeper.toml"
+    config.write_text(CONFIG + "quantize_options = { int8-dynamic = { reduce_range = true } }\n")
+    try:
+        code, doc, _ = check_gate(repo, "--target", INT8DQ)
+    finally:
+        git(repo, "checkout", "gatekeeper.toml")
+    assert code == 1, doc
+    (t,) = doc["targets"]
+    assert t["verdict"] == "regressed", t
+    assert t["quantization"]["options"] == {"reduce_range": True}, t["quantization"]
+    (said,) = [r for r in t["reasons"] if "SQNR" in r]
+    assert re.fullmatch(
+        r"SQNR vs float [\d.]+ dB -> [\d.]+ dB \(-[\d.]+ dB, threshold 3 dB\)", said
+    )
+    assert not any("parity" in r for r in t["reasons"]), t
+
+
 def test_a_float_model_whose_numerics_change_fails_both(repo: Path):
     model = repo / "tinymodel.py"
     model.write_text(MODEL.replace("return self.head(", "return 1.5 * self.head("))
@@ -205,3 +231,55 @@ def test_torchao_that_does_not_import_is_one_line_naming_the_extra(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if "torchao" in ln]
     assert len(lines) == 1, proc.stderr
     assert "int8-dynamic needs torchao>=0.17 (pip install 'gatekeeper[quant]')" in lines[0]
+
+
+def _without_torchao(site: Path) -> dict[str, str]:
+    """An environment in which torchao is not installed, for real: a ``sitecustomize``
+    on PYTHONPATH (which the worker's allow-list passes too) swaps each ``sys.path``
+    directory that holds torchao for a shadow of links to everything else in it, so both
+    ``import torchao`` and its installed metadata are gone, and torch and the rest stay."""
+    mapping = {}
+    for i, entry in enumerate(map(Path, sys.path)):
+        if entry.is_dir() and ((entry / "torchao").exists() or any(entry.glob("torchao-*"))):
+            shadow = site / f"shadow{i}"
+            shadow.mkdir(parents=True)
+            for item in entry.iterdir():
+                if item.name != "torchao" and not item.name.startswith("torchao-"):
+                    (shadow / item.name).symlink_to(item)
+            mapping[str(entry)] = str(shadow)
+    assert mapping, "torchao is not installed here: nothing to hide"
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nsys.path[:] = [{mapping!r}.get(p, p) for p in sys.path]\n"
+    )
+    return {"PYTHONPATH": str(site)}
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_torchao_not_installed_is_one_line_exit_2_and_the_store_untouched(repo, tmp_path):
+    """torchao absent (not importable, no metadata): ``compile`` and ``check`` refuse the
+    quantized targets before any work, the float one included, in one line naming the
+    config and the extra; the store and the results stay as they were."""
+    env = _without_torchao(tmp_path / "site")
+    hidden = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('torchao'))"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert hidden.stdout.strip() == "None", hidden  # the blocker blocks
+    store, results = _files(repo / "store"), (repo / "results.json").read_bytes()
+    for command in (["compile"], ["check", "--mode", "stored"]):
+        proc = gk(*command, cwd=repo, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line == (
+            "gatekeeper: error: models.qnet.quantize: int8-weight-only needs torchao>=0.17, "
+            "which is not installed (pip install 'gatekeeper[quant]')"
+        ), proc.stderr
+    assert _files(repo / "store") == store  # nothing compiled, published or pruned
+    assert (repo / "results.json").read_bytes() == results
