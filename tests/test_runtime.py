@@ -20,8 +20,8 @@ PARENT = (
     "gatekeeper, gatekeeper.cli, gatekeeper.runtime, gatekeeper.key, gatekeeper.warm, "
     "gatekeeper.check.run, gatekeeper.compile, gatekeeper.pipeline, gatekeeper.results, "
     "gatekeeper.gate, gatekeeper.report, gatekeeper.store, gatekeeper.github, "
-    "gatekeeper.dashboard, gatekeeper.commands.comment, gatekeeper.worker.launch, "
-    "gatekeeper.worker.protocol, gatekeeper.check.verify, gatekeeper.shards, "
+    "gatekeeper.dashboard, gatekeeper.commands.comment, gatekeeper.boundary.client, "
+    "gatekeeper.boundary.protocol, gatekeeper.check.verify, gatekeeper.shards, "
     "gatekeeper.check.paired, gatekeeper.kinds, gatekeeper.kinds.aot, "
     "gatekeeper.kinds.precompile"
 )

@@ -1,5 +1,5 @@
-"""The launcher of a distributed target's ranks: ``python -m gatekeeper.worker.launcher
-SPEC.json OUT.json``, started (confined) by :func:`gatekeeper.worker.launch.run_ranks`
+"""The launcher of a distributed target's ranks: ``python -m gatekeeper.boundary.elastic
+SPEC.json OUT.json``, started (confined) by :func:`gatekeeper.boundary.client.run_ranks`
 in place of one worker. It imports torch (the parent never does) and runs torch's own
 elastic agent in this process (``elastic_launch``, what ``torchrun`` runs): one node,
 ``world_size`` ranks, each ``python -m gatekeeper.worker REQUEST RESPONSE.<rank>``, a

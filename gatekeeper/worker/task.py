@@ -37,7 +37,7 @@ from .team import current
 from .timing import latency
 
 if TYPE_CHECKING:
-    from .protocol import MeasureRequest
+    from ..boundary.protocol import MeasureRequest
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # allclose tolerances for outputs computed under autocast: a few units in the last place

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
+from ..boundary.protocol import Build, CompileRequest, MeasureRequest, ProbeRequest, Response
 from ..config import ModelConfig, ParityTolerance
 from .calls import Inputs, entry
 from .compiler import compile_model, snapshot_counters
@@ -37,7 +38,6 @@ from .memory import footprint
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
 from .plan import fits
-from .protocol import Build, CompileRequest, MeasureRequest, ProbeRequest, Response
 from .task import (
     Trainer,
     autocast,
