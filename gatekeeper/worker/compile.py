@@ -19,7 +19,8 @@ from .deps import watching_cache
 from .kinds import Job, Refused, builder, package_half
 from .model import build_recorded
 from .plan import fits
-from .task import check_precision, shape_sweep, under_autocast
+from .precision import check_precision, under_autocast
+from .sweep import shape_sweep
 from .timing import first_call
 
 

@@ -34,15 +34,9 @@ from .memory import allocated, footprint, last_level_cache
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
 from .plan import fits
-from .task import (
-    autocast,
-    check_precision,
-    fresh_frames,
-    measure_calls,
-    parity_tolerance,
-    start_counting,
-    under_autocast,
-)
+from .precision import autocast, check_precision, parity_tolerance, under_autocast
+from .recompiles import start_counting
+from .task import fresh_frames, measure_calls
 from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
 

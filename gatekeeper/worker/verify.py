@@ -15,7 +15,7 @@ from .calls import entry
 from .kinds import package_half
 from .model import build_recorded
 from .parity import Outputs, check_parity, read_reference, vs_eager
-from .task import check_precision, parity_tolerance, under_autocast
+from .precision import check_precision, parity_tolerance, under_autocast
 from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
 

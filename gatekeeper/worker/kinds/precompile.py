@@ -43,7 +43,8 @@ from ...runtime import enable_precompile_loading
 from ..calls import entry
 from ..compiler import compile_model, snapshot_counters
 from ..model import build_recorded
-from ..task import shape_sweep, under_autocast
+from ..precision import under_autocast
+from ..sweep import shape_sweep
 from .base import Loaded, PackageHalf
 
 if TYPE_CHECKING:
