@@ -51,14 +51,14 @@ from pathlib import Path
 from tabulate import tabulate
 
 from gatekeeper import bundle, kinds
+from gatekeeper.boundary.client import run_worker
+from gatekeeper.boundary.protocol import PackageRef, ProbeRequest, dynamo_skipped
 from gatekeeper.compile import compile_all
 from gatekeeper.config import load_config
 from gatekeeper.key import find_bundle, target_key
 from gatekeeper.runtime import PACKAGE, package_dir
 from gatekeeper.store import open_store
 from gatekeeper.targets import expand, select
-from gatekeeper.worker.launch import run_worker
-from gatekeeper.worker.protocol import PackageRef, ProbeRequest, dynamo_skipped
 
 ROOT = Path(__file__).resolve().parents[1]
 

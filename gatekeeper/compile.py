@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__, bundle, distributed, kinds
+from .boundary.client import run_or_fail
+from .boundary.protocol import CompileRequest, PackageRef, Response
 from .bundle import signing_key
 from .config import Config
 from .errors import BundleError, ObjectTooLarge, StoreError, WontFit
@@ -32,8 +34,6 @@ from .provenance import creator
 from .scratch import scratch_dir
 from .store import BundleLocation, Store
 from .targets import Target, one_per_bundle
-from .worker.launch import run_or_fail
-from .worker.protocol import CompileRequest, PackageRef, Response
 
 log = logging.getLogger("gatekeeper.compile")
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .boundary.protocol import Response
     from .results import RankResult, TargetResult
     from .targets import Target
-    from .worker.protocol import Response
 
 
 def manifest_section(target: Target, resp: Response) -> dict[str, Any]:

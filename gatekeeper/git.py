@@ -3,7 +3,7 @@ helper, so every call has the same timeout, no stdin, the same one-line error, a
 same defences against what a worker may have left behind.
 
 Model code ran in the checkout before most of these calls. Its box keeps ``.git`` and
-every ``PATH`` folder read-only (:mod:`gatekeeper.worker.confine`); besides, git is
+every ``PATH`` folder read-only (:mod:`gatekeeper.boundary.confine`); besides, git is
 found once, before the first worker starts (:func:`resolve`, called by
 :func:`gatekeeper.secrecy.seal`), and always run by that absolute path, with the system
 and global config off, no hooks, no fsmonitor, no pager, no external diff, no ssh

@@ -1,6 +1,6 @@
 """The parent's temporary folders, known by name while they are open: a worker's box
 removes them all if this process dies while the worker runs (killed, even by SIGKILL:
-:mod:`gatekeeper.worker.confine`), so no run leaves its scratch behind."""
+:mod:`gatekeeper.boundary.confine`), so no run leaves its scratch behind."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The secrets of the gatekeeper process (the signing key, the store's credentials, the
 job's tokens), kept where the model code its workers run cannot read them.
 
-A worker's own environment never holds a secret (:func:`gatekeeper.worker.launch.cache_env`
+A worker's own environment never holds a secret (:func:`gatekeeper.boundary.client.cache_env`
 drops every variable :func:`is_secret` names). Its ancestors do: gatekeeper itself, and
 whatever started it. On Linux, before any worker starts, :func:`seal` makes this process
 a dead end for model code:
@@ -15,7 +15,7 @@ a dead end for model code:
 * **the process is not dumpable** (``prctl(PR_SET_DUMPABLE, 0)``): a process of the same
   user cannot open its ``/proc/<pid>/environ``, ``mem``, ``maps`` or file descriptors,
   nor ptrace it. Root can, with ``CAP_SYS_PTRACE``, ``CAP_SYS_ADMIN`` or ``CAP_PERFMON``:
-  a worker never has them (:mod:`gatekeeper.worker.confine`).
+  a worker never has them (:mod:`gatekeeper.boundary.confine`).
 * **the gatekeeper program** (:func:`gatekeeper.cli.entry`: the console script, ``python
   -m gatekeeper``, the action) also takes the credentials out of ``os.environ``, so no
   child inherits them by default: the signing key, GitHub tokens and AWS keys stay in

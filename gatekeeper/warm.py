@@ -272,9 +272,9 @@ def probe(
     graphs all miss makes ``result`` stale). ``env``: the service's
     (:func:`service_env`); a package a deploy loads is loaded as it does: did Dynamo
     run?"""
+    from .boundary.client import run_or_fail
+    from .boundary.protocol import PackageRef, ProbeRequest
     from .runtime import resolve_device
-    from .worker.launch import run_or_fail
-    from .worker.protocol import PackageRef, ProbeRequest
 
     own = kinds.of(target).package
     load = None
@@ -301,7 +301,7 @@ def _all_ranks(resp: Any) -> str:
 
 
 def _read_probe(result: WarmResult, resp: Any) -> Probe:
-    from .worker.protocol import dynamo_skipped
+    from .boundary.protocol import dynamo_skipped
 
     first, cold = resp.compile_seconds, result.cold_compile_seconds
     speedup = cold / first if cold and first else None

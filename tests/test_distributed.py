@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 
 from gatekeeper import distributed, kinds
+from gatekeeper.boundary import ranks
+from gatekeeper.boundary.merge import merge
+from gatekeeper.boundary.protocol import BaseMeasured, Graphs, Response
 from gatekeeper.config import Config
 from gatekeeper.errors import ConfigError, WorkerError
 from gatekeeper.key import compile_spec
 from gatekeeper.results import Latency, Parity, ParityCheck, RankResult, TargetResult
 from gatekeeper.targets import expand
-from gatekeeper.worker import ranks
-from gatekeeper.worker.gather import merge
-from gatekeeper.worker.protocol import BaseMeasured, Graphs, Response
 
 
 def config(**extra) -> Config:

@@ -1,5 +1,5 @@
 """The secrets of a gatekeeper process are out of reach of the model code its workers run
-(gatekeeper/secrecy.py, gatekeeper/worker/confine.py), against the real thing: a model
+(gatekeeper/secrecy.py, gatekeeper/boundary/confine.py), against the real thing: a model
 whose factory walks every ancestor and reads what it can of each (tests/support/snoop.py:
 environ, every thread's environ, cmdline, open files, memory), run by the real CLI. A
 positive control shows that the same scan finds a secret wherever it may read."""
@@ -28,7 +28,7 @@ from support.snooping import (
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc and prctl are Linux's")
 
-CONFINE = Path(__file__).resolve().parents[1] / "gatekeeper" / "worker" / "confine.py"
+CONFINE = Path(__file__).resolve().parents[1] / "gatekeeper" / "boundary" / "confine.py"
 # what the job holds: every value a needle the snoop looks for
 SECRETS = {
     "GATEKEEPER_SIGNING_KEY": "sk-needle-3a9f0c2e51",

@@ -5,7 +5,10 @@ tests/support/structure.py; ``benchmarks/structure.py`` prints the figures):
 * no module over 500 lines, no function over 80;
 * no module outside ``gatekeeper/kinds/`` (and the worker's dispatch to the kinds'
   halves, ``gatekeeper/worker/kinds/``) branches on an artifact kind's name;
-* the parent reaches into ``worker/`` only through ``protocol`` and ``launch``;
+* the process boundary is a folder: nothing outside ``boundary/`` (the parent's side)
+  imports ``worker/`` (the torch child), and nothing ``boundary/`` imports, itself
+  included, imports torch as it is imported (its elastic agent imports torch inside
+  functions, in a process of its own);
 * no module but ``gatekeeper/metrics.py`` (the registry) keeps a list of metrics: their
   names, labels, columns or threshold settings, or the work counters.
 
@@ -24,7 +27,7 @@ from support import structure
 from gatekeeper import kinds, metrics
 from gatekeeper.results import Work
 
-DOOR = {"gatekeeper.worker.protocol", "gatekeeper.worker.launch"}
+BOUNDARY = "gatekeeper.boundary"
 KINDS_HOME = ("gatekeeper.kinds", "gatekeeper.worker.kinds")
 
 
@@ -57,9 +60,12 @@ def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
             "k.py": 'def f(t):\n    return t.strategy == "aot" or t.id.endswith("+regional")\n',
             "long.py": "def f():\n" + "    x = 1\n" * 81 + "\n" * 420,
             "worker/__init__.py": "",
-            "worker/protocol.py": "",
             "worker/deps.py": "",
-            "parent.py": "from .worker import protocol\nfrom .worker.deps import x\n",
+            "parent.py": "from .worker import deps\nfrom .worker.deps import x\n",
+            "boundary/__init__.py": "",
+            "boundary/client.py": "from ..worker.deps import x\nfrom . import spawn\n",
+            # torch at import time (spawn), not inside a function or for types (client)
+            "boundary/spawn.py": "import os, torch.cuda\ndef f():\n    import torch\n",
             # a module-level list of metrics is one; a tuple inside a function is not
             "m.py": 'C = {"flops": 1, "kernels": 1}\ndef f():\n    return ("flops", "kernels")\n',
         },
@@ -72,7 +78,15 @@ def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
     assert structure.long_modules(pkg) == [("gatekeeper.long", 502)]
     assert structure.long_functions(pkg) == [("gatekeeper.long.f", 82)]
     reach = structure.worker_imports(pkg)
-    assert reach["gatekeeper.parent"] == {"gatekeeper.worker.protocol", "gatekeeper.worker.deps"}
+    assert reach["gatekeeper.parent"] == {"gatekeeper.worker.deps"}
+    assert reach["gatekeeper.boundary.client"] == {"gatekeeper.worker.deps"}
+    assert structure.reachable(["gatekeeper.boundary.client"], pkg) == {
+        "gatekeeper.boundary.client",
+        "gatekeeper.boundary.spawn",
+        "gatekeeper.worker.deps",
+    }
+    assert structure.eager_imports("gatekeeper.boundary.spawn", "torch", pkg) == [1]
+    assert structure.eager_imports("gatekeeper.boundary.client", "torch", pkg) == []
     lists = structure.metric_lists(["flops", "kernels"], pkg)
     assert [(m.module, m.line, m.names) for m in lists] == [
         ("gatekeeper.m", 1, ("flops", "kernels"))
@@ -99,9 +113,26 @@ def test_only_the_kinds_branch_on_a_kinds_name() -> None:
     assert found == []
 
 
-def test_the_parent_reaches_the_worker_only_through_protocol_and_launch() -> None:
-    reach = {m: sorted(w - DOOR) for m, w in structure.worker_imports().items()}
-    assert {m: w for m, w in reach.items() if w} == {}
+def test_only_the_boundary_imports_the_worker() -> None:
+    reach = {
+        m: sorted(w)
+        for m, w in structure.worker_imports().items()
+        if w and not (m == BOUNDARY or m.startswith(BOUNDARY + "."))
+    }
+    assert reach == {}
+
+
+def test_the_boundary_imports_no_torch_as_it_is_imported() -> None:
+    ours = [m for m in structure.modules() if m == BOUNDARY or m.startswith(BOUNDARY + ".")]
+    assert {"gatekeeper.boundary.client", "gatekeeper.boundary.elastic"} <= set(ours)
+    found = {
+        m: lines
+        for m in sorted(structure.reachable(ours))
+        if (lines := structure.eager_imports(m, "torch"))
+    }
+    assert found == {}
+    # the one module here that uses torch does so inside its functions
+    assert "torch" in structure.modules()["gatekeeper.boundary.elastic"].read_text()
 
 
 def metric_words() -> set[str]:

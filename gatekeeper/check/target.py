@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import kinds
+from ..boundary.client import run_or_fail
+from ..boundary.protocol import BaseSide, MeasureRequest, PackageRef, Response
 from ..bundle import now_iso, signing_key
 from ..config import Config, ParityTolerance
 from ..errors import StoreError, WontFit
@@ -42,8 +44,6 @@ from ..scratch import scratch_dir
 from ..store import Store, baselines
 from ..targets import Target, expand
 from ..warm import WarmResult, settle, warm_target
-from ..worker.launch import run_or_fail
-from ..worker.protocol import BaseSide, MeasureRequest, PackageRef, Response
 from .paired import Mode, PairedBase
 from .verify import Restored, verify_packages
 

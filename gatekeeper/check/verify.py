@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__, bundle, kinds
+from ..boundary.client import run_or_fail
+from ..boundary.protocol import PackageRef, Response, VerifyRequest
 from ..bundle import now_iso, signing_key
 from ..config import Config
 from ..errors import BundleError, StoreError
@@ -20,8 +22,6 @@ from ..scratch import scratch_dir
 from ..store import Store
 from ..targets import Target
 from ..warm import WarmResult, warm_target
-from ..worker.launch import run_or_fail
-from ..worker.protocol import PackageRef, Response, VerifyRequest
 
 log = logging.getLogger("gatekeeper.check")
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..boundary.client import run_or_fail
+from ..boundary.protocol import DepsRequest
 from ..errors import EXIT_OK, ConfigError, WorkerError
 from ..key import CacheKey, target_key
 from ..scratch import scratch_dir
-from ..worker.launch import run_or_fail
-from ..worker.protocol import DepsRequest
 from .common import Context
 
 HELP = "print each target's cache key and its components (why did a runner miss?)"

@@ -28,11 +28,11 @@ from ..runtime import AOT_MEMBER, INFO, MANIFEST, PACKAGE, package_dir
 from .base import Kind, Package, Serve, Warming
 
 if TYPE_CHECKING:
+    from ..boundary.breadcrumbs import Death
+    from ..boundary.protocol import Response
     from ..config import ModelConfig
     from ..targets import Target
     from ..warm import WarmResult
-    from ..worker.protocol import Response
-    from ..worker.steps import Death
 
 # the worker's steps inside torch's AOTInductor: a signal there is torch's package failing
 # on this machine (or native code the package calls), so the target is `unavailable`

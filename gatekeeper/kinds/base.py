@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from ..boundary.breadcrumbs import Death
+    from ..boundary.protocol import Response
     from ..config import Config, ModelConfig
     from ..targets import Target
     from ..warm import WarmResult
-    from ..worker.protocol import Response
-    from ..worker.steps import Death
 
 DEFAULT = "whole"  # the kind ids and keys leave implicit
 
@@ -33,12 +33,12 @@ DEFAULT = "whole"  # the kind ids and keys leave implicit
 class Launch:
     """How a target's worker runs: one process (``ranks`` 1, ``launcher`` None), or
     ``ranks`` processes started by torch's elastic agent from a launcher process
-    (``launcher``: the module run as ``python -m``, :mod:`gatekeeper.worker.launcher`).
+    (``launcher``: the module run as ``python -m``, :mod:`gatekeeper.boundary.elastic`).
 
     A model with ``distributed`` set runs as its world size's ranks
-    (:meth:`Kind.launch`); :func:`gatekeeper.worker.launch.run_worker` starts them,
+    (:meth:`Kind.launch`); :func:`gatekeeper.boundary.client.run_worker` starts them,
     each rank answers for itself and the parent reads one merged answer
-    (:mod:`gatekeeper.worker.gather`): the slowest rank's latency per round, every
+    (:mod:`gatekeeper.boundary.merge`): the slowest rank's latency per round, every
     rank's cache files (shared where all ranks used a file, per rank where not)."""
 
     ranks: int = 1
@@ -100,7 +100,7 @@ class Kind:
         world size's ranks when it is ``distributed``, else one process."""
         if model.distributed is None:
             return Launch()
-        return Launch(model.distributed.world_size, "gatekeeper.worker.launcher")
+        return Launch(model.distributed.world_size, "gatekeeper.boundary.elastic")
 
     def died(self, death: Death, device: str) -> str | None:
         """A worker of this kind killed by a signal: the one line of an ``unavailable``

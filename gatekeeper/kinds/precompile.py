@@ -25,10 +25,10 @@ from . import of_id
 from .base import Package, Warming
 
 if TYPE_CHECKING:
+    from ..boundary.protocol import Response
     from ..config import Config
     from ..targets import Target
     from ..warm import WarmResult
-    from ..worker.protocol import Response
 
 log = logging.getLogger("gatekeeper.warm")
 

@@ -1,12 +1,11 @@
 """The worker: the child process, and the only place torch compiles and measures.
 
 The parent (everything outside this package) never imports torch to compile or time a
-model: it sends a request (:data:`~gatekeeper.worker.protocol.Request`, one model per
-action) through :func:`~gatekeeper.worker.launch.run_worker`, which starts ``python -m
+model: it sends a request (:data:`~gatekeeper.boundary.protocol.Request`, one model per
+action) through :func:`~gatekeeper.boundary.client.run_worker`, which starts ``python -m
 gatekeeper.worker`` in a fresh process with an isolated inductor cache dir, so a cold
-compile is really cold and torch's counters describe one target. ``protocol`` and
-``launch`` are the parent's side and its only door here (no torch); every other module
-runs in the child.
+compile is really cold and torch's counters describe one target. Every module here
+runs in the child; the parent's side of the boundary is :mod:`gatekeeper.boundary`.
 
 * ``model``    build the user's model and its seeded inputs (and a base version's, paired)
 * ``compiler`` torch.compile as configured, and the counters that say what it did

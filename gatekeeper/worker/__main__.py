@@ -1,10 +1,10 @@
 """The worker process: ``python -m gatekeeper.worker REQUEST.json RESPONSE.json``.
 
-Started by :mod:`gatekeeper.worker.launch` with a fresh, isolated inductor cache dir.
+Started by :mod:`gatekeeper.boundary.client` with a fresh, isolated inductor cache dir.
 It always writes a response: ``ok`` true with the action's fields, or ``ok`` false with
 ``kind`` (``config``: the user's factory or inputs; ``compile``: torch failed) and a
 one-line ``error``: torch's message and where in the model's code it happened. Killed
-by a signal, it cannot: the step it was in (:mod:`gatekeeper.worker.steps`) and
+by a signal, it cannot: the step it was in (:mod:`gatekeeper.boundary.breadcrumbs`) and
 faulthandler's stack in its log tell the parent where.
 """
 
@@ -17,9 +17,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..errors import ConfigError, first_line
-from . import steps
-from .protocol import (
+from ..boundary import breadcrumbs
+from ..boundary.protocol import (
     REQUEST,
     DepsRequest,
     MeasureRequest,
@@ -28,6 +27,7 @@ from .protocol import (
     Response,
     VerifyRequest,
 )
+from ..errors import ConfigError, first_line
 
 
 def handle(req: Request) -> Response:
@@ -128,7 +128,8 @@ def failed(e: Exception, base_dir: Path) -> Response:
         return Response.failure("memory", str(e))
     if out_of_memory(e):
         return Response.failure(
-            "compile", f"out of memory in {steps.current() or 'the worker'}: {first_line(e, 300)}"
+            "compile",
+            f"out of memory in {breadcrumbs.current() or 'the worker'}: {first_line(e, 300)}",
         )
     return Response.failure("compile", describe(e, base_dir))
 
@@ -136,17 +137,17 @@ def failed(e: Exception, base_dir: Path) -> Response:
 def main(argv: list[str]) -> int:
     request_path, response_path = Path(argv[0]), Path(argv[1])
     # a worker killed by a signal leaves its step (and, from faulthandler, the Python
-    # stack that crashed) for the parent: see gatekeeper.worker.steps
-    steps.begin(response_path)
+    # stack that crashed) for the parent: see gatekeeper.boundary.breadcrumbs
+    breadcrumbs.begin(response_path)
     faulthandler.enable(all_threads=False)
     req = REQUEST.validate_json(request_path.read_text())
     team = None
     try:
         if req.model.distributed is not None:  # one rank of several (worker.team)
+            from ..boundary.ranks import backend_of
             from . import team as teams
-            from .ranks import backend_of
 
-            steps.enter("join the process group")
+            breadcrumbs.enter("join the process group")
             team = teams.join(req, backend_of(req))
             req = teams.localize(req, team)
         resp = handle(req)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from . import steps
+from ..boundary import breadcrumbs
+from ..boundary.protocol import CompileRequest, DepsRequest, ProbeRequest, Response
 from .calls import Inputs, entry
 from .compiler import import_inductor, snapshot_counters
 from .counters import record_inductor_metrics
@@ -18,8 +19,8 @@ from .deps import watching_cache
 from .kinds import Job, Refused, builder, package_half
 from .model import build_recorded
 from .plan import fits
-from .protocol import CompileRequest, DepsRequest, ProbeRequest, Response
-from .task import check_precision, shape_sweep, under_autocast
+from .precision import check_precision, under_autocast
+from .sweep import shape_sweep
 from .timing import first_call
 
 
@@ -51,7 +52,7 @@ def compile_target(req: CompileRequest) -> Response:
         resp, run = _first_calls(req, out=_path(req, own))
         if resp.ok and req.dynamic:
             # one bundle serves every shape set: whatever else they compile goes in it too
-            steps.enter("shape sweep")
+            breadcrumbs.enter("shape sweep")
             shape_sweep(req.model, req.base_path, req.device, run)
         resp = _save_megacache(req, resp)
     used, known = use.used, not use.failed
@@ -122,7 +123,7 @@ def _first_calls(
     check_precision(req.device, req.precision)
     imports = import_inductor()
     kind = builder(req)
-    steps.enter("compile")
+    breadcrumbs.enter("compile")
     start = time.perf_counter()  # torch.compile() itself: a package loads in there
     try:  # an ahead-of-time kind exports and builds its package in here
         fn, built = kind.compiled(Job(model, inputs, req, out=out))

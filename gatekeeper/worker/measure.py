@@ -15,8 +15,10 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
+from ..boundary import breadcrumbs
+from ..boundary.protocol import MeasureRequest, Response
 from ..config import ParityTolerance
-from . import quant, steps
+from . import quant
 from .calls import Inputs, entry
 from .compiler import snapshot_counters
 from .counters import (
@@ -32,16 +34,9 @@ from .memory import allocated, footprint, last_level_cache
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
 from .plan import fits
-from .protocol import MeasureRequest, Response
-from .task import (
-    autocast,
-    check_precision,
-    fresh_frames,
-    measure_calls,
-    parity_tolerance,
-    start_counting,
-    under_autocast,
-)
+from .precision import autocast, check_precision, parity_tolerance, under_autocast
+from .recompiles import start_counting
+from .task import fresh_frames, measure_calls
 from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
 
@@ -159,7 +154,7 @@ def measure(req: MeasureRequest) -> Response:
         return autocast(device, req.precision)
 
     # explain() resets dynamo, so every model is explained before anything is compiled
-    steps.enter("explain")
+    breadcrumbs.enter("explain")
     head.graphs = kind.graphs(model, req, inputs, amp)
     base = _build_base(kind, base_req, head, amp) if base_req is not None else None
     torch._dynamo.reset()
@@ -167,7 +162,7 @@ def measure(req: MeasureRequest) -> Response:
     record_inductor_metrics()
     reset_inductor_metrics()
     before_compile = allocated(device)
-    steps.enter("compile")
+    breadcrumbs.enter("compile")
     start = time.perf_counter()
     try:  # regional: a compiled copy; aot: the bundle's package (or export + build one)
         made, built = kind.compiled(Job(model, inputs, req, keep_eager=True, load=head.load()))
@@ -244,13 +239,13 @@ def _measured(
         t.numel() * t.element_size() for t in cand.tensors() if t.device.type == "cuda"
     )
     held = allocated(device) - before_compile - copy_bytes
-    steps.enter("work counters")
+    breadcrumbs.enter("work counters")
     work = _work(kind, lambda: head.inputs.call(eager), head.call)
     paired, base_out = _compile_base(kind, base, baked) if base is not None else (None, None)
     parity, ref64 = _parity(head, eager, cand, base_out, tol, baked, paired)
     save_reference(req.reference_out, cand, ref64)
     start_counting()  # recompiles from here on: the measured calls
-    steps.enter("measure")
+    breadcrumbs.enter("measure")
     timed = base is not None and paired is not None
     memory, lat, prof = measure_calls(
         eager,
@@ -302,7 +297,7 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     built this way (this change makes it export: no base to time it with)."""
     req, device = base.req, base.req.device
     fresh_frames()
-    steps.enter("base compile")
+    breadcrumbs.enter("base compile")
     try:
         made, _ = kind.compiled(
             Job(base.model, base.inputs, req, keep_eager=True, load=base.load())
@@ -339,7 +334,7 @@ def _parity(
     """Compiled vs eager, and vs the base commit's outputs (paired, same inputs) or the
     baseline's stored reference outputs; and the float64 reference it computed."""
     req = head.req
-    steps.enter("parity")
+    breadcrumbs.enter("parity")
     vs, ref64 = vs_eager(
         cand, eager, head.model, head.inputs, req.model.call, req.device, tol, baked
     )

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
+from ..boundary import breadcrumbs
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..inputs import InputSpec
-from . import steps
 from .calls import Inputs
 from .deps import recording
 
@@ -180,7 +180,7 @@ def build_recorded(
     dependencies); ``quantize``: the float model quantized by that torchao config
     (``judged``: its SQNR and weights measured, :func:`gatekeeper.worker.quant.figures`)."""
     refs = [cfg.builder] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
-    steps.enter("build model")
+    breadcrumbs.enter("build model")
     with recording(base_dir) as rec:
         model = build_model(cfg, base_dir, device)
         inputs = make_inputs(cfg, shape_set, base_dir, device)
@@ -191,7 +191,7 @@ def build_recorded(
     if quantize != "none":
         from . import quant
 
-        steps.enter("quantize")
+        breadcrumbs.enter("quantize")
         model = quant.apply(model, inputs, cfg, quantize, judged)
     return model, inputs, deps
 

@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from .. import units
-from . import steps
+from ..boundary import breadcrumbs
+from ..boundary.protocol import Build
 from .fp64 import weight_bytes
 from .memory import last_level_cache
-from .protocol import Build
 
 __all__ = ["Estimate", "WontFit", "check_fits", "estimate", "fits"]
 
@@ -84,7 +84,7 @@ def estimate(
 def fits(model: object, req: Build, *, paired: bool = False, trainers: int = 0) -> None:
     """Refuse (:class:`WontFit`) a target whose work will not fit; see the module
     docstring. Runs right after the model is built, before anything compiles."""
-    steps.enter("plan")
+    breadcrumbs.enter("plan")
     est = estimate(
         model, req.device, paired=paired, trainers=trainers, optimizer=req.model.training.optimizer
     )

@@ -3,7 +3,7 @@ the model's factory runs, keep the ranks in step while measuring, and answer for
 rank.
 
 torch's elastic agent started this process with ``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (:mod:`gatekeeper.worker.launcher`).
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (:mod:`gatekeeper.boundary.elastic`).
 :func:`join`:
 
 * dies with its launcher (``PR_SET_PDEATHSIG``): a rank sits in a session of its own,
@@ -36,8 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..boundary.protocol import Request, Response
 from ..runtime import MESH_ENV
-from .protocol import Request, Response
 
 _PR_SET_PDEATHSIG = 1
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from ..boundary import breadcrumbs
 from ..config import MeasureConfig
 from ..gate import rounds, stats
-from . import steps
 from .calls import Inputs
 
 SAMPLE_SECONDS = 0.002  # aim for at least this much work in one timing sample
@@ -31,7 +31,7 @@ def first_call(
 ) -> tuple[Any, float]:
     """One call's output and wall time (the first call of a compiled model is its
     compile); ``step``: what the worker is doing, should it die in there."""
-    steps.enter(step)
+    breadcrumbs.enter(step)
     sync(device)
     start = time.perf_counter()
     out = inputs.call(compiled)

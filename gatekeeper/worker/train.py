@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
+from ..boundary.protocol import Build, CompileRequest, MeasureRequest, ProbeRequest, Response
 from ..config import ModelConfig, ParityTolerance
 from .calls import Inputs, entry
 from .compiler import compile_model, snapshot_counters
@@ -37,22 +38,11 @@ from .memory import footprint
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
 from .plan import fits
-from .protocol import Build, CompileRequest, MeasureRequest, ProbeRequest, Response
-from .task import (
-    Trainer,
-    autocast,
-    check_precision,
-    copy_state,
-    fp64_trajectory,
-    fresh_frames,
-    make_loss,
-    measure_calls,
-    name_task,
-    parity_tolerance,
-    run_steps,
-    start_counting,
-)
+from .precision import autocast, check_precision, parity_tolerance
+from .recompiles import start_counting
+from .task import fresh_frames, measure_calls
 from .timing import first_call
+from .train_step import Trainer, copy_state, fp64_trajectory, make_loss, name_task, run_steps
 
 
 def prepare(req: Build, base_dir: Path, model: torch.nn.Module, inputs: Inputs):

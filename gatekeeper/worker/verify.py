@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from . import steps
+from ..boundary import breadcrumbs
+from ..boundary.protocol import Response, VerifyRequest
 from .calls import entry
 from .kinds import package_half
 from .model import build_recorded
 from .parity import Outputs, check_parity, read_reference, vs_eager
-from .protocol import Response, VerifyRequest
-from .task import check_precision, parity_tolerance, under_autocast
+from .precision import check_precision, parity_tolerance, under_autocast
 from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
 
@@ -33,7 +33,7 @@ def verify(req: VerifyRequest) -> Response:
             out, seconds = first_call(loaded.fn, inputs, req.device, loaded.step)
             cand = Outputs.of(out)
     seconds += loaded.seconds
-    steps.enter("parity")
+    breadcrumbs.enter("parity")
     eager = under_autocast(entry(model, req.model.call), req.device, req.precision)
     vs, _ = vs_eager(cand, eager, model, inputs, req.model.call, req.device, tol, baked)
     parity = {"vs_eager": vs}

@@ -1,5 +1,5 @@
-"""Model code stays in its box (gatekeeper/worker/confine.py, gatekeeper/git.py,
-gatekeeper/worker/spawn.py), against the real thing: a factory that tries every way out
+"""Model code stays in its box (gatekeeper/boundary/confine.py, gatekeeper/git.py,
+gatekeeper/boundary/spawn.py), against the real thing: a factory that tries every way out
 we know of (a git hook and config, a filter driver, a ``git`` planted on ``PATH``, the
 runner's file commands, a daemon in a session of its own, the checkout) while the real
 CLI compiles it, and the real git the parent runs afterwards."""
@@ -243,7 +243,7 @@ def test_the_box_holds_for_an_unprivileged_user() -> None:
     PID namespace of its own and a private loopback, and leaves no daemon behind."""
     import tempfile
 
-    import gatekeeper.worker.confine as confine
+    import gatekeeper.boundary.confine as confine
 
     tmp_path = Path(tempfile.mkdtemp(prefix="gk-nobody-"))  # pytest's is root's only
     for name in ("w", "w/code"):

@@ -19,12 +19,12 @@ import pytest
 from support.helpers import TINY_MODEL, gk, gk_json, parity_only_config, write_project
 
 from gatekeeper import bundle
+from gatekeeper.boundary.client import run_or_fail
+from gatekeeper.boundary.protocol import PackageRef, VerifyRequest
 from gatekeeper.config import load_config
 from gatekeeper.kinds.precompile import PRECOMPILE, entries
 from gatekeeper.targets import expand
 from gatekeeper.warm import warm_target
-from gatekeeper.worker.launch import run_or_fail
-from gatekeeper.worker.protocol import PackageRef, VerifyRequest
 
 TARGET = "tiny/b4/default"
 SIGNING = {"GATEKEEPER_SIGNING_KEY": "precompile-test-key"}

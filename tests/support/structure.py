@@ -1,6 +1,7 @@
 """The shape of the package, read from its source with ``ast`` (nothing is imported):
 the import graph and its cycles, modules and functions by length, comparisons against
-an artifact kind's name, and which worker modules the parent imports.
+an artifact kind's name, which worker modules the parent imports, and where a
+module imports torch as it is imported.
 
 ``tests/test_structure.py`` holds the lines these draw; ``benchmarks/structure.py``
 prints the figures.
@@ -199,7 +200,8 @@ def kind_comparisons(names: Iterable[str], root: Path = ROOT) -> list[KindCompar
 
 
 def worker_imports(root: Path = ROOT) -> dict[str, set[str]]:
-    """The modules of ``worker/`` each module outside it imports (the parent's side)."""
+    """The modules of ``worker/`` each module outside it imports (the parent's side:
+    only ``boundary/`` may)."""
     worker = f"{root.name}.worker"
     graph = import_graph(root)
     return {
@@ -207,6 +209,42 @@ def worker_imports(root: Path = ROOT) -> dict[str, set[str]]:
         for name, targets in graph.items()
         if not (name == worker or name.startswith(worker + "."))
     }
+
+
+def eager_imports(name: str, top: str, root: Path = ROOT) -> list[int]:
+    """The lines where module ``name`` imports package ``top`` (``torch``) as it is
+    imported itself: outside any function and outside ``if TYPE_CHECKING:``."""
+    tree = parse(modules(root)[name])
+    skip = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            skip.update(id(n) for n in ast.walk(node))
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            heads = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            heads = [(node.module or "").split(".")[0]]
+        else:
+            continue
+        if top in heads:
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def reachable(start: Iterable[str], root: Path = ROOT) -> set[str]:
+    """``start`` and every module of the package they import, directly or not."""
+    graph = import_graph(root)
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph.get(name, ()))
+    return seen
 
 
 @dataclass(frozen=True)

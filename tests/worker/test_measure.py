@@ -15,15 +15,10 @@ from gatekeeper.gate.stats import compare
 from gatekeeper.worker import timing
 from gatekeeper.worker.calls import Inputs
 from gatekeeper.worker.measure import eager_model, same_placement
-from gatekeeper.worker.task import (
-    Trainer,
-    compile_again,
-    fresh_frames,
-    make_loss,
-    measure_calls,
-    start_counting,
-)
+from gatekeeper.worker.recompiles import start_counting
+from gatekeeper.worker.task import compile_again, fresh_frames, measure_calls
 from gatekeeper.worker.timing import latency
+from gatekeeper.worker.train_step import Trainer, make_loss
 
 HOUR = 3600.0
 

@@ -8,14 +8,8 @@ import torch
 
 from gatekeeper.config import ModelConfig, ParityTolerance
 from gatekeeper.worker.parity import Outputs, check_parity
-from gatekeeper.worker.task import (
-    Trainer,
-    check_precision,
-    copy_state,
-    make_loss,
-    name_task,
-    parity_tolerance,
-)
+from gatekeeper.worker.precision import check_precision, parity_tolerance
+from gatekeeper.worker.train_step import Trainer, copy_state, make_loss, name_task
 
 TOL = ParityTolerance(atol=1e-4, rtol=1e-4, cosine=0.99)
 CFG = ModelConfig(name="m", factory="m:make", inputs=[{"shape": [2, 4]}], tasks=["train"])
@@ -75,7 +69,7 @@ def test_optimizer_arguments_it_rejects_are_a_config_error_naming_train():
 
     from gatekeeper.config import TrainConfig
     from gatekeeper.errors import ConfigError
-    from gatekeeper.worker.task import make_optimizer
+    from gatekeeper.worker.train_step import make_optimizer
 
     cfg = TrainConfig.model_validate({"optimizer": "SGD", "nesterov_typo": True})
     with pytest.raises(ConfigError, match=r"^train: torch.optim.SGD rejects") as e:

@@ -73,8 +73,8 @@ def test_a_factory_cannot_see_the_secrets(tmp_path: Path) -> None:
 
 
 def test_the_scrubbed_environment_is_the_one_every_worker_gets(tmp_path: Path, monkeypatch) -> None:
+    from gatekeeper.boundary.client import cache_env
     from gatekeeper.secrecy import is_secret
-    from gatekeeper.worker.launch import cache_env
 
     for name, value in {**SECRETS, **KEPT, **PASSED}.items():
         monkeypatch.setenv(name, value)

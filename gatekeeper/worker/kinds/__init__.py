@@ -12,7 +12,7 @@ from ...kinds import load
 from .base import Builder, Built, Job, Loaded, PackageHalf, Refused
 
 if TYPE_CHECKING:
-    from ..protocol import Build, PackageRef
+    from ...boundary.protocol import Build, PackageRef
 
 __all__ = [
     "Builder",

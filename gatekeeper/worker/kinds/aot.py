@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...boundary import breadcrumbs
 from ...config import ModelConfig
 from ...runtime import STORED_CONSTANTS, WEIGHTS_RECORD, load_package, package_loader
-from .. import steps
 from ..calls import Inputs, entry
 from ..deps import is_stdlib
 from ..model import ADDED_KWARGS
 from .base import Builder, Built, Job, Refused
 
 if TYPE_CHECKING:
-    from ..protocol import Build
+    from ...boundary.protocol import Build
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _GATEKEEPER_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -173,7 +173,7 @@ def export(
 ) -> tuple[Any, dict]:
     """``torch.export.export`` of the target (NotExportable when torch refuses it)."""
     strict = cfg.export_settings.strict
-    steps.enter("export")
+    breadcrumbs.enter("export")
     start = time.perf_counter()
     module = exported_module(model, cfg)
     try:
@@ -238,7 +238,7 @@ def aot_package(program: Any, cfg: ModelConfig, mode: str, out: Path, bound: boo
     ``bound``); seconds it took."""
     from torch._inductor import aoti_compile_and_package
 
-    steps.enter("aoti_compile_and_package")
+    breadcrumbs.enter("aoti_compile_and_package")
     start = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     options = inductor_options(cfg, mode)
@@ -298,7 +298,7 @@ def record_weights(out: Path, module: Any, model: Any) -> int:
 def load_timed(path: str | Path, model: Any = None) -> tuple[Callable[..., Any], float]:
     """The package loaded as a deploy loads it (:func:`gatekeeper.runtime.load_package`),
     a package without its weights bound to ``model``'s."""
-    steps.enter("load package")
+    breadcrumbs.enter("load package")
     start = time.perf_counter()
     loaded = load_package(path, model=model)
     return loaded, time.perf_counter() - start

@@ -22,12 +22,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...boundary import breadcrumbs
 from ...runtime import WEIGHTS_RECORD, load_package, package_member
-from .. import steps
 from .base import Loaded, PackageHalf
 
 if TYPE_CHECKING:
-    from ..protocol import ProbeRequest, Response, VerifyRequest
+    from ...boundary.protocol import ProbeRequest, Response, VerifyRequest
 
 
 class AotPackageHalf(PackageHalf):
@@ -36,7 +36,7 @@ class AotPackageHalf(PackageHalf):
     def probe(self, req: ProbeRequest) -> Response | None:
         """``import torch`` timed apart, then the package warm installed loaded and its
         first call made, without inductor (unless torch's C++ loader is missing)."""
-        from ..protocol import Response
+        from ...boundary.protocol import Response
 
         start = time.perf_counter()
         import torch
@@ -55,11 +55,11 @@ class AotPackageHalf(PackageHalf):
         own = None  # a package without its weights: the deploy's model, built untimed
         if package_member(path, WEIGHTS_RECORD) is not None:
             own = build_model(req.model, req.base_path, req.device)
-        steps.enter("load package")
+        breadcrumbs.enter("load package")
         start = time.perf_counter()
         model = load_package(path, model=own)
         loaded = time.perf_counter() - start
-        steps.enter("package first call")
+        breadcrumbs.enter("package first call")
         with torch.no_grad():
             inputs.call(model)
         first = time.perf_counter() - start
@@ -81,7 +81,7 @@ class AotPackageHalf(PackageHalf):
 
     @contextmanager
     def loading(self, req: VerifyRequest, model: Any) -> Iterator[Loaded]:
-        steps.enter("load package")
+        breadcrumbs.enter("load package")
         start = time.perf_counter()
         package = load_package(req.package.path, model=model)  # its weights, where bound
         seconds = time.perf_counter() - start

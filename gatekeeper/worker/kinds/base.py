@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ...boundary.protocol import Build, CompileRequest, ProbeRequest, Response, VerifyRequest
     from ..calls import Inputs
-    from ..protocol import Build, CompileRequest, ProbeRequest, Response, VerifyRequest
 
 
 class Refused(Exception):

@@ -36,18 +36,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._dynamo.utils import counters
 
+from ...boundary import breadcrumbs
+from ...boundary.protocol import dynamo_skipped
 from ...errors import first_line
 from ...runtime import enable_precompile_loading
-from .. import steps
 from ..calls import entry
 from ..compiler import compile_model, snapshot_counters
 from ..model import build_recorded
-from ..protocol import dynamo_skipped
-from ..task import shape_sweep, under_autocast
+from ..precision import under_autocast
+from ..sweep import shape_sweep
 from .base import Loaded, PackageHalf
 
 if TYPE_CHECKING:
-    from ..protocol import CompileRequest, ProbeRequest, Response, VerifyRequest
+    from ...boundary.protocol import CompileRequest, ProbeRequest, Response, VerifyRequest
 
 _DROPPED = re.compile(r"guard on (G\['[^']+'\][^ ]*) is dropped with caching_precompile")
 _BYPASS = re.compile(r"Detected a package bypass: (.*)")
@@ -134,7 +135,7 @@ class PrecompileHalf(PackageHalf):
     def record(self, req: CompileRequest, out: Path) -> dict[str, Any]:
         """Dynamo's package of the inference model, recorded into ``out`` (a copy of this
         compile's cache dir)."""
-        steps.enter("record precompile package")
+        breadcrumbs.enter("record precompile package")
 
         def build() -> Callable[[], None]:
             model, inputs, _ = build_recorded(

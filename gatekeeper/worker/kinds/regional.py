@@ -23,7 +23,7 @@ from ..compiler import compile_kwargs
 from .base import Builder, Built, Job
 
 if TYPE_CHECKING:
-    from ..protocol import Build
+    from ...boundary.protocol import Build
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -1,5 +1,5 @@
-"""How a worker process starts, for both doors into one (:mod:`gatekeeper.worker.launch`,
-one process; :mod:`gatekeeper.worker.ranks`, a distributed target's ranks): its
+"""How a worker process starts, for both doors into one (:mod:`gatekeeper.boundary.client`,
+one process; :mod:`gatekeeper.boundary.ranks`, a distributed target's ranks): its
 environment (an allow-list) and its confined command line. No torch here.
 """
 

@@ -3,7 +3,7 @@ sides, and free of torch (the parent never imports it).
 
 The parent writes a :data:`Request` as JSON (one model per action: ``compile``,
 ``probe``, ``measure``, ``deps``, ``verify``, told apart by ``action``), runs ``python
--m gatekeeper.worker REQ RESP`` (:mod:`gatekeeper.worker.launch`), and reads back a
+-m gatekeeper.worker REQ RESP`` (:mod:`gatekeeper.boundary.client`), and reads back a
 :class:`Response`. Config sections travel as their models (``budget`` is a
 ``MeasureConfig``, ``parity`` a ``ParityTolerance``), and what the worker measures as
 the :mod:`gatekeeper.results` models it becomes, so pydantic checks each side's JSON
@@ -257,7 +257,7 @@ class Response(_Msg):
     inputs are wrong), ``compile`` (torch failed), ``export`` (an ``+aot`` target's
     model does not export: ``export`` says torch's reason and the user's line) or
     ``unavailable`` (an ``+aot`` target whose package took its worker down inside
-    torch's AOTInductor: :func:`gatekeeper.worker.launch.run_or_fail`) or ``memory``
+    torch's AOTInductor: :func:`gatekeeper.boundary.client.run_or_fail`) or ``memory``
     (the target will not fit in the memory given: refused before any compile,
     :mod:`gatekeeper.worker.plan`), ``error`` one line. ``ok`` true: the fields of the
     action that ran; nested documents match :mod:`gatekeeper.results`."""

@@ -1,7 +1,7 @@
 """A distributed target's worker, parent side (no torch): start its launcher
-(:mod:`gatekeeper.worker.launcher`, confined like any worker, in a session of its own),
+(:mod:`gatekeeper.boundary.elastic`, confined like any worker, in a session of its own),
 which starts the ranks through torch's elastic agent; wait with a wall-clock limit;
-then read every rank's answer and merge them into one (:mod:`gatekeeper.worker.gather`).
+then read every rank's answer and merge them into one (:mod:`gatekeeper.boundary.merge`).
 
 A rank that fails ends the target with one line naming it: its own error (read from its
 answer) before a rank that only lost its peer, before one the agent stopped. At the time
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import WorkerError
 from ..scratch import scratch_dir
-from . import steps
-from .gather import merge
-from .launcher import PEER_LOST
+from . import breadcrumbs
+from .elastic import PEER_LOST
+from .merge import merge
 from .protocol import Build, Response
 from .spawn import cache_env, configs_of, read_answer, read_tail, worker_command, writable_for
 
@@ -197,7 +197,7 @@ def _late(tmp: Path, answers: list[Response | None], root: int) -> str:
 
 
 def _step(tmp: Path, rank: int) -> str:
-    return steps.read(tmp / f"response.{rank}.json", 0).step or "start-up"
+    return breadcrumbs.read(tmp / f"response.{rank}.json", 0).step or "start-up"
 
 
 def _answers(tmp: Path, ranks: int) -> list[Response | None]:
@@ -243,7 +243,7 @@ def _failed(
         named += _late(tmp, answers, root)
     if kind is None:
         log = _log_tail(tmp, root)
-        death = steps.read(tmp / f"response.{root}.json", 0, log, Path(request_base(tmp)))
+        death = breadcrumbs.read(tmp / f"response.{root}.json", 0, log, Path(request_base(tmp)))
         step = f" (in {death.step})" if death.step else ""
         at = f" at {death.frame}" if death.frame else ""
         last = log.strip().splitlines()[-1][:200] if log.strip() else ""

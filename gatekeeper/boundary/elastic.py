@@ -1,7 +1,8 @@
-"""The launcher of a distributed target's ranks: ``python -m gatekeeper.worker.launcher
-SPEC.json OUT.json``, started (confined) by :func:`gatekeeper.worker.launch.run_ranks`
-in place of one worker. It imports torch (the parent never does) and runs torch's own
-elastic agent in this process (``elastic_launch``, what ``torchrun`` runs): one node,
+"""The launcher of a distributed target's ranks: ``python -m gatekeeper.boundary.elastic
+SPEC.json OUT.json``, started (confined) by :func:`gatekeeper.boundary.ranks.run_ranks`
+in place of one worker. It imports torch inside its functions (the parent imports
+only its constants) and runs torch's own elastic agent in this process
+(``elastic_launch``, what ``torchrun`` runs): one node,
 ``world_size`` ranks, each ``python -m gatekeeper.worker REQUEST RESPONSE.<rank>``, a
 c10d rendezvous on 127.0.0.1 at a port the agent picks, no restarts, each rank's
 output in its own log. When a rank raises, dies or exits, the agent stops the others

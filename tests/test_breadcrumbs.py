@@ -1,5 +1,5 @@
 """The parent's reading of a worker that died without answering
-(:mod:`gatekeeper.worker.steps`): the signal by name, the step from the breadcrumb, the
+(:mod:`gatekeeper.boundary.breadcrumbs`): the signal by name, the step from the breadcrumb, the
 model's line from faulthandler's stack. The real crashes: tests/e2e/test_crash.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from gatekeeper import kinds
-from gatekeeper.worker import steps
+from gatekeeper.boundary import breadcrumbs
 
 AOT = kinds.get("aot")  # the kind whose deaths in AOTInductor's steps are `unavailable`
 
@@ -41,46 +41,48 @@ def fault_log(base: Path) -> str:
 
 def test_the_breadcrumb_is_the_last_step_entered(tmp_path, monkeypatch):
     response = tmp_path / "response.json"
-    monkeypatch.setattr(steps, "_path", None)
-    steps.enter("nowhere")  # outside a worker: nothing written
-    assert not steps.breadcrumb(response).exists()
-    steps.begin(response)
-    steps.enter("build model")
-    steps.enter("load package")
-    doc = json.loads(steps.breadcrumb(response).read_text())
+    monkeypatch.setattr(breadcrumbs, "_path", None)
+    breadcrumbs.enter("nowhere")  # outside a worker: nothing written
+    assert not breadcrumbs.breadcrumb(response).exists()
+    breadcrumbs.begin(response)
+    breadcrumbs.enter("build model")
+    breadcrumbs.enter("load package")
+    doc = json.loads(breadcrumbs.breadcrumb(response).read_text())
     assert doc["step"] == "load package"
-    death = steps.read(response, -11)
+    death = breadcrumbs.read(response, -11)
     assert (death.signal, death.step) == ("SIGSEGV", "load package")
     assert "torch's AOTInductor killed the worker (SIGSEGV) in load package" in (
         AOT.died(death, "cpu") or ""
     )
     assert kinds.get("whole").died(death, "cpu") is None  # only a kind's own deaths
-    monkeypatch.setattr(steps, "_path", None)
+    monkeypatch.setattr(breadcrumbs, "_path", None)
 
 
 def test_a_death_is_one_line_naming_the_signal_step_and_the_models_line(tmp_path):
     base = tmp_path / "project"
-    death = steps.read(tmp_path / "none.json", -11, fault_log(base), base)
+    death = breadcrumbs.read(tmp_path / "none.json", -11, fault_log(base), base)
     assert death.frame == "models/net.py:14"  # ctypes, torch and gatekeeper skipped
-    assert steps.describe(death, "ignored") == (
+    assert breadcrumbs.describe(death, "ignored") == (
         "worker died by SIGSEGV (segmentation fault) at models/net.py:14"
     )
-    killed = steps.Death(-9, "measure")
-    assert steps.describe(killed, "x") == (
+    killed = breadcrumbs.Death(-9, "measure")
+    assert breadcrumbs.describe(killed, "x") == (
         "worker died by SIGKILL (killed: out of memory, or by another process) in measure"
     )
-    assert steps.describe(steps.Death(-6, "export"), "x").startswith(
+    assert breadcrumbs.describe(breadcrumbs.Death(-6, "export"), "x").startswith(
         "worker died by SIGABRT (aborted) in export"
     )
-    exited = steps.Death(3, "build model")
+    exited = breadcrumbs.Death(3, "build model")
     assert exited.signal is None and AOT.died(exited, "cpu") is None
-    assert steps.describe(exited, "SystemExit: 3") == (
+    assert breadcrumbs.describe(exited, "SystemExit: 3") == (
         "worker exited with code 3 in build model: SystemExit: 3"
     )
     # a signal outside AOTInductor's steps is the model's or torch's error, not aot's
-    assert AOT.died(steps.Death(-11, "first call"), "cpu") is None
+    assert AOT.died(breadcrumbs.Death(-11, "first call"), "cpu") is None
 
 
 def test_no_faulthandler_stack_no_frame(tmp_path):
-    assert steps.crash_frame('Traceback (most recent call last):\n  File "x.py", line 1') is None
-    assert steps.read(tmp_path / "r.json", 1, "").frame is None
+    assert (
+        breadcrumbs.crash_frame('Traceback (most recent call last):\n  File "x.py", line 1') is None
+    )
+    assert breadcrumbs.read(tmp_path / "r.json", 1, "").frame is None

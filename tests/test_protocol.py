@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gatekeeper.config import MeasureConfig, ModelConfig, ParityTolerance
-from gatekeeper.worker.protocol import (
+from gatekeeper.boundary.protocol import (
     REQUEST,
     CompileRequest,
     DepsRequest,
@@ -16,6 +15,7 @@ from gatekeeper.worker.protocol import (
     MeasureRequest,
     VerifyRequest,
 )
+from gatekeeper.config import MeasureConfig, ModelConfig, ParityTolerance
 
 TARGET = {
     "model": ModelConfig(name="m", factory="m:make", inputs=[{"shape": [2, 4]}]),

@@ -9,7 +9,7 @@ leaves that file behind, and :func:`describe` turns the death into one line: the
 the step, and the model's own line where Python's faulthandler (enabled in the worker)
 wrote the crashing thread's stack into the worker's log.
 
-No torch here: the parent (:mod:`gatekeeper.worker.launch`) imports this module.
+No torch here: the parent (:mod:`gatekeeper.boundary.client`) imports this module.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 def crash_frame(log: str, base_dir: Path | None = None) -> str | None:
     """The innermost frame of the model's own code in the last stack faulthandler
     wrote to ``log``: not torch's, gatekeeper's or Python's library."""
-    from .deps import is_stdlib
+    from ..worker.deps import is_stdlib
 
     block = log.rsplit("Fatal Python error", 1)
     if len(block) < 2:

@@ -11,7 +11,7 @@ from ..errors import WorkerError
 from ..git import resolve as resolve_git
 from ..scratch import scratch_dir
 from ..secrecy import seal
-from . import steps
+from . import breadcrumbs
 from .protocol import Build, Response
 from .spawn import cache_env, configs_of, read_answer, read_tail, worker_command, writable_for
 
@@ -74,7 +74,7 @@ def run_worker(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                step = steps.read(resp_path, 0).step
+                step = breadcrumbs.read(resp_path, 0).step
                 during = f" in {step}" if step else ""
                 raise WorkerError(
                     f"{label}: worker timed out after {timeout:.0f} s{during}"
@@ -86,16 +86,18 @@ def run_worker(
         if resp_path.is_file():
             return Response.model_validate_json(read_answer(resp_path, label or "worker"))
         text = read_tail(log_path)  # empty when it went to the terminal
-        death = steps.read(resp_path, proc.returncode, text, request.base_path)
+        death = breadcrumbs.read(resp_path, proc.returncode, text, request.base_path)
         raise WorkerDied(label, death, text)
 
 
 class WorkerDied(WorkerError):
     """The worker ended without answering: a signal (``death.signal``) or an exit."""
 
-    def __init__(self, label: str, death: steps.Death, log: str = "") -> None:
+    def __init__(self, label: str, death: breadcrumbs.Death, log: str = "") -> None:
         tail = [ln for ln in log.splitlines() if ln.strip()]
-        super().__init__(f"{label}: {steps.describe(death, tail[-1] if tail else 'no output')}")
+        super().__init__(
+            f"{label}: {breadcrumbs.describe(death, tail[-1] if tail else 'no output')}"
+        )
         self.death = death
 
 
