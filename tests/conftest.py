@@ -17,6 +17,7 @@ subprocesses, the Action's steps, a browser) is marked ``e2e``, so that
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -82,3 +83,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = relative(item.path)
         if name.startswith(HEAVY) or name in E2E_FILES:
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_headers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every worker of the session shares inductor's precompiled C++ headers
+    (``GATEKEEPER_PCH_DIR``, docs/configuration.md): built once per session, not once
+    per worker (about 10 CPU-seconds each). The folder is the session's, above each
+    xdist worker's own temp dir, so both workers share it."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if base.name.startswith("popen-gw") else base) / "pch"
+    folder.mkdir(exist_ok=True)
+    os.environ["GATEKEEPER_PCH_DIR"] = str(folder)
+    return folder

@@ -85,6 +85,8 @@ def cache_env(
     env.pop("TRITON_CACHE_DIR", None)
     # no current directory on sys.path: a gatekeeper/ folder there must not shadow us
     env["PYTHONSAFEPATH"] = "1"
+    if pch := pch_dir():  # shared precompiled headers (worker.compiler.share_headers)
+        env["GATEKEEPER_PCH_DIR"] = str(pch)
     # the profiler (CPU peak memory) must not print its start/stop lines into our logs
     env.setdefault("KINETO_LOG_LEVEL", "6")
     return env
@@ -239,10 +241,17 @@ def outputs_of(request: object) -> list[Path]:
     return found
 
 
+def pch_dir() -> Path | None:
+    """``GATEKEEPER_PCH_DIR``, absolute: the folder every worker shares inductor's
+    precompiled headers in, or None (each worker builds its own)."""
+    folder = os.environ.get("GATEKEEPER_PCH_DIR", "").strip()
+    return Path(folder).absolute() if folder else None
+
+
 def writable_for(cache_dir: Path, request: object) -> list[Path]:
     """The folders a worker's box may write (its cache and the request's outputs),
     made if missing."""
-    writable = [cache_dir, *outputs_of(request)]
+    writable = [cache_dir, *outputs_of(request), *filter(None, [pch_dir()])]
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
     return writable

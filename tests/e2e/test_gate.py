@@ -6,6 +6,7 @@ runs `gatekeeper run` on a private copy of that project (store included), as CI 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -56,6 +57,16 @@ def project(base_project: Path, tmp_path: Path) -> Path:
 def target_of(doc: dict) -> dict:
     (t,) = [t for t in doc["targets"] if t["target"] == TARGET]
     return t
+
+
+def test_the_workers_share_one_folder_of_precompiled_headers(main_once: Path):
+    """GATEKEEPER_PCH_DIR (the suite sets it: tests/conftest.py): the compiles behind
+    ``main_once`` left inductor's precompiled C++ header there, not in each worker's own
+    temp dir. Fails when the worker ignores the variable (nothing there), when the
+    parent does not pass it, or when the box does not let the worker write the folder
+    (torch then fails to build the header and the compile fails)."""
+    folder = Path(os.environ["GATEKEEPER_PCH_DIR"])
+    assert list(folder.glob("*.gch")), sorted(p.name for p in folder.iterdir())
 
 
 def test_unchanged_model_in_new_process_passes(project: Path):
