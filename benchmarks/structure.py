@@ -1,14 +1,19 @@
 """The structure figures of ``gatekeeper/``: comparisons against an artifact kind's name
-outside ``gatekeeper/kinds/``, import cycles (imports inside functions counted), modules
-over 500 lines, functions over 80 lines, the imports of ``worker/`` from outside
-``boundary/``, and the path one ``gatekeeper check`` takes from the CLI to the worker.
-Usage, from the repo root:
+outside ``gatekeeper/kinds/``, import cycles (imports inside functions counted, and again
+with the imports under ``if TYPE_CHECKING:``), modules over 500 lines, functions over 80
+lines, the imports of ``worker/`` from outside ``boundary/``, files per folder, prose
+lines per code line, and the path one ``gatekeeper check`` takes from the CLI to the
+worker. Usage, from the repo root:
 
     python benchmarks/structure.py              # the static figures (no torch, instant)
     python benchmarks/structure.py --check-path # and the path (compiles a tiny model, ~1 min)
+    python benchmarks/structure.py --root DIR   # the figures of another checkout's gatekeeper/
 
 The static figures read the source with ``ast`` (``tests/support/structure.py``, which
-``tests/test_structure.py`` holds to zero). The path is traced: a tiny model is
+``tests/test_structure.py`` holds to zero where it draws a line). Prose lines are the
+lines of docstrings (module, class, function) and the lines holding only a comment;
+code lines are the other lines that are not blank (a trailing comment's line is code,
+and the trailing comments are counted apart). The path is traced: a tiny model is
 compiled into a scratch store, then ``gatekeeper check`` runs in this process under
 ``sys.setprofile`` from ``commands/check.py``'s ``run`` until the parent starts its
 first worker; at every call and return the module of the innermost gatekeeper frame is
@@ -22,23 +27,32 @@ distinct pairs of from and to), at two grains: modules, and rooms (a package suc
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support import structure  # noqa: E402 - tests/support, the analyses themselves
-from support.helpers import parity_only_config, write_project  # noqa: E402
 
 # the kinds' names before gatekeeper/kinds/ existed (after: its registry's)
 KINDS = ("whole", "regional", "aot", "precompile")
 
 
-def kind_names() -> list[str]:
+def load(root: Path | None) -> ModuleType:
+    """tests/support/structure.py, the analyses themselves, read against ``gatekeeper``
+    of ``root`` (a checkout; this one when None): it goes first on the path, so the
+    package it imports, and so reads, is that checkout's."""
+    sys.path[:0] = [*([str(root.resolve())] if root else []), str(ROOT / "tests")]
+    structure = importlib.import_module("support.structure")
+    if root and Path(structure.ROOT) != (root / "gatekeeper").resolve():
+        sys.exit(f"error: {root}/gatekeeper was not the package imported ({structure.ROOT})")
+    return structure
+
+
+def kind_names(structure: ModuleType) -> list[str]:
     if not (structure.ROOT / "kinds").is_dir():  # a checkout from before the registry
         return list(KINDS)
     from gatekeeper import kinds
@@ -46,10 +60,10 @@ def kind_names() -> list[str]:
     return [*kinds.names(), *kinds.package_names()]
 
 
-def static() -> None:
+def static(structure: ModuleType) -> None:
     outside = [
         c
-        for c in structure.kind_comparisons(kind_names())
+        for c in structure.kind_comparisons(kind_names(structure))
         if not c.module.startswith(("gatekeeper.kinds", "gatekeeper.worker.kinds"))
     ]
     files = sorted({c.module for c in outside})
@@ -60,6 +74,10 @@ def static() -> None:
     print(f"import cycles (modules importing each other in a circle): {len(found)}")
     for c in found:
         print(f"  {' '.join(c)}")
+    found = structure.cycles(structure.import_graph(type_checking=True))
+    print(f"import cycles, imports for types only (if TYPE_CHECKING:) included: {len(found)}")
+    for c in found:
+        print(f"  {len(c)} modules: {' '.join(m.removeprefix('gatekeeper.') for m in c)}")
     big = structure.long_modules()
     print(f"modules over {structure.MAX_MODULE_LINES} lines: {len(big)}")
     for name, n in big:
@@ -76,6 +94,17 @@ def static() -> None:
     print(f"parent modules importing worker/ (only boundary/ may): {len(reach)}")
     for m, w in sorted(reach.items()):
         print(f"  {m}: {' '.join(w)}")
+    folders = structure.files_per_folder()
+    print(f"files per folder: {sum(folders.values())} files in {len(folders)} folders")
+    for folder, n in sorted(folders.items(), key=lambda x: (-x[1], x[0])):
+        print(f"  {n:3d} {folder}/")
+    lines = structure.prose()
+    prose = lines.docstring + lines.comment
+    print(
+        f"prose lines per code line: {prose / lines.code:.2f} ({prose} prose: "
+        f"{lines.docstring} docstring + {lines.comment} comment; {lines.code} code; "
+        f"{lines.trailing} trailing comments)"
+    )
 
 
 def trace_check(project: Path) -> list[str]:
@@ -155,6 +184,8 @@ def walk_figures(walk: list[str]) -> tuple[list[str], int, int]:
 
 
 def check_path() -> None:
+    from support.helpers import parity_only_config, write_project
+
     with tempfile.TemporaryDirectory(prefix="gk-structure-") as tmp:
         # the tests' tiny model, timed briefly (tests/support/helpers.py)
         project = write_project(Path(tmp), config=parity_only_config("[{ batch = 4 }]"))
@@ -182,8 +213,13 @@ def check_path() -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check-path", action="store_true", help="also trace check's path")
+    p.add_argument(
+        "--root",
+        type=Path,
+        help="the checkout whose gatekeeper/ to read (default: this one)",
+    )
     args = p.parse_args()
-    static()
+    static(load(args.root))
     if args.check_path:
         check_path()
 

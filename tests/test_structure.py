@@ -18,6 +18,8 @@ tree built to have it would pass whatever the package did.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -91,6 +93,48 @@ def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
     assert [(m.module, m.line, m.names) for m in lists] == [
         ("gatekeeper.m", 1, ("flops", "kernels"))
     ]
+
+
+def test_the_figures_count_types_only_imports_folders_and_prose(tmp_path: Path) -> None:
+    """benchmarks/structure.py's figures: a circle made only of ``if TYPE_CHECKING:``
+    imports counts with the switch (and only then), files are counted per folder, and a
+    docstring's or comment's lines are prose, a trailing comment's line code."""
+    pkg = plant(
+        tmp_path,
+        {
+            "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import e\n",
+            "e.py": '"""Two\nlines."""\n\n# why\nfrom . import d  # trailing\n',
+            "sub/__init__.py": "x = '# not a comment'\n",
+        },
+    )
+    assert structure.cycles(structure.import_graph(pkg)) == []
+    assert structure.cycles(structure.import_graph(pkg, type_checking=True)) == [
+        ["gatekeeper.d", "gatekeeper.e"]
+    ]
+    assert structure.files_per_folder(pkg) == {"gatekeeper": 3, "gatekeeper/sub": 1}
+    assert structure.prose(pkg) == structure.Prose(docstring=2, comment=1, trailing=1, code=5)
+
+
+def test_the_benchmark_reads_another_checkout(tmp_path: Path) -> None:
+    """``benchmarks/structure.py --root`` prints the figures of that checkout's package,
+    not of the installed one (the before-and-after figures depend on it)."""
+    plant(
+        tmp_path,
+        {
+            "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a2\n",
+            "a2.py": "from . import a\n",
+        },
+    )
+    script = Path(__file__).parents[1] / "benchmarks" / "structure.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "files per folder: 3 files in 1 folders" in out
+    assert "included: 1\n  2 modules: a a2\n" in out
+    assert "prose lines per code line: 0.00" in out
 
 
 def test_no_import_cycle() -> None:

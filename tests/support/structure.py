@@ -1,7 +1,7 @@
 """The shape of the package, read from its source with ``ast`` (nothing is imported):
 the import graph and its cycles, modules and functions by length, comparisons against
-an artifact kind's name, which worker modules the parent imports, and where a
-module imports torch as it is imported.
+an artifact kind's name, which worker modules the parent imports, where a module
+imports torch as it is imported, files per folder, and prose lines against code lines.
 
 ``tests/test_structure.py`` holds the lines these draw; ``benchmarks/structure.py``
 prints the figures.
@@ -10,6 +10,8 @@ prints the figures.
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -56,16 +58,16 @@ def _known(name: str, known: dict[str, Path]) -> str:
     return name
 
 
-def imports(name: str, root: Path = ROOT) -> set[str]:
+def imports(name: str, root: Path = ROOT, type_checking: bool = False) -> set[str]:
     """The package's modules that module ``name`` imports: at module level and inside
     functions alike, relative imports resolved, ``from pkg import mod`` as ``pkg.mod``;
-    those under ``if TYPE_CHECKING:`` never run and do not count. A package's
-    ``__init__`` that Python runs on the way to a submodule is not counted: only what
-    the code names."""
+    those under ``if TYPE_CHECKING:`` never run and count only with ``type_checking``.
+    A package's ``__init__`` that Python runs on the way to a submodule is not counted:
+    only what the code names."""
     known = modules(root)
     path = known[name]
     tree = parse(path)
-    skip = _type_checking_only(tree)
+    skip = set() if type_checking else _type_checking_only(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     top = root.name
     found: set[str] = set()
@@ -89,8 +91,9 @@ def imports(name: str, root: Path = ROOT) -> set[str]:
     return found
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    return {name: imports(name, root) for name in modules(root)}
+def import_graph(root: Path = ROOT, type_checking: bool = False) -> dict[str, set[str]]:
+    """Each module's imports; with ``type_checking``, those for types only included."""
+    return {name: imports(name, root, type_checking) for name in modules(root)}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -272,3 +275,58 @@ def metric_lists(names: Iterable[str], root: Path = ROOT) -> list[MetricList]:
             if len(held) >= 2:
                 found.append(MetricList(name, node.lineno, tuple(sorted(held))))
     return found
+
+
+def files_per_folder(root: Path = ROOT) -> dict[str, int]:
+    """The ``.py`` files directly in each folder of the package, by path from its
+    parent (``gatekeeper/store``)."""
+    counts: dict[str, int] = {}
+    for path in modules(root).values():
+        folder = path.parent.relative_to(root.parent).as_posix()
+        counts[folder] = counts.get(folder, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+@dataclass(frozen=True)
+class Prose:
+    docstring: int  # lines inside a module's, class's or function's docstring
+    comment: int  # lines holding only a comment
+    trailing: int  # comments after code on its line (the line counts as code)
+    code: int  # every other line that is not blank
+
+
+def _docstring_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        first = node.body[0] if node.body else None
+        if (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+        ):
+            lines.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    return lines
+
+
+def prose(root: Path = ROOT) -> Prose:
+    """The package's lines by what they hold: docstrings, comments, code."""
+    doc = comment = trailing = code = 0
+    for path in modules(root).values():
+        text = path.read_text()
+        docs = _docstring_lines(parse(path))
+        comments = {
+            t.start[0]: t.line[: t.start[1]].strip() == ""
+            for t in tokenize.generate_tokens(io.StringIO(text).readline)
+            if t.type == tokenize.COMMENT
+        }
+        for n, line in enumerate(text.splitlines(), 1):
+            if n in docs:
+                doc += 1
+            elif comments.get(n):
+                comment += 1
+            elif line.strip():
+                code += 1
+                trailing += n in comments
+    return Prose(doc, comment, trailing, code)
