@@ -46,5 +46,11 @@ mkdir -p "$out"
   --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   -r "$req" -d "$out"
+# torchao for the quantized variants (the quant extra, not pinned): 0.17.0 ran on the
+# image's torch 2.11.0+cu130 (docs/quantization.md, "On a GPU")
+"$python" -m pip download --quiet --no-deps --only-binary=:all: \
+  --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+  "torchao==${TORCHAO:-0.17.0}" -d "$out"
 ls "$out"/*.whl | wc -l | xargs printf '%s wheels in '"$out"' ('
 du -sh "$out" | cut -f1 | xargs printf '%s)\n'

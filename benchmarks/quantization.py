@@ -4,7 +4,10 @@ as float, int8 weight-only and int8 dynamic (torchao), through the real CLI in a
 scratch project: SQNR vs the float model, p50 and weight bytes as ratios of the float
 target's, the cold compile and the first call after a warm start.
 
-    python benchmarks/quantization.py [--min-time 3] [--json PATH]
+    python benchmarks/quantization.py [--min-time 3] [--json PATH] [--device cpu|cuda]
+        [--configs none,int8-weight-only,int8-dynamic,float8-dynamic]
+
+On a GPU (``--device cuda``) add ``float8-dynamic`` (compute capability 8.9 or newer).
 
 Needs torchao (``pip install 'gatekeeper[quant]'``) and transformers. Prints a markdown
 table (the one in docs/quantization.md) and, with ``--json``, the figures.
@@ -23,6 +26,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from gatekeeper.quantize import SUFFIX
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["none", "int8-weight-only", "int8-dynamic"]
 CONFIG = """
@@ -39,6 +44,7 @@ factory = "tiny_models:transformer_block"
 inputs = [{{ shape = ["batch", "seq"], dtype = "int64", low = 0, high = 512 }}]
 shapes = [{{ batch = 4, seq = 64 }}]
 quantize = {configs}
+device = "{device}"
 
 [[models]]
 name = "bert"
@@ -46,10 +52,11 @@ factory = "hf_models:bert_tiny"
 inputs = [{{ shape = ["batch", "seq"], dtype = "int64", low = 0, high = 1000 }}]
 shapes = [{{ batch = 4, seq = 64 }}]
 quantize = {configs}
+device = "{device}"
 """
 
 
-def gk(*args: str, cwd: Path) -> dict:
+def gk(*args: str, cwd: Path, ok: tuple[int, ...] = (0, 1)) -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "gatekeeper", *args, "--json"],
         cwd=cwd,
@@ -57,26 +64,32 @@ def gk(*args: str, cwd: Path) -> dict:
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
     )
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in ok:
         sys.exit(f"gatekeeper {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(proc.stdout)
 
 
-def measure(min_time: float) -> list[dict]:
+def measure(min_time: float, configs: list[str] = CONFIGS, device: str = "cpu") -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="gk-quant-") as tmp:
         root = Path(tmp)
         for name in ("tiny_models.py", "hf_models.py"):
             shutil.copy(ROOT / "examples" / name, root / name)
         (root / "gatekeeper.toml").write_text(
-            textwrap.dedent(CONFIG.format(min_time=min_time, configs=json.dumps(CONFIGS)))
+            textwrap.dedent(
+                CONFIG.format(min_time=min_time, configs=json.dumps(configs), device=device)
+            )
         )
-        compiled = {t["target"]: t for t in gk("compile", cwd=root)["targets"]}
-        warm = gk("warm", "--cache-dir", str(root / "deploy"), "--probe", cwd=root)
+        # a target that fails to compile (exit 2) is a row of its own, the rest go on
+        compiled = {t["target"]: t for t in gk("compile", cwd=root, ok=(0, 1, 2))["targets"]}
+        failed = [t for t in compiled.values() if t["status"] == "error"]
+        ok = [t["target"] for t in compiled.values() if t["status"] != "error"]
+        only = [a for target in ok for a in ("--target", target)]
+        warm = gk("warm", "--cache-dir", str(root / "deploy"), "--probe", *only, cwd=root)
         warmed = {t["target"]: t for t in warm["targets"]}
-        gk("check", "--mode", "stored", cwd=root)
+        gk("check", "--mode", "stored", *only, cwd=root)
         results = json.loads((root / "results.json").read_text())["targets"]
     by_id = {r["target"]: r for r in results}
-    rows = []
+    rows = [failure(t) for t in failed]
     for r in results:
         q = r.get("quantization")
         twin = by_id[r["target"].split("+")[0]]
@@ -107,6 +120,20 @@ def measure(min_time: float) -> list[dict]:
     return rows
 
 
+def failure(compiled: dict) -> dict:
+    """The row of a target that did not compile: its error, no figures."""
+    base = compiled["target"].split("+")[0]
+    config = next((c for c, suffix in SUFFIX.items() if compiled["target"].endswith("+" + suffix)),
+                  "none")  # fmt: skip
+    return {
+        "target": compiled["target"],
+        "config": config,
+        "twin": base,
+        "error": compiled.get("error"),
+        "cold_compile_s": compiled.get("compile_seconds"),
+    }
+
+
 def table(rows: list[dict]) -> str:
     def f(x: float | None, fmt: str) -> str:
         return "–" if x is None else format(x, fmt)
@@ -117,6 +144,10 @@ def table(rows: list[dict]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        if r.get("error"):
+            out.append(f"| `{r['target']}` | {r['config']} | compile error: {r['error'][:120]} |"
+                       + " |" * 6)  # fmt: skip
+            continue
         kib = r["weight_bytes"] / 1024 if r["weight_bytes"] is not None else None
         out.append(
             f"| `{r['target']}` | {r['config']} | {f(r['sqnr_db'], '.1f')} dB "
@@ -131,13 +162,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--min-time", type=float, default=3.0, help="timed seconds per target")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--device", default="cpu", help="the models' device: cpu or cuda")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="quantize values, comma-separated")
     args = ap.parse_args()
     import torch
     import torchao
 
-    rows = measure(args.min_time)
+    rows = measure(args.min_time, args.configs.split(","), args.device)
+    gpu = f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""
     print(
-        f"torch {torch.__version__}, torchao {torchao.__version__}, {platform.machine()}, "
+        f"torch {torch.__version__}, torchao {torchao.__version__}{gpu}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs, {os.environ.get('OMP_NUM_THREADS', '1')} thread(s)\n"
     )
     print(table(rows))

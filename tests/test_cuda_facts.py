@@ -26,7 +26,7 @@ MIB = 1 << 20
 # the env keys of the recorded machines: a bundle compiled there is found under these
 KEYS = {
     "h100": "torch2.11.0+cu130-py3.12-cuda13.0-sm90-h100-80gb-hbm3-56ab76",
-    "h200": "torch2.11.0+cu130-py3.12-cuda13.0-sm90-h200-bb2405",
+    "h200": "torch2.11.0+cu130-py3.12-cuda13.0-sm90-h200-208fd2",
 }
 
 
@@ -76,6 +76,16 @@ def test_the_device_facts_carry_the_gpus_name_capability_and_runtime():
     rocm = gpu_facts(SimpleNamespace(name="AMD Instinct MI300X", major=9, minor=4), None, "6.2")
     assert rocm["capability"] == "9.4" and rocm["hip"] == "6.2"
     assert "-hip6.2-sm94-amd-instinct-mi300x-" in env_key({**recorded_facts(GPUS["h100"]), **rocm})
+
+
+def test_the_key_computed_here_is_the_one_the_h200_itself_printed():
+    """The H200's facts, its compile environment (CC, CXX, TORCH_CUDA_ARCH_LIST) and the
+    env keys were read on the machine (benchmarks/cuda_facts.py, 2026-11-28): the same
+    facts give the same key on this CPU machine, so a bundle compiled there is found."""
+    h200 = GPUS["h200"]
+    assert env_key(recorded_facts(h200)) == h200["env_key_bare"] == KEYS["h200"]
+    facts = {**recorded_facts(h200), "compile_env": h200["compile_env"]}
+    assert env_key(facts) == h200["env_key"]
 
 
 @pytest.mark.parametrize(

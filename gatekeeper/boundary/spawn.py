@@ -83,6 +83,9 @@ def cache_env(
     env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
     # Triton's kernels then land inside the inductor cache dir (<cache>/triton/<device>)
     env.pop("TRITON_CACHE_DIR", None)
+    # and the rest of Triton's home (its driver stubs under ~/.triton/cache) in it too: in
+    # the box the user's home is read-only (a GPU compile failed on '/root/.triton')
+    env["TRITON_HOME"] = str(cache_dir)
     # no current directory on sys.path: a gatekeeper/ folder there must not shadow us
     env["PYTHONSAFEPATH"] = "1"
     if pch := pch_dir():  # shared precompiled headers (worker.compiler.share_headers)

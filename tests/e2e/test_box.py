@@ -71,6 +71,12 @@ ESCAPES = textwrap.dedent("""
         done["github_env"] = _try("github_env", lambda: _write(plan["github_env"], steer))
         done["file_commands"] = _try("file_commands", lambda: _write(plan["file_command"], steer))
         done["checkout"] = _try("checkout", lambda: _write(here / "gatekeeper.toml", "# x\\n"))
+        # what Triton does at a GPU's first compile: its driver stubs under ~/.triton/cache
+        # (~ being TRITON_HOME where set); a compile on an H200 failed on '/root/.triton'
+        home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+        triton = pathlib.Path(home, ".triton", "cache", "stub.txt")
+        done["triton"] = _try("triton", lambda: _write(triton, "x"))
+        done["triton_path"] = str(triton)
         daemon = subprocess.Popen(
             ["sleep", "300", plan["daemon"]], start_new_session=True, env={},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -176,6 +182,15 @@ def test_the_factory_cannot_change_the_checkout_or_steer_later_steps(escaped) ->
     assert Path(plan["file_command"]).read_text() == ""
     assert status == ""  # no tracked file changed
     assert "# x" not in (root / "gatekeeper.toml").read_text()
+
+
+def test_tritons_home_is_writable_in_the_box_and_not_the_users(escaped) -> None:
+    """Triton writes its driver stubs under ``~/.triton`` on a GPU's first compile; in the
+    box the home is read-only, so every CUDA compile failed (an H200, 2026-11-28) until
+    the worker's TRITON_HOME became its cache dir: the write succeeds, outside the home."""
+    report = escaped[0]
+    assert report["triton"] == "done", report["triton"]
+    assert not Path(report["triton_path"]).is_relative_to(Path.home()), report["triton_path"]
 
 
 def test_the_workers_environment_is_an_allow_list(escaped) -> None:

@@ -101,7 +101,7 @@ def test_the_quick_start_compiles_cold_starts_warm_and_catches_the_change(
     assert f"[1/1] {TARGET}: measuring paired" in err
 
     # 1. a cold compile, published to the local store in the scratch folder
-    cold = float(found(rf"{TARGET}: cold compile ([\d.]+) s", out))
+    assert float(found(rf"{TARGET}: cold compile ([\d.]+) s", out)) > 0
     bundles = list((scratch / ".gatekeeper/store/bundles").rglob("manifest.json"))
     assert len(bundles) >= 1
 
@@ -109,9 +109,14 @@ def test_the_quick_start_compiles_cold_starts_warm_and_catches_the_change(
     assert "published as main's baseline" in out
     assert list((scratch / ".gatekeeper/store/baselines").rglob("main/latest.json"))
 
-    # 3. a fresh process warm-started from the store: a hit, its first call under the cold
-    first = float(found(rf"{TARGET}: hit; first compiled call ([\d.]+) s in a new process", out))
-    assert first < cold, (first, cold)
+    # 3. a fresh process warm-started from the store: a hit that compiled nothing anew
+    # (every FX graph from the cache, or Dynamo skipped). Not "its first call took less
+    # than the cold compile": on a loaded CI machine that timing failed (12.4 s vs 7.83 s)
+    how = found(rf"{TARGET}: hit; first compiled call [\d.]+ s in a new process, "
+                rf"against [\d.]+ s cold: [\d.]+x faster \(([^)]*)\)", out)  # fmt: skip
+    assert how == "a verified precompiled package: Dynamo skipped" or re.fullmatch(
+        r"FX graph cache hits [1-9]\d*, misses 0", how
+    ), how
     assert (scratch / "deploy-cache").is_dir()
 
     # 4. the pull request: caught, with its reason, paired with main
