@@ -15,16 +15,24 @@ copy where the model is small enough that the copy cannot matter
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
+from typing import TypeGuard
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["COPY_LIMIT", "in_float64", "plain", "weight_bytes"]
+__all__ = ["BLOCK", "COPY_LIMIT", "in_float64", "plain", "running_bytes", "weight_bytes"]
 
 #: a model whose forward cannot run module by module in float64 is copied whole up to
 #: this many bytes of weights (beyond, its RMSE rung is skipped, never a big copy)
 COPY_LIMIT = 256 << 20
+
+#: an ``nn.Linear`` whose weight takes more than this in float64 (a causal LM's output
+#: layer: 2048 x 32000 is 0.52 GB) computes block by block of its output features, each
+#: block's rows cast to float64 for its product only: at most this much float64 weight
+BLOCK = 64 << 20
 
 
 def weight_bytes(model: object) -> int:
@@ -84,11 +92,43 @@ def _holders(model: nn.Module) -> dict[nn.Module, list[tuple[nn.Module, str, boo
     return out
 
 
+def _blocked(module: nn.Module) -> TypeGuard[nn.Linear]:
+    """Whether ``module`` computes block by block (:data:`BLOCK`): a plain ``nn.Linear``
+    whose weight is larger than that in float64."""
+    return type(module) is nn.Linear and module.weight.numel() * 8 > BLOCK
+
+
+def running_bytes(module: nn.Module) -> int:
+    """Bytes of float64 weights ``module`` holds while it runs in float64: its own
+    floating parameters and buffers, at most :data:`BLOCK` (plus the bias) if blocked."""
+    own = [t for t in [*module._parameters.values(), *module._buffers.values()] if t is not None]
+    total = sum(t.numel() * 8 for t in own if t.is_floating_point())
+    if _blocked(module):
+        bias = 0 if module.bias is None else module.bias.numel() * 8
+        return min(total, BLOCK + bias)
+    return total
+
+
+def _linear_by_blocks(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` in float64, a block of output features at a time."""
+    w, b = module.weight, module.bias
+    x = x.to(torch.float64)
+    rows = max(1, BLOCK // (w.shape[1] * 8))
+    out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=torch.float64, device=x.device)
+    for i in range(0, w.shape[0], rows):
+        part = None if b is None else b[i : i + rows].to(torch.float64)
+        out[..., i : i + rows] = F.linear(x, w[i : i + rows].to(torch.float64), part)
+    return out
+
+
 @contextlib.contextmanager
 def in_float64(model: nn.Module) -> Iterator[None]:
     """Within it, each module of ``model`` computes in float64 (see the module
     docstring); on the way out every tensor is the one it was, whatever was raised."""
     holders = _holders(model)
+    blocked: list[nn.Linear] = [m for m in holders if _blocked(m)]
+    for m in blocked:  # its weight and bias stay as they are: cast a block at a time
+        holders[m] = [h for h in holders[m] if h[0] is not m]
     undo: list[list[tuple[nn.Module, str, bool, torch.Tensor]]] = []
 
     def cast(module: nn.Module, *_: object) -> None:
@@ -117,8 +157,12 @@ def in_float64(model: nn.Module) -> Iterator[None]:
         for module in holders:
             handles.append(module.register_forward_pre_hook(cast))
             handles.append(module.register_forward_hook(restore, always_call=True))
+        for m in blocked:
+            m.forward = functools.partial(_linear_by_blocks, m)  # type: ignore[method-assign]
         yield
     finally:
+        for m in blocked:
+            m.__dict__.pop("forward", None)
         for h in handles:
             h.remove()
         while undo:

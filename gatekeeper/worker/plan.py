@@ -25,7 +25,7 @@ from torch import nn
 from .. import units
 from ..boundary import breadcrumbs
 from ..boundary.protocol import Build
-from .fp64 import weight_bytes
+from .fp64 import running_bytes, weight_bytes
 from .memory import last_level_cache
 
 __all__ = ["Estimate", "WontFit", "check_fits", "estimate", "fits"]
@@ -51,14 +51,11 @@ class Estimate:
 
 
 def _largest_layer_fp64(model: object) -> int:
-    """Bytes of the largest module's own floating tensors, in float64."""
+    """Bytes of the largest module's own floating tensors in float64 while it runs (a
+    large linear layer's: one block, :data:`gatekeeper.worker.fp64.BLOCK`)."""
     if not isinstance(model, nn.Module):
         return 0
-    best = 0
-    for m in model.modules():
-        own = [t for t in [*m._parameters.values(), *m._buffers.values()] if t is not None]
-        best = max(best, sum(t.numel() * 8 for t in own if t.is_floating_point()))
-    return best
+    return max((running_bytes(m) for m in model.modules()), default=0)
 
 
 def estimate(
