@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
-from typing import TypeGuard
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +30,8 @@ COPY_LIMIT = 256 << 20
 
 #: an ``nn.Linear`` whose weight takes more than this in float64 (a causal LM's output
 #: layer: 2048 x 32000 is 0.52 GB) computes block by block of its output features, each
-#: block's rows cast to float64 for its product only: at most this much float64 weight
+#: block's rows cast to float64 for its product only: at most this much float64 weight;
+#: an ``nn.Embedding`` as large casts only the rows it looks up
 BLOCK = 64 << 20
 
 
@@ -92,21 +92,30 @@ def _holders(model: nn.Module) -> dict[nn.Module, list[tuple[nn.Module, str, boo
     return out
 
 
-def _blocked(module: nn.Module) -> TypeGuard[nn.Linear]:
-    """Whether ``module`` computes block by block (:data:`BLOCK`): a plain ``nn.Linear``
-    whose weight is larger than that in float64."""
-    return type(module) is nn.Linear and module.weight.numel() * 8 > BLOCK
+def _by_parts(module: nn.Module) -> Callable[..., torch.Tensor] | None:
+    """The float64 forward of a module whose weight is larger than :data:`BLOCK` in
+    float64 and need not be cast whole (None for any other): a plain ``nn.Linear``
+    computes a block of output features at a time; a plain ``nn.Embedding`` (no
+    ``max_norm``, which rewrites its weight) looks its rows up and casts those."""
+    if type(module) is nn.Linear and module.weight.numel() * 8 > BLOCK:
+        return functools.partial(_linear_by_blocks, module)
+    if type(module) is nn.Embedding and module.max_norm is None:
+        if module.weight.numel() * 8 > BLOCK:
+            return functools.partial(_embedding_rows, module)
+    return None
 
 
 def running_bytes(module: nn.Module) -> int:
     """Bytes of float64 weights ``module`` holds while it runs in float64: its own
-    floating parameters and buffers, at most :data:`BLOCK` (plus the bias) if blocked."""
+    floating parameters and buffers; at most :data:`BLOCK` and the bias for a large
+    linear layer, none for a large embedding (its rows are activations)."""
     own = [t for t in [*module._parameters.values(), *module._buffers.values()] if t is not None]
     total = sum(t.numel() * 8 for t in own if t.is_floating_point())
-    if _blocked(module):
-        bias = 0 if module.bias is None else module.bias.numel() * 8
-        return min(total, BLOCK + bias)
-    return total
+    if _by_parts(module) is None:
+        return total
+    if isinstance(module, nn.Linear):
+        return min(total, BLOCK + (0 if module.bias is None else module.bias.numel() * 8))
+    return 0
 
 
 def _linear_by_blocks(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -121,13 +130,22 @@ def _linear_by_blocks(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _embedding_rows(module: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """``module(ids)`` in float64: the rows looked up, then cast (the same numbers)."""
+    rows = F.embedding(
+        ids, module.weight, module.padding_idx, None, module.norm_type,
+        module.scale_grad_by_freq, module.sparse,
+    )  # fmt: skip
+    return rows.to(torch.float64)
+
+
 @contextlib.contextmanager
 def in_float64(model: nn.Module) -> Iterator[None]:
     """Within it, each module of ``model`` computes in float64 (see the module
     docstring); on the way out every tensor is the one it was, whatever was raised."""
     holders = _holders(model)
-    blocked: list[nn.Linear] = [m for m in holders if _blocked(m)]
-    for m in blocked:  # its weight and bias stay as they are: cast a block at a time
+    parts = {m: f for m in holders if (f := _by_parts(m)) is not None}
+    for m in parts:  # its own weight and bias stay as they are: cast a part at a time
         holders[m] = [h for h in holders[m] if h[0] is not m]
     undo: list[list[tuple[nn.Module, str, bool, torch.Tensor]]] = []
 
@@ -157,11 +175,11 @@ def in_float64(model: nn.Module) -> Iterator[None]:
         for module in holders:
             handles.append(module.register_forward_pre_hook(cast))
             handles.append(module.register_forward_hook(restore, always_call=True))
-        for m in blocked:
-            m.forward = functools.partial(_linear_by_blocks, m)  # type: ignore[method-assign]
+        for m, forward in parts.items():
+            m.forward = forward
         yield
     finally:
-        for m in blocked:
+        for m in parts:
             m.__dict__.pop("forward", None)
         for h in handles:
             h.remove()

@@ -361,32 +361,36 @@ def test_the_fp64_reference_is_the_float64_models_without_a_float64_copy(reach):
         assert torch.equal(after[n], values)
 
 
-def test_a_large_linear_layer_computes_in_float64_a_block_of_rows_at_a_time(monkeypatch):
-    """A causal LM's output layer (2048 x 32000: 0.52 GB in float64, 0.12x the 1B
-    model's weights at the paired peak) was cast whole for its forward. A linear layer
-    over ``fp64.BLOCK`` bytes in float64 now casts a block of its rows for each product:
-    no float64 copy of its weight ever exists, the outputs are the float64 model's, and
-    the layer is as it was afterwards (its own forward, weights and dtype). The plan's
-    estimate counts the block, not the layer."""
+@pytest.mark.parametrize("tied", [False, True])
+def test_large_linear_and_embedding_layers_are_never_cast_whole_to_float64(monkeypatch, tied):
+    """A causal LM's input embedding and output layer (each 2048 x 32000 for the 1B
+    model: 0.52 GB in float64) were cast whole for their forwards. Over ``fp64.BLOCK``
+    bytes in float64, a linear layer now casts a block of its rows for each product and
+    an embedding casts the rows it looks up: no float64 copy of either weight exists,
+    the outputs are the float64 model's (a tied weight too), each layer is as it was
+    afterwards, and the plan's estimate counts a block, not the layer."""
     from gatekeeper.worker import fp64
     from gatekeeper.worker.plan import estimate
 
     torch.manual_seed(0)
     model = _Shapes().eval()
-    model.head = torch.nn.Linear(8, 16)  # untied, with a bias: 16 x 8 weights, 1 KiB in fp64
+    if not tied:  # untied, with a bias: 16 x 8 weights, 1 KiB in float64
+        model.head = torch.nn.Linear(8, 16)
     ids = Inputs(args=[torch.randint(0, 16, (2, 5))], kwargs={})
     with torch.no_grad():
         want = copy.deepcopy(model).double()(ids.args[0])
     whole = estimate(model, "cpu", paired=False).fp64_layer
     monkeypatch.setattr(fp64, "BLOCK", 4 * 8 * 8)  # 4 rows of 8 inputs per product
-    casts: list[torch.dtype] = []
-    model.head.register_forward_hook(lambda m, *_: casts.append(m.weight.dtype))
+    seen: list[torch.dtype] = []
+    for layer in (model.emb, model.head):
+        layer.register_forward_hook(lambda m, *_: seen.append(m.weight.dtype))
     got = fp64_reference(model, ids)
     assert got is not None
     (leaf,) = got.leaves.values()
     assert leaf.dtype == torch.float64
     torch.testing.assert_close(leaf, want, rtol=1e-12, atol=1e-12)
-    assert casts == [torch.float32]  # its weight never became float64 while it ran
-    assert "forward" not in vars(model.head) and model.head.weight.dtype == torch.float32
-    blocked = estimate(model, "cpu", paired=False).fp64_layer
-    assert blocked < whole, (blocked, whole)
+    assert seen == [torch.float32, torch.float32]  # neither weight became float64
+    for layer in (model.emb, model.head):
+        assert "forward" not in vars(layer) and layer.weight.dtype == torch.float32
+    parts = estimate(model, "cpu", paired=False).fp64_layer
+    assert parts < whole, (parts, whole)
