@@ -55,6 +55,9 @@ def compile_target(req: CompileRequest) -> Response:
             breadcrumbs.enter("shape sweep")
             shape_sweep(req.model, req.base_path, req.device, run)
         resp = _save_megacache(req, resp)
+    # the compiled model goes before a package records: its half builds its own (with
+    # this one alive, a compile held two models: the 1B model's peak was 2.15x weights)
+    del run
     used, known = use.used, not use.failed
     recorded = dict(resp.packages)
     for ref in req.packages if resp.ok else ():

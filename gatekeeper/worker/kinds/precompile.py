@@ -23,6 +23,7 @@ What torch does and does not do here (measured on 2.13.0, docs/precompile.md):
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -94,6 +95,7 @@ def record(cache_dir: Path, out_dir: Path, build: Callable[[], Callable[[], Any]
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(out_dir)  # inductor reads it per lookup
     torch._dynamo.reset()
+    gc.collect()  # what Dynamo's caches held of the compile's own model goes before build
     torch._dynamo.config.caching_precompile = True
     try:
         with _torch_log() as log:
