@@ -82,8 +82,8 @@ def measure(min_time: float, configs: list[str] = CONFIGS, device: str = "cpu") 
         # a target that fails to compile (exit 2) is a row of its own, the rest go on
         compiled = {t["target"]: t for t in gk("compile", cwd=root, ok=(0, 1, 2))["targets"]}
         failed = [t for t in compiled.values() if t["status"] == "error"]
-        ok = [t["target"] for t in compiled.values() if t["status"] != "error"]
-        only = [a for target in ok for a in ("--target", target)]
+        built = [t["target"] for t in compiled.values() if t["status"] != "error"]
+        only = [a for target in built for a in ("--target", target)]
         warm = gk("warm", "--cache-dir", str(root / "deploy"), "--probe", *only, cwd=root)
         warmed = {t["target"]: t for t in warm["targets"]}
         gk("check", "--mode", "stored", *only, cwd=root)
