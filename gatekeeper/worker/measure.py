@@ -30,7 +30,7 @@ from .counters import (
 )
 from .fp64 import weight_bytes
 from .kinds import Builder, Job, Refused, builder
-from .memory import allocated, footprint, last_level_cache
+from .memory import allocated, footprint, give_back, last_level_cache
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
 from .plan import fits
@@ -161,6 +161,7 @@ def measure(req: MeasureRequest) -> Response:
     counters.clear()
     record_inductor_metrics()
     reset_inductor_metrics()
+    give_back()  # what explain() and the builds freed
     before_compile = allocated(device)
     breadcrumbs.enter("compile")
     start = time.perf_counter()
@@ -244,6 +245,7 @@ def _measured(
     paired, base_out = _compile_base(kind, base, baked) if base is not None else (None, None)
     parity, ref64 = _parity(head, eager, cand, base_out, tol, baked, paired)
     save_reference(req.reference_out, cand, ref64)
+    give_back()  # what the compiles and the float64 reference freed
     start_counting()  # recompiles from here on: the measured calls
     breadcrumbs.enter("measure")
     timed = base is not None and paired is not None
@@ -297,6 +299,7 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     built this way (this change makes it export: no base to time it with)."""
     req, device = base.req, base.req.device
     fresh_frames()
+    give_back()  # what the head's compile freed
     breadcrumbs.enter("base compile")
     try:
         made, _ = kind.compiled(

@@ -10,6 +10,7 @@ order, their running sum peaks at the most bytes the call held at once.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,18 @@ def process_peak(device: str) -> int | None:
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
+def give_back() -> None:
+    """Hand the heap's free pages back to the kernel (glibc's ``malloc_trim``) between
+    the steps of a measurement: what a model's build, ``explain`` or a compile freed
+    stays resident otherwise, and the next step's peak stands on it (docs/scale.md).
+    Where the C library has no ``malloc_trim`` (musl, macOS), nothing."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 def footprint(memory: dict, model: object, device: str) -> dict:
