@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .calls import Inputs
-from .memory import peak_memory
+from .memory import give_back, peak_memory
 from .profile import profile_calls
 from .recompiles import on_purpose, recompiles
 from .sweep import shape_sweep
@@ -53,6 +53,7 @@ def compile_again(*calls: Callable[[], object]) -> Callable[[], None]:
 
     def again() -> None:
         torch._dynamo.reset()
+        give_back()  # the forgotten frames' memory
         with on_purpose():
             for call in calls:
                 call()
