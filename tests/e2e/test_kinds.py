@@ -19,13 +19,48 @@ import pytest
 from support.helpers import gk, gk_json, parity_only_config, unchanged_passes, write_project
 
 NOGRAD = textwrap.dedent('''
-    """A toy artifact kind: the whole model's call inside torch.no_grad()."""
+    """A toy artifact kind: the whole model's call inside torch.no_grad(), and a package
+    of its own beside the compile's cache dir: a record of how the call runs, that a
+    check verifies by loading it in a fresh worker like any package."""
 
-    from gatekeeper.kinds import Kind
-    from gatekeeper.worker.kinds import Builder, Built
+    import json
+    import shutil
+    from contextlib import contextmanager
+    from pathlib import Path
+
+    from gatekeeper.kinds import Kind, Package
+    from gatekeeper.worker.kinds import Builder, Built, Loaded, PackageHalf
+
+    RECORD = "record.json"
 
 
-    class NoGrad(Kind):  # the parent's half: no torch here
+    class Record(Package):  # the package's parent half: no torch here
+        name = "nograd"
+        title = "no_grad record"
+        worker = "nograd_kind:RECORD_HALF"
+        ready = "recorded"
+
+        def wanted(self, target, config):
+            return target.strategy == NoGrad.name
+
+        def pack(self, target, resp, out, cache_dir):
+            recorded = resp.packages.get(self.name) or {}
+            if out is None or recorded.get("status") != self.ready:
+                return {"status": "unavailable", "reason": "nothing recorded"}, {}
+            return {**recorded, "verified": None}, {f"{self.name}/{RECORD}": out / RECORD}
+
+        def warm(self, w):
+            member = w.staging / self.name / RECORD
+            if w.stage is not None and member.is_file():  # a check verifies it
+                w.stage.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(member, w.stage / RECORD)
+
+        def staged(self, result, stage, cache_dir):
+            path = stage / RECORD
+            return path if path.is_file() else None
+
+
+    class NoGrad(Kind):  # the kind's parent half
         name = "nograd"
         worker = "nograd_kind:BUILDER"
         title = "no_grad"
@@ -50,8 +85,34 @@ NOGRAD = textwrap.dedent('''
             return compile_model(call, req.model, req.mode, req.dynamic), Built()
 
 
+    class RecordHalf(PackageHalf):  # the package's worker half
+        name = "nograd"
+
+        def record(self, req, out):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / RECORD).write_text(json.dumps({"grad": False}))
+            return {"status": "recorded"}
+
+        @contextmanager
+        def loading(self, req, model):
+            import torch
+
+            from gatekeeper.worker.calls import entry
+
+            record = json.loads(Path(req.package.path).read_text())
+            forward = entry(model, req.model.call)
+
+            def call(*args, **kwargs):
+                with torch.set_grad_enabled(record["grad"]):
+                    return forward(*args, **kwargs)
+
+            yield Loaded(call, 0.0)
+
+
     NOGRAD = NoGrad()
+    NOGRAD_RECORD = Record()
     BUILDER = NoGradBuilder()
+    RECORD_HALF = RecordHalf()
     BROKEN = type("Broken", (NoGrad,), {"name": "broken", "worker": "nograd_missing:X"})()
 ''')
 TARGET = "tiny/b4/default+nograd"
@@ -71,7 +132,10 @@ def install(root: Path, entry_points: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return install(tmp_path_factory.mktemp("site") / "nograd", "nograd = nograd_kind:NOGRAD")
+    return install(
+        tmp_path_factory.mktemp("site") / "nograd",
+        "nograd = nograd_kind:NOGRAD\nnograd-record = nograd_kind:NOGRAD_RECORD",
+    )
 
 
 def project(root: Path, strategy: str) -> Path:
@@ -97,12 +161,31 @@ def test_an_installed_kind_goes_through_compile_warm_check_and_the_gate(plugin, 
     (base,) = json.loads((root / "base" / "results.json").read_text())["targets"]
     assert base["target"] == TARGET and base["status"] == "ok", base
     assert base["compile"]["cache"] == "hit" and base["parity"]["vs_eager"]["passed"], base
+    # its package, verified by this check like gatekeeper's own, kept under its name
+    verdict = base["packages"]["nograd"]
+    assert (verdict["verified"], verdict["now"], verdict["reason"]) == (True, True, None), base
     gk("baseline", "--results", "base/results.json", "--ref", "main", cwd=root, env=plugin)
 
-    proc = gk("run", "--json", "--base-ref", "main", "--mode", "stored", cwd=root, env=plugin)
+    proc = gk(
+        "run",
+        "--json",
+        "--out",
+        "pr",
+        "--base-ref",
+        "main",
+        "--mode",
+        "stored",
+        cwd=root,
+        env=plugin,
+    )
     assert proc.returncode == 0, proc.stderr
     (gated,) = json.loads(proc.stdout)["targets"]
     assert gated["target"] == TARGET
+    # the bundle's verdict, stored by the first check, in report.json and report.md
+    assert gated["packages"]["nograd"]["verified"] is True, gated["packages"]
+    assert gated["packages"]["nograd"]["now"] is False, gated["packages"]
+    report = (root / "pr" / "report.md").read_text()
+    assert "**no\\_grad record package:** verified, first call" in report, report
     # stored mode compares two processes: on a machine other tests load, an unchanged
     # target may be undecided on timing alone, and only on a run marked disturbed
     assert unchanged_passes(gated), gated
