@@ -1,8 +1,9 @@
 """A kind gatekeeper does not ship, installed the way a third party installs one: its own
-module and an entry point of group ``gatekeeper.kinds`` (a distribution's metadata on
-the path), nothing else. ``nograd`` compiles the whole model's call wrapped in
-``torch.no_grad()``; one real compile of one tiny model carries it through compile,
-warm (and its probe), check and the gate.
+folder (the parent's half, and the worker's in ``worker.py``) and entry points of group
+``gatekeeper.kinds`` (a distribution's metadata on the path), nothing else. ``nograd``
+compiles the whole model's call wrapped in ``torch.no_grad()`` and ships a package of
+its own; one real compile of one tiny model carries it through compile, warm (and its
+probe), check (which verifies the package) and the gate.
 
 The controls: without the entry point the config's ``nograd`` is an unknown kind (so
 the registration is what makes it work), and a kind whose worker half is missing fails
@@ -18,26 +19,24 @@ from pathlib import Path
 import pytest
 from support.helpers import gk, gk_json, parity_only_config, unchanged_passes, write_project
 
-NOGRAD = textwrap.dedent('''
+# the kind's folder, as gatekeeper's own aot is one (gatekeeper/kinds/aot/): the parent's
+# half in __init__.py (no torch), the worker's in worker.py, which only a worker imports
+PARENT = textwrap.dedent('''
     """A toy artifact kind: the whole model's call inside torch.no_grad(), and a package
     of its own beside the compile's cache dir: a record of how the call runs, that a
     check verifies by loading it in a fresh worker like any package."""
 
-    import json
     import shutil
-    from contextlib import contextmanager
-    from pathlib import Path
 
     from gatekeeper.kinds import Kind, Package
-    from gatekeeper.worker.kinds import Builder, Built, Loaded, PackageHalf
 
     RECORD = "record.json"
 
 
-    class Record(Package):  # the package's parent half: no torch here
+    class Record(Package):
         name = "nograd"
         title = "no_grad record"
-        worker = "nograd_kind:RECORD_HALF"
+        worker = "nograd_kind.worker:RECORD_HALF"
         ready = "recorded"
 
         def wanted(self, target, config):
@@ -60,21 +59,36 @@ NOGRAD = textwrap.dedent('''
             return path if path.is_file() else None
 
 
-    class NoGrad(Kind):  # the kind's parent half
+    class NoGrad(Kind):
         name = "nograd"
-        worker = "nograd_kind:BUILDER"
+        worker = "nograd_kind.worker:BUILDER"
         title = "no_grad"
 
 
-    class NoGradBuilder(Builder):  # the worker's half: torch only inside
+    NOGRAD = NoGrad()
+    NOGRAD_RECORD = Record()
+    BROKEN = type("Broken", (NoGrad,), {"name": "broken", "worker": "nograd_missing:X"})()
+''')
+WORKER = textwrap.dedent('''
+    """The nograd kind's worker half: imported only in a worker, so torch is welcome."""
+
+    import json
+    from contextlib import contextmanager
+    from pathlib import Path
+
+    import torch
+
+    from gatekeeper.worker.calls import entry
+    from gatekeeper.worker.compiler import compile_model
+    from gatekeeper.worker.kinds import Builder, Built, Loaded, PackageHalf
+
+    from . import RECORD
+
+
+    class NoGradBuilder(Builder):
         name = "nograd"
 
         def compiled(self, job):
-            import torch
-
-            from gatekeeper.worker.calls import entry
-            from gatekeeper.worker.compiler import compile_model
-
             forward = entry(job.model, job.req.model.call)
 
             def call(*args, **kwargs):
@@ -85,7 +99,7 @@ NOGRAD = textwrap.dedent('''
             return compile_model(call, req.model, req.mode, req.dynamic), Built()
 
 
-    class RecordHalf(PackageHalf):  # the package's worker half
+    class RecordHalf(PackageHalf):
         name = "nograd"
 
         def record(self, req, out):
@@ -95,10 +109,6 @@ NOGRAD = textwrap.dedent('''
 
         @contextmanager
         def loading(self, req, model):
-            import torch
-
-            from gatekeeper.worker.calls import entry
-
             record = json.loads(Path(req.package.path).read_text())
             forward = entry(model, req.model.call)
 
@@ -109,20 +119,18 @@ NOGRAD = textwrap.dedent('''
             yield Loaded(call, 0.0)
 
 
-    NOGRAD = NoGrad()
-    NOGRAD_RECORD = Record()
     BUILDER = NoGradBuilder()
     RECORD_HALF = RecordHalf()
-    BROKEN = type("Broken", (NoGrad,), {"name": "broken", "worker": "nograd_missing:X"})()
 ''')
 TARGET = "tiny/b4/default+nograd"
 
 
 def install(root: Path, entry_points: str) -> dict[str, str]:
-    """The kind's module and a distribution's metadata declaring its entry points, in
+    """The kind's folder and a distribution's metadata declaring its entry points, in
     a folder on the path of every process gatekeeper starts."""
-    root.mkdir(parents=True)
-    (root / "nograd_kind.py").write_text(NOGRAD)
+    (root / "nograd_kind").mkdir(parents=True)
+    (root / "nograd_kind" / "__init__.py").write_text(PARENT)
+    (root / "nograd_kind" / "worker.py").write_text(WORKER)
     info = root / "gatekeeper_nograd-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gatekeeper-nograd\nVersion: 0.1\n")
