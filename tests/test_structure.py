@@ -36,25 +36,6 @@ BOUNDARY = "gatekeeper.boundary"
 KINDS_HOME = ("gatekeeper.kinds", "gatekeeper.worker.kinds")
 
 
-def worker_half(module: str) -> bool:
-    """``gatekeeper.kinds.<name>.worker`` or ``.worker_<part>``: a kind's worker half."""
-    parts = module.split(".")
-    return (
-        len(parts) == 4
-        and parts[1] == "kinds"
-        and (parts[3] == "worker" or parts[3].startswith("worker_"))
-    )
-
-
-def worker_half_importers(root: Path = structure.ROOT) -> dict[str, set[str]]:
-    """The kinds' worker halves each module but those halves imports."""
-    return {
-        m: found
-        for m, imported in structure.import_graph(root).items()
-        if not worker_half(m) and (found := {i for i in imported if worker_half(i)})
-    }
-
-
 def plant(root: Path, files: dict[str, str]) -> Path:
     """A package ``gatekeeper`` of ``files`` under ``root`` (paths relative to it)."""
     pkg = root / "gatekeeper"
@@ -110,7 +91,7 @@ def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
     assert reach["gatekeeper.parent"] == {"gatekeeper.worker.deps"}
     assert reach["gatekeeper.boundary.client"] == {"gatekeeper.worker.deps"}
     assert reach["gatekeeper.kinds.toy.worker"] == {"gatekeeper.worker.deps"}
-    assert worker_half_importers(pkg) == {
+    assert structure.worker_half_importers(pkg) == {
         "gatekeeper.kinds.toy.parent": {"gatekeeper.kinds.toy.worker"}
     }
     assert structure.reachable(["gatekeeper.boundary.client"], pkg) == {
@@ -192,7 +173,7 @@ def test_only_the_boundary_and_the_kinds_worker_halves_import_the_worker() -> No
     reach = {
         m: sorted(w)
         for m, w in structure.worker_imports().items()
-        if w and not (m == BOUNDARY or m.startswith(BOUNDARY + ".") or worker_half(m))
+        if w and not (m == BOUNDARY or m.startswith(BOUNDARY + ".") or structure.worker_half(m))
     }
     assert reach == {}
 
@@ -206,7 +187,7 @@ def test_a_kind_is_one_folder_whose_worker_half_nothing_imports() -> None:
     assert not any(m.startswith("gatekeeper.worker.kinds.aot") for m in modules)
     assert kinds.get("aot").worker.startswith("gatekeeper.kinds.aot.worker:")
     assert kinds.package("aot").worker.startswith("gatekeeper.kinds.aot.worker")
-    assert worker_half_importers() == {}
+    assert structure.worker_half_importers() == {}
 
 
 def test_the_boundary_imports_no_torch_as_it_is_imported() -> None:
