@@ -18,7 +18,8 @@ from .gate import GateReport, GateRow
 from .gate.baseline import publish_results
 from .gate.drift import merge_latency
 from .gate.judge import judge
-from .results import Results, TargetResult, contained, write_results
+from .inside import contained
+from .results import Results, TargetResult, write_results
 from .scratch import scratch_dir
 from .store import Store
 from .store.base import store_error

@@ -15,7 +15,16 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from .config import GateConfig
 from .errors import GatekeeperError
@@ -25,6 +34,9 @@ BASELINE_SCHEMA = "gatekeeper.baseline/1"
 # the largest results.json read: a fleet's merged results hold every timing sample of
 # every target (tens of KB each); anything larger is refused before it is read
 MAX_RESULTS_BYTES = 256 << 20
+# packages a target's document keeps as fields of their own, as it always did (every
+# version reads them); any other is under ``packages`` (docs/strategies.md)
+PACKAGE_FIELDS = ("precompile", "aot")
 
 
 def reference_name(target_id: str) -> str:
@@ -36,31 +48,6 @@ def trace_name(target_id: str, *, base: bool = False) -> str:
     """Where a target's gzipped Chrome trace goes, relative to its results.json (paired:
     ``.base.json.gz`` for the base commit's)."""
     return "traces/" + target_id.replace("/", "__") + (".base.json.gz" if base else ".json.gz")
-
-
-def contained(folder: Path, name: str, what: str) -> Path:
-    """``folder / name`` for a ``name`` that a document gives (``what`` says which
-    field of which file): a relative path of plain segments that resolves, symbolic
-    links followed, inside ``folder``. Anything else (absolute, ``..``, a backslash, a
-    link out of the folder) is a one-line error: documents come from pull requests'
-    jobs, and a path in one must never reach a file outside its folder."""
-    parts = name.split("/")
-    if (
-        not name
-        or name.startswith("/")
-        or "\\" in name
-        or "\0" in name
-        or any(p in ("", ".", "..") for p in parts)
-    ):
-        raise GatekeeperError(f"{what}: {name!r} is not a relative path inside {folder}")
-    path = folder.joinpath(*parts)
-    try:
-        inside = path.resolve().is_relative_to(folder.resolve())
-    except (OSError, RuntimeError):  # a symlink loop
-        inside = False
-    if not inside:
-        raise GatekeeperError(f"{what}: {name!r} leads outside {folder}")
-    return path
 
 
 # The gate's verdict on a target (and on a run: its worst target's), most severe first;
@@ -354,13 +341,11 @@ class TargetResult(_Doc):
     work: Work | None = None
     profile: Profile | None = None
     mode: TimingMode | None = None  # what decided this target's timing
-    # the bundle's precompile package: verified (Dynamo skipped, outputs as eager's) or
-    # why not; "now": verified by this check (else an earlier check's verdict)
-    precompile: dict[str, Any] | None = None
+    # each package the bundle carries, by its name: what the measurement loaded of it and
+    # its verification (loaded in a fresh worker, outputs as eager's), or why not; "now":
+    # verified by this check (else an earlier check's verdict)
+    packages: dict[str, dict[str, Any]] = Field(default_factory=dict)
     export: Export | None = None  # +aot targets: torch.export's outcome
-    # +aot targets: the AOTInductor package's load and first call, and its verification
-    # (as for precompile: loaded in a fresh worker, outputs as eager's)
-    aot: dict[str, Any] | None = None
     measured_at: str | None = None
     # the rules and definition of the config this was measured with (a baseline's gate
     # a pull request: gate.governing); absent in documents from before they were kept
@@ -369,6 +354,25 @@ class TargetResult(_Doc):
     base_target: BaseTarget | None = None  # paired: the base commit's definition of it
     ranks: list[RankResult] | None = None  # a distributed target's ranks
     quantization: Quantization | None = None  # a quantized target's SQNR and weights
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_package_fields(cls, data: Any) -> Any:
+        """:data:`PACKAGE_FIELDS` read into :attr:`packages`."""
+        if not isinstance(data, dict) or not any(f in data for f in PACKAGE_FIELDS):
+            return data
+        own = {f: data[f] for f in PACKAGE_FIELDS if data.get(f) is not None}
+        rest = {k: v for k, v in data.items() if k not in PACKAGE_FIELDS}
+        return {**rest, "packages": {**own, **(data.get("packages") or {})}}
+
+    @model_serializer(mode="wrap")
+    def _package_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """:data:`PACKAGE_FIELDS` written as fields, ``packages`` only for the others."""
+        out = handler(self)
+        found = out["packages"]
+        out.update({f: found.get(f) for f in PACKAGE_FIELDS}, packages=None)
+        out["packages"] = {k: v for k, v in found.items() if k not in PACKAGE_FIELDS} or None
+        return {k: v for k, v in out.items() if k != "packages" or v is not None}
 
 
 class Results(_Doc):

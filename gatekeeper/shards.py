@@ -9,10 +9,10 @@ from pathlib import Path
 
 from .errors import GatekeeperError, UsageError
 from .hashing import sha256_file
+from .inside import contained
 from .results import (
     Results,
     TargetResult,
-    contained,
     load_results,
     reference_name,
     trace_name,

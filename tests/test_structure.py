@@ -3,12 +3,15 @@ tests/support/structure.py; ``benchmarks/structure.py`` prints the figures):
 
 * no import cycle, imports inside functions counted;
 * no module over 500 lines, no function over 80;
-* no module outside ``gatekeeper/kinds/`` (and the worker's dispatch to the kinds'
-  halves, ``gatekeeper/worker/kinds/``) branches on an artifact kind's name;
+* no module outside ``gatekeeper/kinds/`` (each kind's folder, and the worker's dispatch
+  to the kinds' halves, ``gatekeeper/worker/kinds/``) branches on an artifact kind's name;
 * the process boundary is a folder: nothing outside ``boundary/`` (the parent's side)
-  imports ``worker/`` (the torch child), and nothing ``boundary/`` imports, itself
-  included, imports torch as it is imported (its elastic agent imports torch inside
-  functions, in a process of its own);
+  and the kinds' worker halves imports ``worker/`` (the torch child), and nothing
+  ``boundary/`` imports, itself included, imports torch as it is imported (its elastic
+  agent imports torch inside functions, in a process of its own);
+* a kind is one folder, ``kinds/<name>/``: its parent half (``__init__.py``) and its
+  worker half (``worker.py``, ``worker_*.py``), which no module imports but the worker
+  halves themselves (the worker imports it by its reference, ``"module:attribute"``);
 * no module but ``gatekeeper/metrics.py`` (the registry) keeps a list of metrics: their
   names, labels, columns or threshold settings, or the work counters.
 
@@ -65,6 +68,11 @@ def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
             "worker/deps.py": "",
             "parent.py": "from .worker import deps\nfrom .worker.deps import x\n",
             "boundary/__init__.py": "",
+            "kinds/__init__.py": "",
+            "kinds/toy/__init__.py": "",
+            "kinds/toy/worker.py": "from ...worker.deps import x\nfrom . import worker_pkg\n",
+            "kinds/toy/worker_pkg.py": "",
+            "kinds/toy/parent.py": "def f():\n    from .worker import x\n",
             "boundary/client.py": "from ..worker.deps import x\nfrom . import spawn\n",
             # torch at import time (spawn), not inside a function or for types (client)
             "boundary/spawn.py": "import os, torch.cuda\ndef f():\n    import torch\n",
@@ -82,6 +90,10 @@ def test_the_checks_find_what_is_planted(tmp_path: Path) -> None:
     reach = structure.worker_imports(pkg)
     assert reach["gatekeeper.parent"] == {"gatekeeper.worker.deps"}
     assert reach["gatekeeper.boundary.client"] == {"gatekeeper.worker.deps"}
+    assert reach["gatekeeper.kinds.toy.worker"] == {"gatekeeper.worker.deps"}
+    assert structure.worker_half_importers(pkg) == {
+        "gatekeeper.kinds.toy.parent": {"gatekeeper.kinds.toy.worker"}
+    }
     assert structure.reachable(["gatekeeper.boundary.client"], pkg) == {
         "gatekeeper.boundary.client",
         "gatekeeper.boundary.spawn",
@@ -157,13 +169,25 @@ def test_only_the_kinds_branch_on_a_kinds_name() -> None:
     assert found == []
 
 
-def test_only_the_boundary_imports_the_worker() -> None:
+def test_only_the_boundary_and_the_kinds_worker_halves_import_the_worker() -> None:
     reach = {
         m: sorted(w)
         for m, w in structure.worker_imports().items()
-        if w and not (m == BOUNDARY or m.startswith(BOUNDARY + "."))
+        if w and not (m == BOUNDARY or m.startswith(BOUNDARY + ".") or structure.worker_half(m))
     }
     assert reach == {}
+
+
+def test_a_kind_is_one_folder_whose_worker_half_nothing_imports() -> None:
+    """``aot`` was spread over kinds/aot.py, worker/kinds/aot.py and
+    worker/kinds/aot_package.py; its halves now sit in kinds/aot/, and its worker half
+    reaches the worker only by reference."""
+    modules = structure.modules()
+    assert {"gatekeeper.kinds.aot", "gatekeeper.kinds.aot.worker"} <= set(modules)
+    assert not any(m.startswith("gatekeeper.worker.kinds.aot") for m in modules)
+    assert kinds.get("aot").worker.startswith("gatekeeper.kinds.aot.worker:")
+    assert kinds.package("aot").worker.startswith("gatekeeper.kinds.aot.worker")
+    assert structure.worker_half_importers() == {}
 
 
 def test_the_boundary_imports_no_torch_as_it_is_imported() -> None:

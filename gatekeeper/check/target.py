@@ -334,10 +334,11 @@ def _measured(check: Check, resp: Response, ident: dict, pair: Paired | None) ->
     # a kind whose deploys load its package is warm when it loaded its bundle's
     loaded = (resp.packages.get(own.name) or {}).get("from") == "bundle" if own else None
     data = check.reference.read_bytes()
-    docs = {
-        name: {**resp.packages.get(name, {}), **check.verdicts.get(name, {})} or None
-        for name in {*resp.packages, *check.verdicts}
-        if name in TargetResult.model_fields
+    # every package's, whatever its kind: what the measurement loaded, and its verdict
+    packages = {
+        name: doc
+        for name in sorted({*resp.packages, *check.verdicts})
+        if (doc := {**resp.packages.get(name, {}), **check.verdicts.get(name, {})})
     }
     return TargetResult(
         **ident,
@@ -376,5 +377,5 @@ def _measured(check: Check, resp: Response, ident: dict, pair: Paired | None) ->
             sha256=sha256_bytes(data),
             size=len(data),
         ),
-        **docs,
+        packages=packages,
     )

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..bundle import now_iso
 from ..errors import GatekeeperError
-from ..results import Baseline, Results, TargetResult, contained
+from ..inside import contained
+from ..results import Baseline, Results, TargetResult
 from ..store import Store, baselines
 from .drift import HISTORY_FOR_NOISE, measure_noise
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .. import units
+
 if TYPE_CHECKING:
     from ..boundary.breadcrumbs import Death
     from ..boundary.protocol import Response
@@ -251,7 +253,18 @@ class Package:
     def detail(self, doc: dict[str, Any]) -> tuple[str, str | None] | None:
         """Its line in a target's details, from the results' document: what the report
         says after ``**<title> package:**``, and the reason (None: no line)."""
-        return None
+        return verdict_line(doc)
 
     def __repr__(self) -> str:
         return f"<package {self.name}>"
+
+
+def verdict_line(doc: dict[str, Any]) -> tuple[str, str | None]:
+    """A package's verdict as the report says it: ``verified``, ``rejected`` or ``not
+    verified``, with the first call's seconds, and the reason."""
+    verified = doc.get("verified")
+    said = "verified" if verified is True else "rejected" if verified is False else "not verified"
+    first = doc.get("first_call_seconds")
+    if isinstance(first, (int, float)):
+        said += f", first call {units.seconds(first)} in a new process"
+    return said, doc.get("reason")

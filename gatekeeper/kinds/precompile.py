@@ -196,6 +196,11 @@ class Precompile(Package):
     def verify_env(self, result: WarmResult) -> dict[str, str]:
         return self.service_env([result])  # the environment of a deploy that serves it
 
+    # -- report ---------------------------------------------------------------------
+    def detail(self, doc: dict[str, Any]) -> tuple[str, str | None] | None:
+        """None: ``warm`` says what became of it (results.json keeps the verdict)."""
+        return None
+
 
 PRECOMPILE = Precompile()
 

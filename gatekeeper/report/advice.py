@@ -105,7 +105,7 @@ def figures(r: TargetResult, mode: str, strategy: str = kinds.DEFAULT) -> ModeFi
     verified = None
     own = kinds.get(strategy).package
     if own is not None and own.standalone:
-        doc = getattr(r, own.name, None) or {}
+        doc = r.packages.get(own.name) or {}
         verified = doc.get("verified")
         # the deploy's first call: the verified package, loaded in a fresh process
         first = doc.get("first_call_seconds")

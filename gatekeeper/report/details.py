@@ -389,12 +389,16 @@ def _outcome(r: TargetResult) -> list[str]:
             f"{md_text(r.export.reason, MAX_REASON_CHARS)}",
             "",
         ]
-    for package in kinds.packages():
-        doc = getattr(r, package.name, None)
-        if doc and (line := package.detail(doc)) is not None:
+    known = {p.name: p for p in kinds.packages()}
+    for name, doc in r.packages.items():
+        # a package of a kind not installed here is said as any package's verdict
+        package = known.get(name)
+        line = package.detail(doc) if package is not None else kinds.base.verdict_line(doc)
+        if doc and line is not None:
             said, reason = line
             why = f" ({md_text(reason, MAX_REASON_CHARS)})" if reason else ""
-            parts += [f"**{package.title} package:** {said}{why}", ""]
+            title = package.title if package is not None else name
+            parts += [f"**{md_text(title)} package:** {said}{why}", ""]
     return parts
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import metrics
 from ..gate import GateReport, GateRow
-from ..results import TargetResult
+from ..results import PACKAGE_FIELDS, TargetResult
 from .advice import advise
 from .profile import diff as profile_diff
 from .rows import (
@@ -71,6 +71,12 @@ def _fig(row: GateRow, name: str) -> dict:
     return _side(*figures(row, metrics.get(name)))
 
 
+def _packages(r: TargetResult) -> dict:
+    """Each package's verdict by name, gatekeeper's own also as fields of their own (as
+    results.json writes them)."""
+    return {**{name: r.packages.get(name) for name in PACKAGE_FIELDS}, "packages": r.packages}
+
+
 def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
     r, v, base = row.result, row.verdict, base_result(row)
 
@@ -85,7 +91,7 @@ def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
         "status": r.status,
         "error": r.error,
         "export": dump(r.export),
-        "aot": r.aot,
+        **_packages(r),
         "reasons": list(v.reasons),
         "notes": list(v.notes),
         "borderline": v.borderline,

@@ -1,8 +1,9 @@
 """A kind gatekeeper does not ship, installed the way a third party installs one: its own
-module and an entry point of group ``gatekeeper.kinds`` (a distribution's metadata on
-the path), nothing else. ``nograd`` compiles the whole model's call wrapped in
-``torch.no_grad()``; one real compile of one tiny model carries it through compile,
-warm (and its probe), check and the gate.
+folder (the parent's half, and the worker's in ``worker.py``) and entry points of group
+``gatekeeper.kinds`` (a distribution's metadata on the path), nothing else. ``nograd``
+compiles the whole model's call wrapped in ``torch.no_grad()`` and ships a package of
+its own; one real compile of one tiny model carries it through compile, warm (and its
+probe), check (which verifies the package) and the gate.
 
 The controls: without the entry point the config's ``nograd`` is an unknown kind (so
 the registration is what makes it work), and a kind whose worker half is missing fails
@@ -18,28 +19,76 @@ from pathlib import Path
 import pytest
 from support.helpers import gk, gk_json, parity_only_config, unchanged_passes, write_project
 
-NOGRAD = textwrap.dedent('''
-    """A toy artifact kind: the whole model's call inside torch.no_grad()."""
+# the kind's folder, as gatekeeper's own aot is one (gatekeeper/kinds/aot/): the parent's
+# half in __init__.py (no torch), the worker's in worker.py, which only a worker imports
+PARENT = textwrap.dedent('''
+    """A toy artifact kind: the whole model's call inside torch.no_grad(), and a package
+    of its own beside the compile's cache dir: a record of how the call runs, that a
+    check verifies by loading it in a fresh worker like any package."""
 
-    from gatekeeper.kinds import Kind
-    from gatekeeper.worker.kinds import Builder, Built
+    import shutil
+
+    from gatekeeper.kinds import Kind, Package
+
+    RECORD = "record.json"
 
 
-    class NoGrad(Kind):  # the parent's half: no torch here
+    class Record(Package):
         name = "nograd"
-        worker = "nograd_kind:BUILDER"
+        title = "no_grad record"
+        worker = "nograd_kind.worker:RECORD_HALF"
+        ready = "recorded"
+
+        def wanted(self, target, config):
+            return target.strategy == NoGrad.name
+
+        def pack(self, target, resp, out, cache_dir):
+            recorded = resp.packages.get(self.name) or {}
+            if out is None or recorded.get("status") != self.ready:
+                return {"status": "unavailable", "reason": "nothing recorded"}, {}
+            return {**recorded, "verified": None}, {f"{self.name}/{RECORD}": out / RECORD}
+
+        def warm(self, w):
+            member = w.staging / self.name / RECORD
+            if w.stage is not None and member.is_file():  # a check verifies it
+                w.stage.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(member, w.stage / RECORD)
+
+        def staged(self, result, stage, cache_dir):
+            path = stage / RECORD
+            return path if path.is_file() else None
+
+
+    class NoGrad(Kind):
+        name = "nograd"
+        worker = "nograd_kind.worker:BUILDER"
         title = "no_grad"
 
 
-    class NoGradBuilder(Builder):  # the worker's half: torch only inside
+    NOGRAD = NoGrad()
+    NOGRAD_RECORD = Record()
+    BROKEN = type("Broken", (NoGrad,), {"name": "broken", "worker": "nograd_missing:X"})()
+''')
+WORKER = textwrap.dedent('''
+    """The nograd kind's worker half: imported only in a worker, so torch is welcome."""
+
+    import json
+    from contextlib import contextmanager
+    from pathlib import Path
+
+    import torch
+
+    from gatekeeper.worker.calls import entry
+    from gatekeeper.worker.compiler import compile_model
+    from gatekeeper.worker.kinds import Builder, Built, Loaded, PackageHalf
+
+    from . import RECORD
+
+
+    class NoGradBuilder(Builder):
         name = "nograd"
 
         def compiled(self, job):
-            import torch
-
-            from gatekeeper.worker.calls import entry
-            from gatekeeper.worker.compiler import compile_model
-
             forward = entry(job.model, job.req.model.call)
 
             def call(*args, **kwargs):
@@ -50,18 +99,38 @@ NOGRAD = textwrap.dedent('''
             return compile_model(call, req.model, req.mode, req.dynamic), Built()
 
 
-    NOGRAD = NoGrad()
+    class RecordHalf(PackageHalf):
+        name = "nograd"
+
+        def record(self, req, out):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / RECORD).write_text(json.dumps({"grad": False}))
+            return {"status": "recorded"}
+
+        @contextmanager
+        def loading(self, req, model):
+            record = json.loads(Path(req.package.path).read_text())
+            forward = entry(model, req.model.call)
+
+            def call(*args, **kwargs):
+                with torch.set_grad_enabled(record["grad"]):
+                    return forward(*args, **kwargs)
+
+            yield Loaded(call, 0.0)
+
+
     BUILDER = NoGradBuilder()
-    BROKEN = type("Broken", (NoGrad,), {"name": "broken", "worker": "nograd_missing:X"})()
+    RECORD_HALF = RecordHalf()
 ''')
 TARGET = "tiny/b4/default+nograd"
 
 
 def install(root: Path, entry_points: str) -> dict[str, str]:
-    """The kind's module and a distribution's metadata declaring its entry points, in
+    """The kind's folder and a distribution's metadata declaring its entry points, in
     a folder on the path of every process gatekeeper starts."""
-    root.mkdir(parents=True)
-    (root / "nograd_kind.py").write_text(NOGRAD)
+    (root / "nograd_kind").mkdir(parents=True)
+    (root / "nograd_kind" / "__init__.py").write_text(PARENT)
+    (root / "nograd_kind" / "worker.py").write_text(WORKER)
     info = root / "gatekeeper_nograd-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gatekeeper-nograd\nVersion: 0.1\n")
@@ -71,7 +140,10 @@ def install(root: Path, entry_points: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return install(tmp_path_factory.mktemp("site") / "nograd", "nograd = nograd_kind:NOGRAD")
+    return install(
+        tmp_path_factory.mktemp("site") / "nograd",
+        "nograd = nograd_kind:NOGRAD\nnograd-record = nograd_kind:NOGRAD_RECORD",
+    )
 
 
 def project(root: Path, strategy: str) -> Path:
@@ -97,12 +169,31 @@ def test_an_installed_kind_goes_through_compile_warm_check_and_the_gate(plugin, 
     (base,) = json.loads((root / "base" / "results.json").read_text())["targets"]
     assert base["target"] == TARGET and base["status"] == "ok", base
     assert base["compile"]["cache"] == "hit" and base["parity"]["vs_eager"]["passed"], base
+    # its package, verified by this check like gatekeeper's own, kept under its name
+    verdict = base["packages"]["nograd"]
+    assert (verdict["verified"], verdict["now"], verdict["reason"]) == (True, True, None), base
     gk("baseline", "--results", "base/results.json", "--ref", "main", cwd=root, env=plugin)
 
-    proc = gk("run", "--json", "--base-ref", "main", "--mode", "stored", cwd=root, env=plugin)
+    proc = gk(
+        "run",
+        "--json",
+        "--out",
+        "pr",
+        "--base-ref",
+        "main",
+        "--mode",
+        "stored",
+        cwd=root,
+        env=plugin,
+    )
     assert proc.returncode == 0, proc.stderr
     (gated,) = json.loads(proc.stdout)["targets"]
     assert gated["target"] == TARGET
+    # the bundle's verdict, stored by the first check, in report.json and report.md
+    assert gated["packages"]["nograd"]["verified"] is True, gated["packages"]
+    assert gated["packages"]["nograd"]["now"] is False, gated["packages"]
+    report = (root / "pr" / "report.md").read_text()
+    assert "**no\\_grad record package:** verified, first call" in report, report
     # stored mode compares two processes: on a machine other tests load, an unchanged
     # target may be undecided on timing alone, and only on a run marked disturbed
     assert unchanged_passes(gated), gated

@@ -353,6 +353,8 @@ TARGET_KEYS = {
     "new",
     "export",
     "aot",
+    "precompile",
+    "packages",
     "model",
     "device",
     "verdict",

@@ -214,6 +214,25 @@ def worker_imports(root: Path = ROOT) -> dict[str, set[str]]:
     }
 
 
+def worker_half(module: str) -> bool:
+    """``gatekeeper.kinds.<name>.worker`` or ``.worker_<part>``: a kind's worker half."""
+    parts = module.split(".")
+    return (
+        len(parts) == 4
+        and parts[1] == "kinds"
+        and (parts[3] == "worker" or parts[3].startswith("worker_"))
+    )
+
+
+def worker_half_importers(root: Path = ROOT) -> dict[str, set[str]]:
+    """The kinds' worker halves each module but those halves imports."""
+    return {
+        m: found
+        for m, imported in import_graph(root).items()
+        if not worker_half(m) and (found := {i for i in imported if worker_half(i)})
+    }
+
+
 def eager_imports(name: str, top: str, root: Path = ROOT) -> list[int]:
     """The lines where module ``name`` imports package ``top`` (``torch``) as it is
     imported itself: outside any function and outside ``if TYPE_CHECKING:``."""

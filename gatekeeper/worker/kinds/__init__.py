@@ -1,7 +1,8 @@
 """The worker's dispatch to the artifact kinds: a request names its kind's worker half
-and each package's (``"module:attribute"``), imported here on first use. gatekeeper's
-own halves are ``whole``, ``regional``, ``aot`` and ``precompile`` beside this module;
-an installed kind's live in its own package, and are found the same way."""
+and each package's (``"module:attribute"``), imported here on first use, and only in
+the worker. A kind that is one folder keeps its worker half in it
+(``gatekeeper/kinds/aot/worker.py``), as an installed kind keeps its own in its
+package; ``whole``, ``regional`` and ``precompile``'s are beside this module."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ which tensor of the model (:func:`record_weights`). A model whose forward takes
 ``use_cache`` is called with ``use_cache=False`` in every call of the target (eager
 too): a KV cache object in the output is no tensor a package can return.
 
-Its package's half (probe, verification) is :mod:`gatekeeper.worker.kinds.aot_package`.
+Its package's half (probe, verification) is :mod:`gatekeeper.kinds.aot.worker_package`.
 The worker's steps here (``export``, ``aoti_compile_and_package``, ``load package``,
 ``package first call``) are those :data:`gatekeeper.kinds.aot.STEPS` names.
 """
@@ -34,10 +34,10 @@ import torch
 from ...boundary import breadcrumbs
 from ...config import ModelConfig
 from ...runtime import STORED_CONSTANTS, WEIGHTS_RECORD, load_package, package_loader
-from ..calls import Inputs, entry
-from ..deps import is_stdlib
-from ..model import ADDED_KWARGS
-from .base import Builder, Built, Job, Refused
+from ...worker.calls import Inputs, entry
+from ...worker.deps import is_stdlib
+from ...worker.kinds import Builder, Built, Job, Refused
+from ...worker.model import ADDED_KWARGS
 
 if TYPE_CHECKING:
     from ...boundary.protocol import Build
@@ -88,7 +88,7 @@ def _where(e: BaseException, base_dir: Path) -> tuple[str | None, int | None]:
 
 
 def _reason(e: BaseException) -> str:
-    from ..graphs import _reason as headline
+    from ...worker.graphs import _reason as headline
 
     text = str(e).strip()
     return headline(text) if text else type(e).__name__
@@ -320,7 +320,7 @@ class Aot(Builder):
         if job.load is None:
             example = job.inputs
             if req.dynamic:  # exported with its largest shape set: no size-1 specialisation
-                from ..model import make_inputs
+                from ...worker.model import make_inputs
 
                 shapes = example_shapes(cfg, req.shapes, True)
                 example = make_inputs(cfg, shapes, req.base_path, req.device)

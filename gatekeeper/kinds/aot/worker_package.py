@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...boundary import breadcrumbs
 from ...runtime import WEIGHTS_RECORD, load_package, package_member
-from .base import Loaded, PackageHalf
+from ...worker.kinds import Loaded, PackageHalf
 
 if TYPE_CHECKING:
     from ...boundary.protocol import ProbeRequest, Response, VerifyRequest
@@ -49,7 +49,7 @@ class AotPackageHalf(PackageHalf):
                 "no AOTInductor package installed here (warm installs only a verified "
                 "package of this code: see its aot status)",
             )
-        from ..model import build_model, make_inputs
+        from ...worker.model import build_model, make_inputs
 
         inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
         own = None  # a package without its weights: the deploy's model, built untimed

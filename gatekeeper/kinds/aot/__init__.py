@@ -2,7 +2,8 @@
 a ``.pt2`` a deploy loads with :func:`gatekeeper.load_aot`, without Dynamo, inductor or
 the model's Python code. Float32 inference targets only (the package runs its own
 kernels, which a caller's autocast cannot change); ``export = { strict = ... }`` says
-how torch.export runs. The worker's half: :mod:`gatekeeper.worker.kinds.aot`.
+how torch.export runs. The worker's half: :mod:`gatekeeper.kinds.aot.worker`
+(the package's: :mod:`gatekeeper.kinds.aot.worker_package`), imported only in the worker.
 
 The package is the artifact: the bundle carries it (``aot/model.pt2``) and no cache
 dir, and ``warm`` installs it for a deploy (under ``gatekeeper/aot/<target>/`` in the
@@ -23,16 +24,16 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import units
-from ..runtime import AOT_MEMBER, INFO, MANIFEST, PACKAGE, package_dir
-from .base import Kind, Package, Serve, Warming
+from ... import units
+from ...runtime import AOT_MEMBER, INFO, MANIFEST, PACKAGE, package_dir
+from ..base import Kind, Package, Serve, Warming
 
 if TYPE_CHECKING:
-    from ..boundary.breadcrumbs import Death
-    from ..boundary.protocol import Response
-    from ..config import ModelConfig
-    from ..targets import Target
-    from ..warm import WarmResult
+    from ...boundary.breadcrumbs import Death
+    from ...boundary.protocol import Response
+    from ...config import ModelConfig
+    from ...targets import Target
+    from ...warm import WarmResult
 
 # the worker's steps inside torch's AOTInductor: a signal there is torch's package failing
 # on this machine (or native code the package calls), so the target is `unavailable`
@@ -44,7 +45,7 @@ STEPS = frozenset(
 class AotPackage(Package):
     name = "aot"
     title = "AOTInductor"
-    worker = "gatekeeper.worker.kinds.aot_package:PACKAGE"
+    worker = "gatekeeper.kinds.aot.worker_package:PACKAGE"
     ready = "packaged"
     standalone = True
     verdict_fields = ("reason", "first_call_seconds", "load_seconds", "weights")
@@ -159,7 +160,7 @@ PACKAGE_KIND = AotPackage()
 class Aot(Kind):
     name = "aot"
     title = "AOTInductor"
-    worker = "gatekeeper.worker.kinds.aot:AOT"
+    worker = "gatekeeper.kinds.aot.worker:AOT"
     owns = ("export",)
     package = PACKAGE_KIND
     refusals = {"precompile": "an aot target ships its own AOTInductor package instead"}
