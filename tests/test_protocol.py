@@ -24,7 +24,7 @@ TARGET = {
     "shapes": {},
     "mode": "default",
     "dynamic": False,
-    "kind": KindRef(name="whole", worker="gatekeeper.worker.kinds.whole:WHOLE"),
+    "kind": KindRef(name="whole", worker="gatekeeper.kinds.whole.worker:WHOLE"),
 }
 
 

@@ -179,14 +179,22 @@ def test_only_the_boundary_and_the_kinds_worker_halves_import_the_worker() -> No
 
 
 def test_a_kind_is_one_folder_whose_worker_half_nothing_imports() -> None:
-    """``aot`` was spread over kinds/aot.py, worker/kinds/aot.py and
-    worker/kinds/aot_package.py; its halves now sit in kinds/aot/, and its worker half
-    reaches the worker only by reference."""
+    """Each built-in kind was spread over kinds/<name>.py and worker/kinds/<name>.py
+    (aot also worker/kinds/aot_package.py); its halves now sit in kinds/<name>/, its
+    worker half reaches the worker only by reference, and worker/kinds/ keeps only the
+    dispatch and its interfaces."""
     modules = structure.modules()
-    assert {"gatekeeper.kinds.aot", "gatekeeper.kinds.aot.worker"} <= set(modules)
-    assert not any(m.startswith("gatekeeper.worker.kinds.aot") for m in modules)
-    assert kinds.get("aot").worker.startswith("gatekeeper.kinds.aot.worker:")
-    assert kinds.package("aot").worker.startswith("gatekeeper.kinds.aot.worker")
+    for name in ("whole", "regional", "aot", "precompile"):
+        assert {f"gatekeeper.kinds.{name}", f"gatekeeper.kinds.{name}.worker"} <= set(modules)
+        assert modules[f"gatekeeper.kinds.{name}"].name == "__init__.py"
+    assert {m for m in modules if m.startswith("gatekeeper.worker.kinds")} == {
+        "gatekeeper.worker.kinds",
+        "gatekeeper.worker.kinds.base",
+    }
+    for name in ("whole", "regional", "aot"):
+        assert kinds.get(name).worker.startswith(f"gatekeeper.kinds.{name}.worker:")
+    for name in ("aot", "precompile"):
+        assert kinds.package(name).worker.startswith(f"gatekeeper.kinds.{name}.worker")
     assert structure.worker_half_importers() == {}
 
 

@@ -54,7 +54,7 @@ def snapshot_counters() -> dict[str, int]:
         "graphs": counters["stats"].get("unique_graphs", 0),
         "graph_breaks": sum(counters["graph_break"].values()),
         "frames": counters["frames"].get("ok", 0),
-        # a loaded precompile package (Dynamo skipped): see worker.kinds.precompile
+        # a loaded precompile package (Dynamo skipped): see kinds.precompile.worker
         "dynamo_cache_hit": counters["dynamo_cache"].get("dynamo_cache_hit", 0),
     }
 

@@ -395,7 +395,7 @@ def test_the_regional_kinds_compiled_copy_shares_the_models_weights():
     """A regional target compiles its blocks in place on a copy, so that eager stays
     eager: a deep copy held the weights twice. The copy's modules are its own (a block
     compiled there leaves the model's eager) and its weights the model's."""
-    from gatekeeper.worker.kinds.regional import shared_copy
+    from gatekeeper.kinds.regional.worker import shared_copy
 
     model = _Tied()
     twin = shared_copy(model)

@@ -1,8 +1,8 @@
 """The worker's dispatch to the artifact kinds: a request names its kind's worker half
 and each package's (``"module:attribute"``), imported here on first use, and only in
-the worker. A kind that is one folder keeps its worker half in it
-(``gatekeeper/kinds/aot/worker.py``), as an installed kind keeps its own in its
-package; ``whole``, ``regional`` and ``precompile``'s are beside this module."""
+the worker. Each kind is one folder and keeps its worker half in it
+(``gatekeeper/kinds/<name>/worker.py``), as an installed kind keeps its own in its
+package; here are only the dispatch and the ``Builder`` and ``PackageHalf`` interfaces."""
 
 from __future__ import annotations
 

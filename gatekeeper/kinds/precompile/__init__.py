@@ -1,5 +1,5 @@
 """``precompile``: torch's caching-precompile package of a compiled model (Dynamo's own,
-recorded by the worker's half, :mod:`gatekeeper.worker.kinds.precompile`), carried by a
+recorded by the worker's half, :mod:`gatekeeper.kinds.precompile.worker`), carried by a
 ``whole`` float32 inference target's bundle when the config's ``precompile`` is
 ``auto``. A deploy that loads it skips Dynamo and AOTAutograd in ``torch.compile``.
 
@@ -19,16 +19,16 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import bundle
-from ..runtime import ISA_ENV, PRECOMPILE_ENV
-from . import of_id
-from .base import Package, Warming
+from ... import bundle
+from ...runtime import ISA_ENV, PRECOMPILE_ENV
+from .. import of_id
+from ..base import Package, Warming
 
 if TYPE_CHECKING:
-    from ..boundary.protocol import Response
-    from ..config import Config
-    from ..targets import Target
-    from ..warm import WarmResult
+    from ...boundary.protocol import Response
+    from ...config import Config
+    from ...targets import Target
+    from ...warm import WarmResult
 
 log = logging.getLogger("gatekeeper.warm")
 
@@ -47,7 +47,7 @@ def entries(manifest: Any) -> set[str]:
 class Precompile(Package):
     name = "precompile"
     title = "precompile"
-    worker = "gatekeeper.worker.kinds.precompile:PACKAGE"
+    worker = "gatekeeper.kinds.precompile.worker:PACKAGE"
     ready = "recorded"
     verdict_fields = ("dynamo", "reason", "first_call_seconds")
     serve_when_verifying = "any"
@@ -79,7 +79,7 @@ class Precompile(Package):
                 "a distributed target's ranks warm from the compile cache: a package "
                 "is recorded per process, and no rank may skip Dynamo while another traces"
             )
-        from . import of
+        from .. import of
 
         return of(target).refuses(self.name)
 
@@ -169,7 +169,7 @@ class Precompile(Package):
     def in_process(self, env: dict[str, str]) -> None:
         if env.get(PRECOMPILE_ENV) != "1":
             return
-        from ..runtime import enable_precompile_loading
+        from ...runtime import enable_precompile_loading
 
         try:  # this process loads the verified packages its torch.compile calls find
             enable_precompile_loading(skip_isa_probe=ISA_ENV in env)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import DEFAULT, Kind
+from ..base import DEFAULT, Kind
 
 if TYPE_CHECKING:
-    from ..config import ModelConfig
+    from ...config import ModelConfig
 
 
 class Whole(Kind):
     name = DEFAULT
-    worker = "gatekeeper.worker.kinds.whole:WHOLE"
+    worker = "gatekeeper.kinds.whole.worker:WHOLE"
     carries = ("precompile",)
     distributable = True
 

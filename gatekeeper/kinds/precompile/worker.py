@@ -41,12 +41,12 @@ from ...boundary import breadcrumbs
 from ...boundary.protocol import dynamo_skipped
 from ...errors import first_line
 from ...runtime import enable_precompile_loading
-from ..calls import entry
-from ..compiler import compile_model, snapshot_counters
-from ..model import build_recorded
-from ..precision import under_autocast
-from ..sweep import shape_sweep
-from .base import Loaded, PackageHalf
+from ...worker.calls import entry
+from ...worker.compiler import compile_model, snapshot_counters
+from ...worker.kinds import Loaded, PackageHalf
+from ...worker.model import build_recorded
+from ...worker.precision import under_autocast
+from ...worker.sweep import shape_sweep
 
 if TYPE_CHECKING:
     from ...boundary.protocol import CompileRequest, ProbeRequest, Response, VerifyRequest

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..calls import entry
-from ..compiler import compile_model
-from .base import Builder, Built, Job
+from ...worker.calls import entry
+from ...worker.compiler import compile_model
+from ...worker.kinds import Builder, Built, Job
 
 if TYPE_CHECKING:
     pass

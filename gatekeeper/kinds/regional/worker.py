@@ -18,9 +18,9 @@ import torch
 
 from ...config import ModelConfig
 from ...errors import ConfigError
-from ..calls import Inputs, entry
-from ..compiler import compile_kwargs
-from .base import Builder, Built, Job
+from ...worker.calls import Inputs, entry
+from ...worker.compiler import compile_kwargs
+from ...worker.kinds import Builder, Built, Job
 
 if TYPE_CHECKING:
     from ...boundary.protocol import Build
@@ -104,7 +104,7 @@ def regional_graphs(
     context: Callable[[], Any],
 ) -> dict:
     """Graphs and breaks of a regional target: its blocks', one of each class."""
-    from ..graphs import graph_breaks
+    from ...worker.graphs import graph_breaks
 
     total: dict = {"count": 0, "breaks": 0, "break_reasons": []}
     for block, args, kwargs in block_inputs(model, cfg, inputs, context):

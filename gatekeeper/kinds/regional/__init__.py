@@ -3,22 +3,22 @@ in place, the rest of the model runs eager; the blocks share their class's
 ``forward``, so one FX graph serves N layers, and a change to the code around them
 leaves their graphs' cache keys alone. The blocks are the submodules ``regions`` names
 (globs over dotted names), or by default the children of every ``nn.ModuleList`` that
-share a class with a sibling (the worker's half: :mod:`gatekeeper.worker.kinds.regional`)."""
+share a class with a sibling (the worker's half: :mod:`gatekeeper.kinds.regional.worker`)."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any
 
-from .base import Kind
+from ..base import Kind
 
 if TYPE_CHECKING:
-    from ..config import ModelConfig
+    from ...config import ModelConfig
 
 
 class Regional(Kind):
     name = "regional"
-    worker = "gatekeeper.worker.kinds.regional:REGIONAL"
+    worker = "gatekeeper.kinds.regional.worker:REGIONAL"
     owns = ("regions",)
     refusals = {
         "precompile": "a regional target compiles its blocks, and torch packages a whole forward"
