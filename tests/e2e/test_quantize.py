@@ -3,13 +3,18 @@ with ``quantize = ["none", "int8-weight-only", "int8-dynamic"]`` through compile
 (a hit), check and baseline on main, then pull requests checked paired with main: one
 unchanged, one that quantizes one more layer (SQNR below the floor), one that changes a
 config argument (SQNR fallen from main's), one that changes the float model's numerics;
-and the configs that cannot run here (torchao not installed included), one line each."""
+and the configs that cannot run here (torchao not installed included), one line each.
+
+One project, compiled, checked and baselined once for the module; every test that reads
+or writes it works on its own copy (its git history, store and results), so each passes
+alone or in any order."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -47,8 +52,9 @@ CONFIG = textwrap.dedent("""
     store = "store"
     precompile = "off"
 
-    [measure]
+    [measure]  # short: these tests judge accuracy; no paired rounds past min_time
     min_time = 0.2
+    max_time = 0.2
     warmup = 1
     shape_sweep = false
 
@@ -70,8 +76,9 @@ FLOAT, INT8WO, INT8DQ = "qnet/b8/default", "qnet/b8/default+int8wo", "qnet/b8/de
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    """main, compiled, checked and published as the baseline."""
+def compiled(tmp_path_factory) -> Path:
+    """main, compiled, checked and published as the baseline. Read only through
+    :func:`repo`'s copies."""
     root = write_project(tmp_path_factory.mktemp("quantize"), MODEL, CONFIG)
     (root / ".gitignore").write_text("store/\nresults.json\nreport.*\nreferences/\ntraces/\n")
     git(root, "init", "-q", "-b", "main")
@@ -86,6 +93,15 @@ def repo(tmp_path_factory) -> Path:
     checked = gk("check", "--mode", "stored", cwd=root, env=QUIET)
     assert checked.returncode == 0, checked.stderr
     gk("baseline", "--ref", "main", cwd=root, check=True)
+    return root
+
+
+@pytest.fixture
+def repo(compiled: Path, tmp_path: Path) -> Path:
+    """A test's own copy of the compiled project: the config or model it rewrites, the
+    results, report and bundles its check writes, no other test sees."""
+    root = tmp_path / "project"
+    shutil.copytree(compiled, root, symlinks=True)
     return root
 
 
