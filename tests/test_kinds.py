@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.helpers import registered
 
 from gatekeeper import kinds
 from gatekeeper.config import load_config
@@ -29,10 +30,8 @@ class Toy(kinds.Kind):
 
 @pytest.fixture
 def toy() -> Iterator[kinds.Kind]:
-    kind = Toy()
-    kinds.register(kind)
-    yield kind
-    kinds._kinds.pop(kind.name)
+    with registered(Toy()) as kind:
+        yield kind
 
 
 def config(tmp_path: Path, extra: str) -> Path:

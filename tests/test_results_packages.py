@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.factories import RULES, make_baseline, make_result
+from support.helpers import registered
 
 from gatekeeper import kinds, report
 from gatekeeper.gate import rules as gate
@@ -79,10 +80,8 @@ class Record(kinds.Package):
 
 @pytest.fixture
 def record() -> Iterator[kinds.Package]:
-    package = Record()
-    kinds.register(package)
-    yield package
-    kinds._packages.pop(package.name)
+    with registered(Record()) as package:
+        yield package
 
 
 def gated(r: TargetResult) -> tuple[str, dict]:

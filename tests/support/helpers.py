@@ -9,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,16 @@ def unchanged_passes(t: dict) -> bool:
         r.startswith(TIMING_REASONS) and "the run was disturbed" in r for r in t["reasons"]
     )
     return t["verdict"] == "inconclusive" and bool(t.get("disturbed")) and timing
+
+
+@contextmanager
+def registered(item: Any) -> Iterator[Any]:
+    """``item``, a :class:`gatekeeper.kinds.Kind` or ``Package``, registered for the
+    with-block only (a test's toy kind must not outlive the test)."""
+    from gatekeeper import kinds
+
+    kinds.register(item)
+    try:
+        yield item
+    finally:
+        (kinds._kinds if isinstance(item, kinds.Kind) else kinds._packages).pop(item.name)
