@@ -8,51 +8,11 @@ compare with and nothing failed (a target the base does not define included).
 base commit's config's, or those stored with the baseline; never the change's own when
 the base's are known) and lists what the change alters of them and of the target.
 
-Rules (defaults in :class:`gatekeeper.config.GateConfig`):
-
-* parity: compiled vs eager, and vs the baseline's reference outputs (or, paired, the
-  base commit's outputs), must pass, structure included.
-* counted metrics (:func:`gatekeeper.metrics.counted`: the work counters FLOPs per call
-  and inductor's bytes accessed, beyond ``work_regression``, and any metric registered
-  since): the change against the base commit's figure (paired) or the baseline's beyond
-  the metric's threshold and floor, in its worse direction; or its value past its bound.
-  Deterministic, so a single stored baseline run is enough.
-* latency, paired mode (the default when the base commit is at hand): base and head
-  timed round by round in one process, :func:`stats.compare` on the pairs, where the
-  drift between processes cancels. Stored mode: the PR run's median (compiled latency
-  divided by the co-measured reference workload) against the medians of the baseline's
-  recent runs of the same code, :func:`stats.compare_runs`, paying for the runner's
-  drift between processes (gate.drift). Regressed only when significantly slower with
-  the whole interval beyond ``latency_regression``; a slowdown past the threshold that
-  the run cannot tell from drift is ``inconclusive``.
-* speedup: the per-round ratio compiled/eager, compared across runs the same way.
-* disturbance: when other processes took the CPU while timing, or the reference
-  workload moved, timing can say ``inconclusive`` or ``pass``, never ``regressed`` or
-  ``improved``.
-* compile time: like with like, judged by inductor's own counters (every FX graph a hit:
-  warm; every one a miss: cold): warm vs warm, cold vs cold (a cold PR compile against
-  the cold compile of the baseline's bundle), scaled by each run's reference workload,
-  beyond ``compile_time_regression`` and by more than its floor (gatekeeper.metrics). Mixed or
-  mismatched states are reported without a verdict.
-* memory: compiled peak beyond ``memory_regression`` and by more than the floor.
-* graph breaks: with ``no-increase``, more breaks than the baseline fail, naming the new ones.
-* recompiles: every shape set of the model runs in one process after the first compile
-  (the shape sweep); with ``recompiles = "no-increase"``, more recompiles than the
-  baseline's sweep fail, naming the guard that failed. Baselines without a sweep are not
-  compared.
-* quantized targets: SQNR vs their float model, its fall from the base's, and their
-  float twin's latency (:mod:`.quantized`).
-* accepted: a ``regressed`` target the pull request accepts on purpose (``--accept``, the
-  ``gatekeeper:accept`` label); parity failures are never accepted.
-* exportability: an ``+aot`` target whose model ``torch.export`` refuses on the pull
-  request but exported on the base (the base commit's model, paired; else a stored
-  baseline, which only an exported, measured package has) is ``regressed``, naming
-  torch's reason and the line: a PR that breaks the deploy path fails. Not exportable on
-  the base either: ``pass``, with the reason as a note; nothing to tell: ``no-baseline``.
-  An ``+aot`` target whose package took its worker down inside torch's AOTInductor
-  (``unavailable``) is judged the same way: ``regressed`` when the baseline's package
-  ran (same torch and device: the env key), else a note.
-"""
+Each rule, its setting and its default: docs/gate.md ("Gate rules"); each metric's
+threshold, floor and direction: :mod:`gatekeeper.metrics`; the statistics of the timing
+rules: :mod:`.stats` and docs/statistics.md; an ``+aot`` target not exportable or
+``unavailable``: docs/strategies.md ("Not exportable") and docs/gpu.md ("AOTInductor on
+CUDA")."""
 
 from __future__ import annotations
 
