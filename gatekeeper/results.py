@@ -369,10 +369,11 @@ class TargetResult(_Doc):
     def _package_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """:data:`PACKAGE_FIELDS` written as fields, ``packages`` only for the others."""
         out = handler(self)
-        found = out["packages"]
-        out.update({f: found.get(f) for f in PACKAGE_FIELDS}, packages=None)
-        out["packages"] = {k: v for k, v in found.items() if k not in PACKAGE_FIELDS} or None
-        return {k: v for k, v in out.items() if k != "packages" or v is not None}
+        found = out.pop("packages")
+        out.update({f: found.get(f) for f in PACKAGE_FIELDS})
+        if others := {k: v for k, v in found.items() if k not in PACKAGE_FIELDS}:
+            out["packages"] = others
+        return out
 
 
 class Results(_Doc):
