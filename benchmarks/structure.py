@@ -86,17 +86,13 @@ def static(structure: ModuleType) -> None:
     print(f"functions over {structure.MAX_FUNCTION_LINES} lines: {len(longf)}")
     for name, n in longf:
         print(f"  {n} {name}")
-    reach = {
-        m: sorted(w)
-        for m, w in structure.worker_imports().items()
-        if w and not (m.startswith("gatekeeper.boundary") or structure.worker_half(m))
-    }
+    reach = structure.stray_worker_imports()
     print(
         "parent modules importing worker/ (only boundary/ and kinds' worker halves may): "
         f"{len(reach)}"
     )
     for m, w in sorted(reach.items()):
-        print(f"  {m}: {' '.join(w)}")
+        print(f"  {m}: {' '.join(sorted(w))}")
     folders = structure.files_per_folder()
     print(f"files per folder: {sum(folders.values())} files in {len(folders)} folders")
     for folder, n in sorted(folders.items(), key=lambda x: (-x[1], x[0])):

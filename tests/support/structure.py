@@ -214,6 +214,17 @@ def worker_imports(root: Path = ROOT) -> dict[str, set[str]]:
     }
 
 
+def stray_worker_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """:func:`worker_imports` of the modules that may not import ``worker/``: all but
+    ``boundary/`` (the parent's side of the boundary) and the kinds' worker halves."""
+    boundary = f"{root.name}.boundary"
+    return {
+        name: found
+        for name, found in worker_imports(root).items()
+        if found and not (name == boundary or name.startswith(boundary + ".") or worker_half(name))
+    }
+
+
 def worker_half(module: str) -> bool:
     """``gatekeeper.kinds.<name>.worker`` or ``.worker_<part>``: a kind's worker half."""
     parts = module.split(".")
