@@ -228,14 +228,14 @@ def compile_target(
             label=target.id,
         )
         result.export = resp.export
-        if not resp.ok and resp.kind == "memory":  # refused before any compile
+        if not resp.ok and resp.fault == "memory":  # refused before any compile
             raise WontFit(f"{target.id}: {resp.error}")
-        if not resp.ok and resp.kind in ("export", "unavailable"):  # a result, not an error
-            result.status = "not-exportable" if resp.kind == "export" else "unavailable"
+        if not resp.ok and resp.fault in ("export", "unavailable"):  # a result, not an error
+            result.status = "not-exportable" if resp.fault == "export" else "unavailable"
             result.error = resp.error
             return result
         if not resp.ok:
-            result.error, result.error_kind = resp.error, resp.kind
+            result.error, result.error_kind = resp.error, resp.fault
             return result
         key = key.with_deps(resp.deps or {})  # the code hash of what was compiled
         result.code_hash = key.code_hash

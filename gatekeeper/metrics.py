@@ -157,7 +157,7 @@ def _peak(r: TargetResult) -> Value:
 
 
 def _memory_source(r: TargetResult) -> str | None:
-    return r.memory.kind if r.memory else None
+    return r.memory.source if r.memory else None
 
 
 def _parity(r: TargetResult) -> Value:

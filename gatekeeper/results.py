@@ -170,9 +170,12 @@ class CompileStats(_Doc):
 
 
 class Memory(_Doc):
-    # "cuda": max_memory_allocated; "cpu": peak live bytes from the profiler's memory
-    # events; "rss": peak resident-set growth (older documents; it read 0 on CPU)
-    kind: Literal["cuda", "cpu", "rss"]
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    # what measured the peaks, written "kind" in documents: "cuda": max_memory_allocated;
+    # "cpu": peak live bytes from the profiler's memory events; "rss": peak resident-set
+    # growth (older documents; it read 0 on CPU)
+    source: Literal["cuda", "cpu", "rss"] = Field(alias="kind")
     eager_peak_bytes: int | None = None
     compiled_peak_bytes: int | None = None
     # the model's parameters and buffers (each storage once), and the worker's own peak
@@ -219,11 +222,15 @@ class ParityCheck(_Doc):
 class OutputsSummary(_Doc):
     """What the model returned, as parity walked it (gatekeeper.worker.outputs)."""
 
-    kind: str  # the top level: "tensor", "tuple[2]", "CausalLMOutputWithPast{cache,logits}"
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    # the top level's type, written "kind" in documents: "tensor", "tuple[2]",
+    # "CausalLMOutputWithPast{cache,logits}"
+    structure: str = Field(alias="kind")
     leaves: int  # tensors and plain values compared
     tensors: int
     elements: int  # numbers in those tensors
-    containers: dict[str, str] = {}  # path -> kind of each cache, ModelOutput, object
+    containers: dict[str, str] = {}  # path -> type of each cache, ModelOutput, object
 
 
 class Parity(_Doc):

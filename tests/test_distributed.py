@@ -198,4 +198,4 @@ def test_the_rank_blamed_is_the_one_that_failed_not_its_peer(tmp_path: Path) -> 
 def test_every_rank_failing_alike_is_said_once(tmp_path: Path) -> None:
     same = Response.failure("config", "model 'm' is distributed, but its 2 ranks never called")
     out = _fail(tmp_path, {}, [same, same])
-    assert out.kind == "config" and out.error == same.error
+    assert out.fault == "config" and out.error == same.error

@@ -112,3 +112,26 @@ def test_a_package_whose_kind_is_not_installed_is_reported_by_its_name() -> None
     md, doc = gated(r)
     assert "**elsewhere package:** verified, first call 250 ms in a new process" in md
     assert doc["packages"] == r.packages
+
+
+def test_memory_source_and_output_structure_keep_their_written_names(tmp_path: Path) -> None:
+    """In code a memory figure's ``source`` and the outputs' top-level ``structure``
+    (the word ``kind`` is an artifact kind's alone); results.json and report.json keep
+    writing and reading both as ``kind``, so older results and gatekeepers read them."""
+    doc = json.loads(make_result(TARGET).model_dump_json(by_alias=True))
+    doc["memory"] = {"kind": "cpu", "eager_peak_bytes": 1 << 20, "compiled_peak_bytes": 2 << 20}
+    doc["parity"] = {
+        "vs_eager": {"passed": True, "method": "allclose"},
+        "outputs": {"kind": "tuple[2]", "leaves": 2, "tensors": 2, "elements": 8},
+    }
+    r = TargetResult.model_validate(doc)
+    assert r.memory is not None and r.memory.source == "cpu"
+    assert r.parity is not None and r.parity.outputs is not None
+    assert r.parity.outputs.structure == "tuple[2]"
+    (written,) = json.loads(write_results(results_of(r), tmp_path).read_text())["targets"]
+    assert written["memory"]["kind"] == "cpu" and "source" not in written["memory"]
+    assert written["parity"]["outputs"] == {**doc["parity"]["outputs"], "containers": {}}
+    markdown, target = gated(r)
+    assert target["memory"]["pr"]["kind"] == "cpu" and "source" not in target["memory"]["pr"]
+    assert target["parity"]["outputs"]["kind"] == "tuple[2]"
+    assert "`tuple[2]`" in markdown and "peak bytes allocated" in markdown

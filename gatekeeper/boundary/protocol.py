@@ -253,7 +253,7 @@ class PackageParity(_Msg):
 
 
 class Response(_Msg):
-    """A worker's answer. ``ok`` false: ``kind`` is ``config`` (the user's factory or
+    """A worker's answer. ``ok`` false: ``fault`` is ``config`` (the user's factory or
     inputs are wrong), ``compile`` (torch failed), ``export`` (an ``+aot`` target's
     model does not export: ``export`` says torch's reason and the user's line) or
     ``unavailable`` (an ``+aot`` target whose package took its worker down inside
@@ -263,7 +263,7 @@ class Response(_Msg):
     action that ran; nested documents match :mod:`gatekeeper.results`."""
 
     ok: bool
-    kind: Literal["config", "compile", "export", "unavailable", "memory"] | None = None
+    fault: Literal["config", "compile", "export", "unavailable", "memory"] | None = None
     error: str | None = None
     torch: str | None = None
     compile_seconds: float | None = None  # first compiled call, wall time
@@ -301,5 +301,5 @@ class Response(_Msg):
     quantization: Quantization | None = None  # measure: a quantized target's SQNR, weights
 
     @classmethod
-    def failure(cls, kind: str, error: str) -> Response:
-        return cls(ok=False, kind=kind, error=error)
+    def failure(cls, fault: str, error: str) -> Response:
+        return cls(ok=False, fault=fault, error=error)

@@ -219,10 +219,10 @@ def _failed(
 ) -> Response:
     """The failing rank's answer, named; a rank that died without answering raises."""
     lines = launched.get("failures") or {}
-    errors: dict[int, tuple[str, str | None]] = {}  # rank -> (line, kind of a failed answer)
+    errors: dict[int, tuple[str, str | None]] = {}  # rank -> (line, a failed answer's fault)
     for rank, answer in enumerate(answers):
         if answer is not None and not answer.ok:
-            errors[rank] = (answer.error or "failed", answer.kind)
+            errors[rank] = (answer.error or "failed", answer.fault)
         elif str(rank) in lines:
             errors[rank] = (lines[str(rank)], None)
     if not errors:
@@ -230,18 +230,18 @@ def _failed(
         raise WorkerError(f"{label}: {line}")
 
     def order(rank: int) -> tuple:
-        text, kind = errors[rank]
-        stopped = kind is None and text in ("killed by SIGTERM", "killed by SIGKILL")
+        text, fault = errors[rank]
+        stopped = fault is None and text in ("killed by SIGTERM", "killed by SIGKILL")
         peer = any(w in text for w in PEER_LOST)
-        return (2 if stopped else 1 if peer else 0, 0 if kind else 1, rank)
+        return (2 if stopped else 1 if peer else 0, 0 if fault else 1, rank)
 
     root = min(errors, key=order)
-    text, kind = errors[root]
+    text, fault = errors[root]
     same = len(errors) == len(answers) and len({t for t, _ in errors.values()}) == 1
-    named = text if same and kind is not None else f"rank {root}: {text}"
+    named = text if same and fault is not None else f"rank {root}: {text}"
     if any(w in text.lower() for w in ("timed out", "timeout")):
         named += _late(tmp, answers, root)
-    if kind is None:
+    if fault is None:
         log = _log_tail(tmp, root)
         death = breadcrumbs.read(tmp / f"response.{root}.json", 0, log, Path(request_base(tmp)))
         step = f" (in {death.step})" if death.step else ""
@@ -250,4 +250,4 @@ def _failed(
         raise WorkerError(
             f"{label}: {named}{step}{at}" + (f"; last output: {last}" if last else "")
         )
-    return Response.failure(kind, named)
+    return Response.failure(fault, named)

@@ -120,7 +120,7 @@ def _checkouts(places: Iterable[Path]) -> list[Path]:
 
 def _runner_dirs(environ: Mapping[str, str]) -> list[Path]:
     """The Actions runner's folders (its temp dir with the file commands that steer
-    later steps, its tool cache, the workspace) and the files GITHUB_ENV and its kind
+    later steps, its tool cache, the workspace) and the files GITHUB_ENV and its like
     name (each file bound read-only by itself, wherever it lies)."""
     names = ("RUNNER_TEMP", "RUNNER_TOOL_CACHE", "RUNNER_WORKSPACE", "GITHUB_WORKSPACE")
     files = ("GITHUB_ENV", "GITHUB_PATH", "GITHUB_OUTPUT", "GITHUB_STATE", "GITHUB_STEP_SUMMARY")

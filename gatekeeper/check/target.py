@@ -135,7 +135,7 @@ def check_target(
         rules = config.gate_for(target.model)
         tolerance = governing(rules, recorded, baseline).rules.parity
         resp = measure(check, tolerance, base_reference, paired, Path(tmp, "cache"))
-    if not resp.ok and resp.kind == "memory":  # refused before any compile
+    if not resp.ok and resp.fault == "memory":  # refused before any compile
         raise WontFit(f"{target.id}: {resp.error}")
     if resp.ok:
         check.verdicts = verify(check, store, resp)
@@ -282,9 +282,9 @@ def assemble(check: Check, resp: Response, paired: PairedBase | None) -> TargetR
         "definition": target.definition(),
         "base_target": check.recorded,
     }
-    if not resp.ok and resp.kind == "unavailable":  # the kind's own death, here
+    if not resp.ok and resp.fault == "unavailable":  # the kind's own death, here
         return TargetResult(**ident, status="unavailable", error=resp.error, measured_at=now_iso())
-    if not resp.ok and resp.kind == "export":
+    if not resp.ok and resp.fault == "export":
         return TargetResult(
             **ident,
             status="not-exportable",

@@ -67,7 +67,7 @@ def _keys(ctx: Context) -> list[CacheKey]:
                     label=t.id,
                 )
             if not resp.ok or resp.deps is None:
-                raise (ConfigError if resp.kind == "config" else WorkerError)(
+                raise (ConfigError if resp.fault == "config" else WorkerError)(
                     f"{t.id}: building the model failed: {resp.error}"
                 )
             built[which] = resp.deps

@@ -291,5 +291,5 @@ def page_data(s: Series, repository: str | None, server_url: str) -> dict[str, A
         ],
         "measured": [d.created_at for d in s.docs],
         "verdicts": [getattr(d, "verdict", None) for d in s.docs],
-        "charts": charts(points, mem.kind if mem else None),
+        "charts": charts(points, mem.source if mem else None),
     }

@@ -168,11 +168,11 @@ def _memory_table(row: GateRow) -> str | None:
         if r is None or r.memory is None:
             continue
         m = r.memory
-        kind = metrics.get("memory").sources.get(m.kind, m.kind)
-        rows.append([side, kind, units.mib(m.eager_peak_bytes), units.mib(m.compiled_peak_bytes)])
+        source = metrics.get("memory").sources.get(m.source, m.source)
+        rows.append([side, source, units.mib(m.eager_peak_bytes), units.mib(m.compiled_peak_bytes)])
     if not rows:
         return None
-    return md_table(rows, ["", "kind", "eager (MiB)", "compiled (MiB)"])
+    return md_table(rows, ["", "measured as", "eager (MiB)", "compiled (MiB)"])
 
 
 def _group_table(row: GateRow, group: str) -> str | None:
@@ -266,7 +266,7 @@ def _parity_table(r: TargetResult) -> str | None:
     if out is None:
         return table
     parts = [
-        f"Outputs compared: {md_code(out.kind)}, {out.leaves} leaves "
+        f"Outputs compared: {md_code(out.structure)}, {out.leaves} leaves "
         f"({out.tensors} tensors, {out.elements:,} numbers)"
     ]
     parts += [f"{md_code(path)}: {md_code(kind)}" for path, kind in out.containers.items()]

@@ -81,7 +81,7 @@ def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
     r, v, base = row.result, row.verdict, base_result(row)
 
     def dump(m):
-        return m.model_dump() if m is not None else None
+        return m.model_dump(by_alias=True) if m is not None else None
 
     return {
         "target": r.target,

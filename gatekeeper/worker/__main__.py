@@ -2,7 +2,7 @@
 
 Started by :mod:`gatekeeper.boundary.client` with a fresh, isolated inductor cache dir.
 It always writes a response: ``ok`` true with the action's fields, or ``ok`` false with
-``kind`` (``config``: the user's factory or inputs; ``compile``: torch failed) and a
+``fault`` (``config``: the user's factory or inputs; ``compile``: torch failed) and a
 one-line ``error``: torch's message and where in the model's code it happened. Killed
 by a signal, it cannot: the step it was in (:mod:`gatekeeper.boundary.breadcrumbs`) and
 faulthandler's stack in its log tell the parent where.

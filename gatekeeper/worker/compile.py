@@ -133,7 +133,7 @@ def _first_calls(
     except Refused as e:
         failed = Response(
             ok=False,
-            kind="export",
+            fault="export",
             error=e.says(),
             export=e.info,
             deps=found,

@@ -74,7 +74,7 @@ _GIVE_BACK_EVERY = 256 << 20
 
 
 def same_placement(first: object, second: object) -> None:
-    """Paired: give the head's and the base's weights memory of the same kind. Built
+    """Paired: give the head's and the base's weights memory placed alike. Built
     one after the other, they are not: the head's tensors are allocated first, into an
     allocator that has served little yet, and the base's after the head was built,
     explained and copied, from an allocator in another state (glibc serves large
@@ -183,7 +183,12 @@ def measure(req: MeasureRequest) -> Response:
         if base is not None:
             info.update(kind.refused_base(base.model, base.inputs, base.req))
         return Response(
-            ok=False, kind="export", error=e.says(), export=info, deps=deps, torch=torch.__version__
+            ok=False,
+            fault="export",
+            error=e.says(),
+            export=info,
+            deps=deps,
+            torch=torch.__version__,
         )
     prepared = time.perf_counter() - start  # aot: export, build and load the package
     head.compiled = under_autocast(made, device, req.precision)

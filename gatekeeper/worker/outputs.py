@@ -1,6 +1,6 @@
 """A model's outputs as plain data: the one place the worker walks what a model returned.
 
-:meth:`Outputs.of` flattens any output into ``structure`` (container path -> its kind)
+:meth:`Outputs.of` flattens any output into ``structure`` (container path -> its type)
 and ``leaves`` (leaf path -> a tensor or a plain value). Parity compares two of them leaf
 by leaf, the reference file stores them (tensors, strings and numbers only, so it loads
 with ``torch.load(weights_only=True)``), the FLOPs and memory figures count their
@@ -12,12 +12,12 @@ What is understood, and how a path names a leaf:
   compared by equality; ``torch.dtype``, ``torch.device``, an enum member, a class or a
   function are plain leaves by name (``"torch.float32"``);
 * a mapping (``dict``, ``OrderedDict``, transformers' ``ModelOutput``) by its keys:
-  ``output['logits']``, kind ``CausalLMOutputWithPast{cache,logits}`` (keys as a set);
-* a list or tuple (a named tuple too) by position: ``output[0]``, kind ``tuple[2]``;
+  ``output['logits']``, type ``CausalLMOutputWithPast{cache,logits}`` (keys as a set);
+* a list or tuple (a named tuple too) by position: ``output[0]``, type ``tuple[2]``;
 * a dataclass by its fields: ``output.hidden``;
 * any other object (transformers' cache classes: ``DynamicCache``, ``StaticCache``,
   ``EncoderDecoderCache``, their layers, SSM and hybrid states) by its attributes, as
-  ``vars()`` lists them: ``output['cache'].layers[1].keys``, kind
+  ``vars()`` lists them: ``output['cache'].layers[1].keys``, type
   ``DynamicCache(layer_class_to_replicate,layers,offloading)``;
 * a type registered with torch's pytree (and none of the above) by its children.
 
@@ -47,7 +47,7 @@ class UnreadableOutput(Exception):
 
 @dataclass
 class Outputs:
-    """A model's outputs as ``structure`` (container path -> its kind, e.g. ``tuple[2]``,
+    """A model's outputs as ``structure`` (container path -> its type, e.g. ``tuple[2]``,
     ``dict{hidden,logits}``) and ``leaves`` (leaf path -> tensor or plain value).
     ``structure`` is None for a reference saved before structures were recorded: then
     leaves are compared in order."""
@@ -80,18 +80,18 @@ class Outputs:
         )
 
     def summary(self) -> dict[str, Any]:
-        """What the report shows of them: the top-level kind, leaf and tensor counts,
+        """What the report shows of them: the top-level type, leaf and tensor counts,
         and each container that is not a plain dict, list or tuple (a cache, a
         ModelOutput) with its path."""
         tensors = self.tensors()
-        kinds = self.structure or {}
+        types = self.structure or {}
         special = {
-            path: kind
-            for path, kind in kinds.items()
-            if not kind.startswith(("dict{", "list[", "tuple["))
+            path: name
+            for path, name in types.items()
+            if not name.startswith(("dict{", "list[", "tuple["))
         }
         return {
-            "kind": kinds.get("output", "tensor" if "output" in self.leaves else "?"),
+            "structure": types.get("output", "tensor" if "output" in self.leaves else "?"),
             "leaves": len(self.leaves),
             "tensors": len(tensors),
             "elements": sum(t.numel() for t in tensors),
@@ -136,7 +136,7 @@ def _is_plain(obj: Any) -> bool:
     return isinstance(obj, PLAIN) or _plain(obj) is not obj
 
 
-def _kind(obj: Any, names: list[str], brackets: str) -> str:
+def _container(obj: Any, names: list[str], brackets: str) -> str:
     return f"{type(obj).__name__}{brackets[0]}{','.join(sorted(names))}{brackets[1]}"
 
 
@@ -171,7 +171,7 @@ def _walk(
         )
     within = (*parents, id(obj))
     if isinstance(obj, Mapping):
-        structure[path] = _kind(obj, [str(k) for k in obj], "{}")
+        structure[path] = _container(obj, [str(k) for k in obj], "{}")
         for k, v in obj.items():
             _walk(v, f"{path}[{k!r}]", structure, leaves, within)
         return
@@ -186,19 +186,19 @@ def _walk(
         )
     if dataclasses.is_dataclass(obj):
         names = [f.name for f in dataclasses.fields(obj)]
-        structure[path] = _kind(obj, names, "()")
+        structure[path] = _container(obj, names, "()")
         for name in names:
             _walk(getattr(obj, name), f"{path}.{name}", structure, leaves, within)
         return
     attrs = _attributes(obj)
     if attrs is not None:
-        structure[path] = _kind(obj, list(attrs), "()")
+        structure[path] = _container(obj, list(attrs), "()")
         for name, v in attrs.items():
             _walk(v, f"{path}.{name}", structure, leaves, within)
         return
     children = _pytree_children(obj)
     if children is not None:
-        structure[path] = _kind(obj, [str(i) for i in range(len(children))], "<>")
+        structure[path] = _container(obj, [str(i) for i in range(len(children))], "<>")
         for i, v in enumerate(children):
             _walk(v, f"{path}<{i}>", structure, leaves, within)
         return

@@ -102,7 +102,7 @@ def measure_calls(
         if base_fn is not None:  # the head's frames were forgotten for the base's compile
             compiled_fn()  # (fresh_frames): compiled again here, not inside the peak
         memory = {
-            "kind": "cuda" if device.startswith("cuda") else "cpu",
+            "source": "cuda" if device.startswith("cuda") else "cpu",
             "eager_peak_bytes": peak_memory(eager_fn, device),
             "compiled_peak_bytes": peak_memory(compiled_fn, device, held=max(held, 0)),
         }

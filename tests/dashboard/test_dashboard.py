@@ -145,7 +145,7 @@ def test_work_counters_are_charted_when_results_carry_them():
 def test_the_memory_chart_names_each_source_the_worker_emits(source, label):
     """The dashboard had labels for cuda and rss only: the worker's cpu source (profiler
     memory events) was captioned "peak memory". It says what the details table says."""
-    assert source in get_args(Memory.model_fields["kind"].annotation)
+    assert source in get_args(Memory.model_fields["source"].annotation)
     (chart,) = [c for c in charts([{"peak": float(3 << 20)}], source) if c["id"] == "memory"]
     assert chart["caption"] == label
 

@@ -244,7 +244,7 @@ def test_counters_are_identical_cold_and_warm(project: Path):
         w.work.instructions,
         c.work.instructions,
     )
-    assert w.memory.kind == "cpu" and w.memory.compiled_peak_bytes > 0
+    assert w.memory.source == "cpu" and w.memory.compiled_peak_bytes > 0
     # the worker's peak as a multiple of the weights: fc1, fc2 and the knob's extra
     # layer, three Linear(256, 256) in fp32
     assert w.memory.weight_bytes == 3 * (256 * 256 + 256) * 4

@@ -153,7 +153,7 @@ def make_result(
         ),
         graphs=Graphs(count=1, breaks=0),
         latency=latency,
-        memory=Memory(kind="rss", eager_peak_bytes=0, compiled_peak_bytes=0),
+        memory=Memory(source="rss", eager_peak_bytes=0, compiled_peak_bytes=0),
         parity=Parity(
             vs_eager=ParityCheck(
                 passed=True, method="allclose", max_abs_err=0.0, rmse=0.0, cosine=1.0

@@ -120,7 +120,7 @@ def make_result(
         ),
         work=work,
         mode=mode,
-        memory=Memory(kind="rss", eager_peak_bytes=30 << 20, compiled_peak_bytes=peak),
+        memory=Memory(source="rss", eager_peak_bytes=30 << 20, compiled_peak_bytes=peak),
         parity=Parity(
             vs_eager=ParityCheck(
                 passed=parity_ok,
