@@ -1,35 +1,15 @@
 """The cache key: target id, env key and code hash, and the facts each is made of.
 
-* **env key** — where a bundle may be used: torch, Triton and Python versions and the
-  device. On CPU that is the ATen CPU capability (``ATEN_CPU_CAPABILITY`` changes it),
-  the architecture, the thread count and the CPU's instruction-set flags: inductor
-  builds its C++ kernels with ``-march=native``, so a ``.so`` from an AVX-512 runner
-  must never reach an AVX2 machine, and its own cache key does not tell them apart.
-  Plus the environment variables that configure compilation (``TORCHINDUCTOR_*``,
-  ``TORCHDYNAMO_*``, ``TORCH_COMPILE_*``, ``TRITON_*``, ``CXX``, ... less cache
-  locations and logging), *only when one is set*: the env keys of stores written before
-  they counted (where none was set) stay what they were.
-  Readable prefix plus a short hash of every fact: ``torch2.13.0+cpu-py3.11-cpu-avx512-t2-3f9c1a``.
-* **code hash** — which code was compiled: the factory references, the compile spec
-  (backend, mode, dynamic, fullgraph, options, input shapes, dtypes, strides, bounds,
-  seed) and everything the model is really built from, as the worker recorded it while
-  building the model and its inputs (:mod:`gatekeeper.worker.deps`): the user's modules
-  by content, data files read, installed distributions by name and version, imports
-  that failed.
+* **env key**: where a bundle may be used (torch, Triton and Python versions; the
+  GPU, or the CPU's capability, architecture, threads and instruction-set flags; the
+  compile-configuring environment variables, only when one is set). A readable prefix
+  plus a short hash of every fact: ``torch2.13.0+cpu-py3.11-cpu-avx512-t2-3f9c1a``.
+* **code hash**: which code was compiled: the factory references, the compile spec and
+  the dependencies the worker recorded while building the model and its inputs
+  (:mod:`gatekeeper.worker.deps`). The parent re-checks a manifest's recorded
+  dependencies here, without importing them, to call a bundle a ``hit``.
 
-Why the code hash is found the way it is ("direct mode", as ccache calls it): what a
-model is built from is only known by building it, and the parent must not build it
-(torch compiles only in the worker; ``warm_start()`` in a service must stay light). So
-the worker records the dependencies whenever it builds the model (``compile``,
-``check``'s measure, ``key``), the manifest stores them, and the code hash of a compile
-is computed from what its worker recorded. To find a bundle, the parent reads the
-manifests of the target and env and, newest first, re-checks each one's recorded
-dependencies here — locates its modules without importing them, re-hashes files,
-compares installed versions — and recomputes the code hash from those: equal to the
-manifest's, every recorded dependency still matches, and that is a ``hit``. A bundle
-whose manifest recorded no dependencies (written before this) is only ever ``partial``.
-``gatekeeper key`` runs a worker build to show the code hash before any compile.
-
+What each fact guards against and why the code hash is found this way: docs/caching.md.
 torch is imported here only to read versions and the device, never to compile.
 """
 

@@ -1,46 +1,17 @@
 """What a worker starts as on Linux: ``python -I -S confine.py [OPTION]... -- PROGRAM
 ARGS...`` puts PROGRAM (the worker, or a distributed target's launcher) in a box before
 any code of the model or of its site-packages runs, and stays outside it as its
-supervisor. Python's standard library only, run without ``site``: no ``.pth`` file of
-any site-packages runs before these steps.
+supervisor. Standard library only, run without ``site``.
 
-* **Namespaces**: a mount namespace and a PID namespace of its own (and, with
-  ``--private-net``, a network namespace whose only interface is ``lo``: a launcher's
-  ranks rendezvous where no other process of the machine connects). As root the
-  kernel grants them outright; not root, they come with a user namespace of its own,
-  the user's uid and gid mapped to themselves (files, devices and groups work as
-  before), from which no process outside it can be ptraced or have its ``environ``,
-  ``mem`` or ``maps`` read, a dumpable ancestor of the same user included (the
-  runner). Where the kernel refuses one (``user.max_user_namespaces = 0``, a seccomp
-  profile) the worker runs without, named on stderr.
-* **The filesystem is read-only** but for the ``--writable`` folders (the worker's
-  scratch and cache dirs, its output's folder, the temp dir, ``/dev/shm``); each
-  ``--read-only`` folder is read-only even inside one of those (the checkout and its
-  ``.git``, every ``PATH`` folder, the runner's folders, the parent's Python and
-  import path: what the parent, which holds the signing key, runs or reads later, and
-  what the action's later steps run). The deeper folder decides. ``/proc/sys``,
-  ``/proc/sysrq-trigger`` and ``/sys`` are read-only; devices stay usable. Mounts
-  copied into a namespace a less privileged process makes stay read-only (the kernel
-  locks them).
-* **No process outlives the box**: PROGRAM runs under an init of its own (PID 1 of the
-  new PID namespace, with a ``/proc`` of that namespace): when the init ends, the
-  kernel kills everything left in the namespace, a daemon in a session of its own
-  included. The init dies with this supervisor, and this supervisor with the process
-  that started it (``PR_SET_PDEATHSIG``), whatever the signal; if that process died
-  (``--parent PID`` is gone), the supervisor also removes every ``--scratch DIR``
-  (the parent's temporary folders). SIGTERM,
-  SIGINT and SIGHUP are passed on to PROGRAM.
-* **As root** (or with any capability): :data:`DROPPED` leaves PROGRAM's bounding set
-  (so no exec gives it back, root's included), and its inheritable, ambient,
-  permitted and effective sets. Without ``CAP_SYS_PTRACE``, ``CAP_SYS_ADMIN`` and
-  ``CAP_PERFMON``, root cannot read the ``environ`` or ``mem`` of a process that is not
-  dumpable (the gatekeeper parent, :mod:`gatekeeper.secrecy`), nor of a root process
-  holding more capabilities than it does (every ancestor); ``CAP_BPF``,
-  ``CAP_SYS_RAWIO``, ``CAP_SYS_MODULE``, ``CAP_CHECKPOINT_RESTORE`` and the network's
-  raw sockets are other ways to the same memory or traffic.
-* **no_new_privs**: nothing the worker execs gains privileges (setuid, file capabilities).
-
+The box: its own mount and PID namespaces (a user namespace too when not root;
+``--private-net``: a network namespace with only ``lo``); the filesystem read-only but
+the ``--writable`` folders, and each ``--read-only`` folder read-only again inside them
+(the deeper folder decides); PROGRAM under an init of its own, so no process outlives
+the box; the init dies with this supervisor and the supervisor with its parent
+(``--parent PID`` gone: every ``--scratch DIR`` is removed); SIGTERM, SIGINT and SIGHUP
+passed on; as root, :data:`DROPPED` gone from every capability set; ``no_new_privs``.
 A step the kernel refuses is skipped and named on stderr; the exec always happens.
+What each step keeps out, and why not bubblewrap: docs/hardening.md.
 """
 
 from __future__ import annotations
