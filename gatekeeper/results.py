@@ -169,12 +169,13 @@ class CompileStats(_Doc):
         return "mixed"
 
 
-class Memory(_Doc):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class _Aliased(_Doc):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)  # written by alias
 
-    # what measured the peaks, written "kind" in documents: "cuda": max_memory_allocated;
-    # "cpu": peak live bytes from the profiler's memory events; "rss": peak resident-set
-    # growth (older documents; it read 0 on CPU)
+
+class Memory(_Aliased):
+    # what measured the peaks, written "kind": "cuda": max_memory_allocated; "cpu": peak
+    # live bytes of the profiler's memory events; "rss": resident-set growth (old: 0 on CPU)
     source: Literal["cuda", "cpu", "rss"] = Field(alias="kind")
     eager_peak_bytes: int | None = None
     compiled_peak_bytes: int | None = None
@@ -219,13 +220,10 @@ class ParityCheck(_Doc):
     detail: str | None = None
 
 
-class OutputsSummary(_Doc):
+class OutputsSummary(_Aliased):
     """What the model returned, as parity walked it (gatekeeper.worker.outputs)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    # the top level's type, written "kind" in documents: "tensor", "tuple[2]",
-    # "CausalLMOutputWithPast{cache,logits}"
+    # the top level's type, written "kind": "tensor", "CausalLMOutputWithPast{cache,logits}"
     structure: str = Field(alias="kind")
     leaves: int  # tensors and plain values compared
     tensors: int
