@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..boundary.protocol import Response
     from ..config import Config, ModelConfig
     from ..targets import Target
-    from ..warm import WarmResult
+    from ..warmed import WarmResult
 
 DEFAULT = "whole"  # the kind ids and keys leave implicit
 
