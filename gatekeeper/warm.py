@@ -237,7 +237,9 @@ def probe(
         if (path := package.probe_load(target.id, cache_dir, env or {})) is not None:
             load = PackageRef.of(package, path)
             break
-    request = ProbeRequest.of(target, config, resolve_device(target.model.device), load=load)
+    request = ProbeRequest.of(
+        target, config, resolve_device(target.model.device), kind=kinds.of(target), load=load
+    )
     resp = run_or_fail(
         request,
         cache_dir=cache_dir,

@@ -222,6 +222,7 @@ def measure(
         head.target,
         config,
         head.key.device,
+        kind=kind,
         budget=config.measure,
         parity=tolerance,
         baseline_reference=str(base_reference) if base_reference else None,
