@@ -54,11 +54,11 @@ from gatekeeper import bundle, kinds
 from gatekeeper.boundary.client import run_worker
 from gatekeeper.boundary.protocol import PackageRef, ProbeRequest, dynamo_skipped
 from gatekeeper.compile import compile_all
-from gatekeeper.config import load_config
 from gatekeeper.key import find_bundle, target_key
+from gatekeeper.project import expand, load_config
 from gatekeeper.runtime import PACKAGE, package_dir
 from gatekeeper.store import open_store
-from gatekeeper.targets import expand, select
+from gatekeeper.targets import select
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,15 +28,16 @@ from typing import Any
 
 from . import bundle, distributed, kinds
 from .bundle import signing_key
-from .config import Config, load_config
+from .config import Config
 from .errors import BundleError, StoreError
 from .key import CacheKey, find_bundle, target_key
 from .nearest import nearest, says
+from .project import expand, load_config
 from .results import CacheStatus
 from .runtime import default_cache_dir, load_megacache
 from .scratch import scratch_dir
 from .store import Store, open_store
-from .targets import Target, expand, select
+from .targets import Target, select
 from .warmed import PackageState, WarmResult
 
 log = logging.getLogger("gatekeeper.warm")

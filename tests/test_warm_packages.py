@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 
 from gatekeeper import bundle
-from gatekeeper.config import load_config
 from gatekeeper.key import target_key
+from gatekeeper.project import expand, load_config
 from gatekeeper.store import Store
 from gatekeeper.store.local import LocalBackend
-from gatekeeper.targets import expand
 from gatekeeper.warm import cold, service_env, warm_targets
 
 NO_DEPS = {"format": 1, "modules": {}, "files": {}, "distributions": {}, "absent": []}

@@ -22,9 +22,8 @@ from support.helpers import TINY_MODEL, gk, gk_json, parity_only_config, write_p
 from gatekeeper import bundle, kinds
 from gatekeeper.boundary.client import run_or_fail
 from gatekeeper.boundary.protocol import PackageRef, VerifyRequest
-from gatekeeper.config import load_config
 from gatekeeper.kinds.precompile import PRECOMPILE, entries
-from gatekeeper.targets import expand
+from gatekeeper.project import expand, load_config
 from gatekeeper.warm import warm_target
 
 TARGET = "tiny/b4/default"
