@@ -128,8 +128,8 @@ def main() -> None:
     changes = args.change or ["comment", "layer"]
     source = Path(args.config).resolve()
     sys.path.insert(0, str(ROOT))
-    from gatekeeper.config import load_config
-    from gatekeeper.targets import expand, one_per_bundle, select
+    from gatekeeper.project import expand, load_config
+    from gatekeeper.targets import one_per_bundle, select
 
     config = load_config(source)
     targets = [t.id for t in one_per_bundle(select(expand(config), args.target))]

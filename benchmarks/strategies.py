@@ -66,8 +66,8 @@ def main() -> None:
     args = ap.parse_args()
     source = Path(args.config).resolve()
     sys.path.insert(0, str(ROOT))
-    from gatekeeper.config import load_config
-    from gatekeeper.targets import expand, select
+    from gatekeeper.project import expand, load_config
+    from gatekeeper.targets import select
 
     config = load_config(source)
     targets = [t.id for t in select(expand(config), args.target) if t.task == "infer"]

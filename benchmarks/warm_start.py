@@ -54,11 +54,11 @@ from gatekeeper import bundle, kinds
 from gatekeeper.boundary.client import run_worker
 from gatekeeper.boundary.protocol import PackageRef, ProbeRequest, dynamo_skipped
 from gatekeeper.compile import compile_all
-from gatekeeper.config import load_config
 from gatekeeper.key import find_bundle, target_key
+from gatekeeper.project import expand, load_config
 from gatekeeper.runtime import PACKAGE, package_dir
 from gatekeeper.store import open_store
-from gatekeeper.targets import expand, select
+from gatekeeper.targets import select
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +83,7 @@ def first_call(
         target,
         config,
         device,
+        kind=kinds.of(target),
         megacache_in=str(megacache) if megacache else None,
         eager=eager,
         load=load,
@@ -299,7 +300,7 @@ def aot_row(target, config, args, store, work: Path) -> list:
             return [target.id, f"package not served: {warmed.get('aot_reason')}"]
         package = package_dir(run / "f", target.id) / PACKAGE
         load = PackageRef.of(kinds.package("aot"), package)
-        req = ProbeRequest.of(target, config, key.device, load=load)
+        req = ProbeRequest.of(target, config, key.device, kind=kinds.of(target), load=load)
         resp = run_worker(req, cache_dir=run / "f", timeout=1800, label=target.id)
         loaded = resp.packages.get("aot")
         if not resp.ok or loaded is None:

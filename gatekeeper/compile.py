@@ -216,6 +216,7 @@ def compile_target(
             target,
             config,
             key.device,
+            kind=kind,
             # a package a deploy loads instead: the cache dir (and its blob) stays here
             megacache_out=str(Path(tmp, "megacache.bin")) if kind.package is None else None,
             packages=[PackageRef.of(p, outs[p.name]) for p in packages if p.name in outs],

@@ -1,7 +1,11 @@
 """The config schema (``gatekeeper.toml`` or ``[tool.gatekeeper]`` in ``pyproject.toml``).
 
 Validated with pydantic; every error names the file, the field and what was expected,
-on one line. Expansion into targets lives in :mod:`gatekeeper.targets`.
+on one line. The schema imports no kind: whoever reads a config (:func:`read_config`,
+called by :func:`gatekeeper.project.load_config`) passes the kinds' checks in (the
+validation's context, :class:`KindChecks`), so a model's ``strategies`` are checked
+against the kinds there are inside the same validation. Expansion into targets lives in
+:mod:`gatekeeper.project`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Protocol, get_args
 
 from pydantic import (
     AfterValidator,
@@ -19,17 +23,21 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from . import kinds, quantize
+from . import quantize
 from .errors import ConfigError
 from .inputs import INPUT_TAGS, Inputs, InputSpec, Strict
 from .quantize import SQNR_FLOOR, Quantize, Quantized
 from .secrecy import passable
 
 DEFAULT_STORE = ".gatekeeper/store"
+# the kind of a model that names no strategies (gatekeeper.kinds.DEFAULT); ids and keys
+# leave it implicit
+DEFAULT_STRATEGY = "whole"
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 Task = Literal["infer", "train"]
 # record torch's caching-precompile package with each bundle
@@ -47,8 +55,27 @@ OPTIMIZERS = tuple(
 )
 
 
-def _kind(name: str) -> str:
-    known = kinds.names()
+class KindChecks(Protocol):
+    """What validating a model's ``strategies`` asks of the artifact kinds
+    (:mod:`gatekeeper.kinds` is one): the names there are, and why a model cannot be
+    compiled the ways it names (None: it can). Passed as the validation's context,
+    ``model_validate(data, context={"kinds": kinds})``."""
+
+    def names(self) -> list[str]: ...
+
+    def check(self, model: ModelConfig) -> str | None: ...
+
+
+def _kinds(info: ValidationInfo) -> KindChecks | None:
+    """The kinds' checks the reader passed (None: the schema alone, as for a model built
+    in code or one a worker reads back from its request)."""
+    return (info.context or {}).get("kinds")
+
+
+def _kind(name: str, info: ValidationInfo) -> str:
+    if (checks := _kinds(info)) is None:
+        return name
+    known = checks.names()
     if name not in known:
         quoted = [repr(k) for k in known]
         listed = ", ".join(quoted[:-1]) + f" or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
@@ -182,7 +209,7 @@ class ModelConfig(Strict):
     tasks: list[Task] = Field(default_factory=lambda: list[Task](["infer"]))
     precisions: list[Precision] = Field(default_factory=lambda: list[Precision](["fp32"]))
     # inference targets only: a training step is always compiled whole
-    strategies: list[Strategy] = Field(default_factory=lambda: list[Strategy](["whole"]))
+    strategies: list[Strategy] = Field(default_factory=lambda: [DEFAULT_STRATEGY])
     # torchao variants of the infer fp32 targets (docs/quantization.md), each config's
     # keyword arguments, the modules quantized (submodule name globs; default: nn.Linear)
     quantize: list[Quantize] = Field(default_factory=lambda: list[Quantize](["none"]))
@@ -228,10 +255,11 @@ class ModelConfig(Strict):
         return [i for i in items if isinstance(i, InputSpec)]
 
     @model_validator(mode="after")
-    def _consistent(self) -> ModelConfig:
+    def _consistent(self, info: ValidationInfo) -> ModelConfig:
         self._check_callable()
         self._check_axes()
-        self._check_kinds()
+        if (checks := _kinds(info)) is not None and (why := checks.check(self)):
+            raise ValueError(why)  # each kind's own fields and what it asks of the model
         self._check_shapes()
         return self
 
@@ -278,12 +306,6 @@ class ModelConfig(Strict):
                 "'options' cannot be combined with modes other than 'default' "
                 "(torch.compile takes either mode or options)"
             )
-
-    def _check_kinds(self) -> None:
-        """Each kind's own fields only with that kind, and what each kind asks of the
-        model (gatekeeper.kinds)."""
-        if why := kinds.check(self):
-            raise ValueError(why)
 
     def _check_shapes(self) -> None:
         """Every shape set binds exactly the dimensions the inputs name."""
@@ -372,9 +394,15 @@ def _where(loc: tuple) -> str:
     return out
 
 
-def _validate(cls: type[BaseModel], data: Any, path: Path | None, prefix: str = "") -> Any:
+def _validate(
+    cls: type[BaseModel],
+    data: Any,
+    path: Path | None,
+    prefix: str = "",
+    kinds: KindChecks | None = None,
+) -> Any:
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, context={"kinds": kinds})
     except ValidationError as e:
         errs = e.errors()
         msgs = []
@@ -422,7 +450,12 @@ def _has_section(path: Path) -> bool:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
 
-def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None = None) -> Config:
+def read_config(
+    explicit: str | os.PathLike[str] | None, cwd: Path | None, *, kinds: KindChecks
+) -> Config:
+    """The config ``explicit`` names, else the one found from ``cwd`` (:func:`find_config`),
+    validated against the schema and ``kinds``' checks (every error: one line, naming the
+    file and the field)."""
     path = find_config(explicit, cwd)
     try:
         doc = tomllib.loads(path.read_text())
@@ -441,7 +474,8 @@ def load_config(explicit: str | os.PathLike[str] | None = None, cwd: Path | None
             f"{path}: tool.gatekeeper: expected a table ([tool.gatekeeper]), "
             f"got {type(section).__name__}"
         )
-    config = _validate(Config, section, path).model_copy(update={"path": path.absolute()})
+    config = _validate(Config, section, path, kinds=kinds)
+    config = config.model_copy(update={"path": path.absolute()})
     for model in config.models:
         config.gate_for(model)  # a bad per-model override fails now, not after measuring
     return config

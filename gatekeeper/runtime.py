@@ -422,9 +422,9 @@ def verified_aot(
 def _aot_target(config: Config | str | os.PathLike[str] | None, wanted: str) -> None:
     """A UsageError unless ``wanted`` is an aot target of the config."""
     from . import kinds
-    from .config import Config, load_config
+    from .config import Config
     from .errors import UsageError
-    from .targets import expand
+    from .project import expand, load_config
 
     cfg = config if isinstance(config, Config) else load_config(config)
     found = expand(cfg)

@@ -10,9 +10,10 @@ an autocast precision, a torchao quantization (``+int8wo``, ``+int8dq``, ``+fp8d
 strategy (an artifact kind, :mod:`gatekeeper.kinds`) join the third part with ``+`` so
 every store path keeps its depth. Inference, float32, the float model and the default
 kind (``whole``) are implicit, so the ids (and store paths) of targets from before they
-existed are unchanged. Each kind says which (task, precision) of a model it applies to
-(a training step is always compiled whole). The device is not in the id: it is part of
-the env key.
+existed are unchanged. The device is not in the id: it is part of the env key.
+
+A config becomes targets in :func:`gatekeeper.project.expand`, which asks each kind
+which (task, precision) of a model it applies to; this module imports no kind.
 
 A ``dynamic`` model compiles once for all its shape sets: its targets share one bundle,
 stored under :attr:`Target.bundle_id` (``<model>/dynamic/<variant>``), while each shape
@@ -25,8 +26,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from . import kinds, quantize
-from .config import Config, ModelConfig
+from . import quantize
+from .config import DEFAULT_STRATEGY, ModelConfig
 from .errors import UsageError
 
 
@@ -51,7 +52,7 @@ class Target:
     dynamic: bool
     task: str = "infer"  # infer | train
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast)
-    strategy: str = kinds.DEFAULT  # the artifact kind's name (gatekeeper.kinds)
+    strategy: str = DEFAULT_STRATEGY  # the artifact kind's name (gatekeeper.kinds)
     quantize: str = quantize.NONE  # a torchao config's name (gatekeeper.quantize)
 
     @property
@@ -67,7 +68,7 @@ class Target:
             + (f"+{self.precision}" if self.precision != "fp32" else "")
             + (f"+{quantize.SUFFIX[self.quantize]}" if self.quantized else "")
             + (f"+ws{self.world_size}" if self.world_size else "")
-            + (f"+{self.strategy}" if self.strategy != kinds.DEFAULT else "")
+            + (f"+{self.strategy}" if self.strategy != DEFAULT_STRATEGY else "")
         )
 
     @property
@@ -127,53 +128,13 @@ class Target:
             d["task"] = self.task
         if self.precision != "fp32":
             d["precision"] = self.precision
-        if self.strategy != kinds.DEFAULT:
+        if self.strategy != DEFAULT_STRATEGY:
             d["strategy"] = self.strategy
         if self.quantized:
             d["quantize"] = self.quantization()
         if self.model.distributed is not None:
             d["distributed"] = self.model.distributed.spec()
         return d
-
-    def definition(self) -> dict[str, Any]:
-        """What the config says this target is built, compiled and measured from, as
-        plain data: the model's fields (not its name, the axes that make its other
-        targets, or its gate overrides, which are rules) and this target's shape set.
-        A pull request that changes one of them changes the target (gate.governing)."""
-        skip = {"name", "gate", "shapes", "modes", "tasks", "precisions", "strategies", "pass_env"}
-        skip |= {"quantize"} | (
-            {"quantize_options", "quantize_modules"} if not self.quantized else set()
-        )
-        skip |= kinds.foreign(self.strategy)  # another kind's fields (regions, export)
-        skip |= {"train"} if self.task != "train" else set()
-        return {**self.model.model_dump(mode="json", exclude=skip), "shape_set": self.shape_set}
-
-
-def expand(config: Config) -> list[Target]:
-    targets = [
-        Target(model, tuple(shape_set.items()), mode, model.dynamic, task, precision, strategy, q)
-        for model in config.models
-        for shape_set in model.shapes
-        for mode in model.modes
-        for task in model.tasks
-        for precision in model.precisions
-        for strategy in strategies(model, task, precision)
-        for q in quantizations(model, task, precision)
-    ]
-    ids = [t.id for t in targets]
-    if dupes := sorted({i for i in ids if ids.count(i) > 1}):
-        from .errors import ConfigError
-
-        raise ConfigError(f"{config.path}: two shape sets give the same target id {dupes[0]}")
-    return targets
-
-
-def strategies(model: ModelConfig, task: str, precision: str = "fp32") -> list[str]:
-    """The strategies of a model's ``task`` and ``precision``: those whose kind applies
-    (a training step is compiled whole; ``aot`` exports the float32 forward: an
-    AOTInductor package runs its own kernels, which a caller's autocast cannot change),
-    else the default kind."""
-    return kinds.applying(model, task, precision)
 
 
 def quantizations(model: ModelConfig, task: str, precision: str) -> list[str]:

@@ -22,77 +22,32 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import bundle, distributed, kinds
 from .bundle import signing_key
-from .config import Config, load_config
+from .config import Config
 from .errors import BundleError, StoreError
 from .key import CacheKey, find_bundle, target_key
 from .nearest import nearest, says
+from .project import expand, load_config
 from .results import CacheStatus
 from .runtime import default_cache_dir, load_megacache
 from .scratch import scratch_dir
 from .store import Store, open_store
-from .targets import Target, expand, select
+from .targets import Target, select
+from .warmed import PackageState, WarmResult
 
 log = logging.getLogger("gatekeeper.warm")
 
 
-@dataclass
-class PackageState:
-    """A package of a warmed bundle: ``served`` (installed for a deploy), ``installed``
-    (not loaded: see the precompile kind's ``hold``), ``unverified``, ``rejected``,
-    ``shadowed``, ``unavailable``, ``missing``; and why."""
-
-    status: str | None = None
-    reason: str | None = None
-
-
-@dataclass
-class WarmResult:
-    target: str
-    status: CacheStatus  # hit | partial | miss (| stale: a probe saw every graph miss)
-    env_key: str | None = None
-    code_hash: str | None = None
-    bundle_code_hash: str | None = None
-    files: int = 0
-    seconds: float = 0.0
-    cold_compile_seconds: float | None = None  # what the bundle's compile took, cold
-    bundle_bytes: int | None = None
-    reason: str | None = None
-    # a miss: the store's nearest bundle of the target and every fact that differs
-    nearest: dict | None = None
-    # by package name; read as ``precompile`` / ``precompile_reason`` (``aot``, ...)
-    packages: dict[str, PackageState] = field(default_factory=dict)
-    probe: Any = None  # what ``warm --probe`` saw (gatekeeper.warm.Probe), not a field
-    manifest: Any = field(default=None, repr=False)  # the verified manifest, not output
-    location: Any = field(default=None, repr=False)  # where it was found, not output
-
-    def package(self, name: str) -> PackageState:
-        return self.packages.setdefault(name, PackageState())
-
-    def __getattr__(self, name: str) -> Any:
-        """``r.precompile``, ``r.aot_reason``: a package's status and reason."""
-        base = name.removesuffix("_reason")
-        if name.startswith("__") or base not in kinds.package_names():
-            raise AttributeError(name)
-        state = self.__dict__.get("packages", {}).get(base) or PackageState()
-        return state.reason if base != name else state.status
-
-    def as_dict(self) -> dict:
-        out: dict[str, Any] = {}
-        for k, v in self.__dict__.items():
-            if k == "packages":
-                for name, state in v.items():
-                    out.update({name: state.status, f"{name}_reason": state.reason})
-            elif k == "probe" and v is not None:
-                out.update(v.as_dict())  # the probe's figures, besides the warm's
-            elif k not in ("manifest", "location"):
-                out[k] = v
-        return {k: v for k, v in out.items() if v is not None}
+def _result(target_id: str, env_key: str | None = None, reason: str | None = None) -> WarmResult:
+    """A target's ``miss``, with a state for every package, so that ``r.precompile``
+    reads None, not an AttributeError, for a package it never met."""
+    packages = {p.name: PackageState() for p in kinds.packages()}
+    return WarmResult(target_id, "miss", env_key, reason=reason, packages=packages)
 
 
 def settle(status: CacheStatus, counters: dict | None) -> CacheStatus:
@@ -130,7 +85,7 @@ def warm_target(
     ``stage``: where a check wants the package it measures or verifies."""
     start = time.monotonic()
     ck = cache_key or target_key(target, config.base_dir)
-    result = WarmResult(target.id, "miss", ck.env_key)
+    result = _result(target.id, ck.env_key)
     own = kinds.of(target).package
     try:
         match, reason = find_bundle(store, ck, signing_key=signing_key)
@@ -188,7 +143,7 @@ def cold(targets: list[Target], e: BaseException) -> list[WarmResult]:
     """Best effort's last word: every target a miss, said once."""
     reason = _reason(e)
     log.warning("warm start failed: %s; every target will compile cold", reason)
-    return [WarmResult(t.id, "miss", reason=reason) for t in targets]
+    return [_result(t.id, reason=reason) for t in targets]
 
 
 def _reason(e: BaseException) -> str:
@@ -216,7 +171,7 @@ def warm_targets(
             results.append(warm_target(t, config, store, cache, signing_key=key, claimed=claimed))
         except Exception as e:  # best effort: the deploy compiles cold
             log.warning("%s; %s will compile cold", _reason(e), t.id)
-            results.append(WarmResult(t.id, "miss", reason=_reason(e)))
+            results.append(_result(t.id, reason=_reason(e)))
     for package in kinds.packages():
         package.finish(results, cache, claimed)
     return results
@@ -283,7 +238,9 @@ def probe(
         if (path := package.probe_load(target.id, cache_dir, env or {})) is not None:
             load = PackageRef.of(package, path)
             break
-    request = ProbeRequest.of(target, config, resolve_device(target.model.device), load=load)
+    request = ProbeRequest.of(
+        target, config, resolve_device(target.model.device), kind=kinds.of(target), load=load
+    )
     resp = run_or_fail(
         request,
         cache_dir=cache_dir,

@@ -785,8 +785,7 @@ def test_only_a_float32_inference_target_records_a_package(tmp_path):
     """A training step and an autocast variant get no package, each with its reason (a
     package recorded under autocast loaded but missed its guards on every call)."""
     from gatekeeper.boundary.protocol import Response
-    from gatekeeper.config import load_config
-    from gatekeeper.targets import expand
+    from gatekeeper.project import expand, load_config
 
     (tmp_path / "gatekeeper.toml").write_text(
         '[tool.gatekeeper]\n[[tool.gatekeeper.models]]\nname = "m"\nfactory = "x:y"\n'

@@ -14,8 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from gatekeeper import cli
-from gatekeeper.config import DEFAULT_STORE, Config, GateConfig, find_config, load_config
+from gatekeeper.config import DEFAULT_STORE, Config, GateConfig, ModelConfig, find_config
 from gatekeeper.errors import ConfigError
+from gatekeeper.project import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "gatekeeper.toml"
@@ -652,6 +653,39 @@ def test_strategies_default_to_whole_and_take_regions_and_export(tmp_path):
 def test_strategy_errors_name_the_field(tmp_path, extra, field, words):
     msg = config_error(tmp_path, MODEL + extra + "\n")
     assert field in msg and words in msg, msg
+
+
+def test_the_kinds_errors_come_in_the_same_line_as_the_schemas(tmp_path):
+    """The schema imports no kind; the loader passes the kinds' checks into the same
+    validation, so an unknown strategy, a kind's own check and a schema error of three
+    models are one line, in the order they always came (a kind's check before the
+    shapes': model n's unbound shape is not reached)."""
+    unbound = MODEL.replace("batch = 2", "seq = 2")
+    text = (
+        MODEL
+        + 'strategies = ["whole", "eager"]\n'
+        + unbound.replace('"m"', '"n"')
+        + 'regions = ["layers.*"]\n'
+        + unbound.replace('"m"', '"o"')
+        + 'strategies = ["regional"]\n'
+    )
+    msg = config_error(tmp_path, text)
+    assert msg.partition(": ")[2] == (
+        "models[0].strategies[1]: expected 'whole', 'regional' or 'aot'; "
+        "models[1]: 'regions' is set but 'strategies' has no \"regional\" "
+        '(add it: strategies = ["whole", "regional"]); '
+        "models[2]: shapes[0] does not bind batch"
+    )
+
+
+def test_the_schema_alone_knows_no_kind(tmp_path):
+    """A model built in code (or read back by a worker from its request) is checked
+    against the schema only: the kinds' checks run where a config is loaded
+    (gatekeeper.project.load_config), which the schema no longer imports."""
+    m = ModelConfig(name="m", factory="a:b", inputs=[], strategies=["nonesuch"])
+    assert m.strategies == ["nonesuch"]
+    msg = config_error(tmp_path, MODEL + 'strategies = ["nonesuch"]\n')
+    assert "models[0].strategies[0]: expected 'whole', 'regional' or 'aot'" in msg
 
 
 def test_pass_env_never_names_what_gatekeeper_withholds(tmp_path):

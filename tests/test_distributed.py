@@ -17,14 +17,14 @@ from gatekeeper.boundary.protocol import BaseMeasured, Graphs, Response
 from gatekeeper.config import Config
 from gatekeeper.errors import ConfigError, WorkerError
 from gatekeeper.key import compile_spec
+from gatekeeper.project import expand
 from gatekeeper.results import Latency, Parity, ParityCheck, RankResult, TargetResult
-from gatekeeper.targets import expand
 
 
 def config(**extra) -> Config:
     model = {"name": "mlp", "factory": "m:make", "inputs": [{"shape": [8, 4]}], **extra}
     try:
-        return Config.model_validate({"models": [model]})
+        return Config.model_validate({"models": [model]}, context={"kinds": kinds})
     except Exception as e:  # pydantic's error, as load_config would turn it
         raise ConfigError(str(e)) from None
 

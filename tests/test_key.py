@@ -398,7 +398,7 @@ def test_compile_spec_has_task_precision_and_no_shapes_when_dynamic():
 
     from gatekeeper.config import Config
     from gatekeeper.key import compile_spec
-    from gatekeeper.targets import expand
+    from gatekeeper.project import expand
 
     m = {
         "name": "m",
@@ -451,7 +451,7 @@ def test_strategy_is_in_the_spec_and_whole_keeps_the_old_one():
 
     from gatekeeper.config import Config
     from gatekeeper.key import compile_spec
-    from gatekeeper.targets import expand
+    from gatekeeper.project import expand
 
     m = {"name": "m", "factory": "mod:make", "inputs": [{"shape": ["batch", 4]}]}
     m["shapes"] = [{"batch": 2}]

@@ -142,7 +142,7 @@ inputs = [{{ shape = [1, 4] }}]
 
 
 def _head(folder: Path, name: str = "gatekeeper.toml"):
-    from gatekeeper.config import load_config
+    from gatekeeper.project import load_config
 
     (folder / name).write_text(CONFIG.format(name="head"))
     return load_config(folder / name)

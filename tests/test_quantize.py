@@ -18,8 +18,8 @@ from gatekeeper.config import Config, GateConfig
 from gatekeeper.errors import ConfigError
 from gatekeeper.gate import rules as gate
 from gatekeeper.key import compile_spec, target_key
+from gatekeeper.project import expand
 from gatekeeper.results import Quantization
-from gatekeeper.targets import expand
 
 M = {
     "name": "m",

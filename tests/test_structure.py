@@ -34,6 +34,13 @@ from gatekeeper.results import Work
 
 BOUNDARY = "gatekeeper.boundary"
 KINDS_HOME = ("gatekeeper.kinds", "gatekeeper.worker.kinds")
+BELOW_KINDS = (
+    "gatekeeper.config",
+    "gatekeeper.targets",
+    "gatekeeper.results",
+    "gatekeeper.boundary.protocol",
+    "gatekeeper.warmed",
+)
 
 
 def plant(root: Path, files: dict[str, str]) -> Path:
@@ -125,6 +132,11 @@ def test_the_figures_count_types_only_imports_folders_and_prose(tmp_path: Path) 
     assert structure.cycles(structure.import_graph(pkg, type_checking=True)) == [
         ["gatekeeper.d", "gatekeeper.e"]
     ]
+    assert structure.reachable(["gatekeeper.d"], pkg) == {"gatekeeper.d"}
+    assert structure.reachable(["gatekeeper.d"], pkg, type_checking=True) == {
+        "gatekeeper.d",
+        "gatekeeper.e",
+    }
     assert structure.files_per_folder(pkg) == {"gatekeeper": 3, "gatekeeper/sub": 1}
     assert structure.prose(pkg) == structure.Prose(docstring=2, comment=1, trailing=1, code=5)
 
@@ -153,6 +165,26 @@ def test_the_benchmark_reads_another_checkout(tmp_path: Path) -> None:
 
 def test_no_import_cycle() -> None:
     assert structure.cycles(structure.import_graph()) == []
+
+
+def test_no_import_cycle_even_for_types() -> None:
+    """A 15-module circle ran through ``if TYPE_CHECKING:`` imports: the kinds typed
+    their hooks with the config, the targets, the protocol and warm's result, and each
+    of those imported the kinds (issue 40). Types both sides need live below both."""
+    assert structure.cycles(structure.import_graph(type_checking=True)) == []
+
+
+def test_the_schema_targets_protocol_and_documents_sit_below_the_kinds() -> None:
+    """The config is a schema (its reader passes the kinds' checks in), a target is
+    data (gatekeeper.project expands a config, asking the kinds), the protocol carries
+    the kind its caller names, and warm's result is a record the kinds' packages fill:
+    none of them imports the kinds, not even for a type."""
+    found = {}
+    for m in BELOW_KINDS:
+        reach = structure.reachable([m], type_checking=True)
+        if up := sorted(k for k in reach if k.split(".")[:2] == ["gatekeeper", "kinds"]):
+            found[m] = up
+    assert found == {}
 
 
 def test_no_module_over_500_lines_and_no_function_over_80() -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from gatekeeper.config import Config
 from gatekeeper.errors import ConfigError, UsageError
-from gatekeeper.targets import expand, parse_shard, select, shapes_label
+from gatekeeper.project import expand
+from gatekeeper.targets import parse_shard, select, shapes_label
 
 
 def model(name: str, shapes=None, modes=None, dynamic=False, names=("batch",), **extra):

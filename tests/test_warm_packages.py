@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 
 from gatekeeper import bundle
-from gatekeeper.config import load_config
 from gatekeeper.key import target_key
+from gatekeeper.project import expand, load_config
 from gatekeeper.store import Store
 from gatekeeper.store.local import LocalBackend
-from gatekeeper.targets import expand
-from gatekeeper.warm import service_env, warm_targets
+from gatekeeper.warm import cold, service_env, warm_targets
 
 NO_DEPS = {"format": 1, "modules": {}, "files": {}, "distributions": {}, "absent": []}
 CONFIG = textwrap.dedent("""
@@ -116,3 +115,18 @@ def test_a_package_of_a_target_no_longer_warmed_is_removed(deploy) -> None:
     assert sorted(p.name for p in (cache / "dynamo").iterdir()) == sorted(
         p.split("/")[1] for p in PACKAGE.values()
     )
+
+
+def test_a_result_reads_every_package_as_an_attribute(deploy) -> None:
+    """``r.aot``, ``r.precompile_reason``: None for a package a result never met (a miss,
+    a cold start); a name that is no package's stays an AttributeError. The record lives
+    below the kinds (gatekeeper.warmed) and no longer asks them for the names: warm
+    gives each result a state for every package."""
+    config, targets, store, cache, tmp = deploy
+    (miss,) = warm_targets([targets["a"]], config, store, cache)
+    (cold_one,) = cold([targets["a"]], OSError("no store"))
+    for r in (miss, cold_one):
+        assert r.status == "miss" and r.aot is None and r.precompile_reason is None
+        with pytest.raises(AttributeError):
+            r.nonesuch  # noqa: B018
+    assert not {"aot", "precompile", "aot_reason"} & set(miss.as_dict())

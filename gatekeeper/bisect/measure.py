@@ -24,16 +24,17 @@ from pathlib import Path
 from ..check.paired import Mode
 from ..check.run import Plan, check_all
 from ..compile import compile_target
-from ..config import Config, load_config
+from ..config import Config
 from ..errors import ConfigError, StoreError, UsageError
 from ..gate.drift import disturbance, merge_latency
 from ..key import target_key
+from ..project import expand, load_config
 from ..results import Results, TargetResult, write_results
 from ..store import BundleLocation, Store
 from ..store.base import store_error
 from ..store.local import LocalBackend
 from ..store.overlay import OverlayBackend
-from ..targets import Target, expand
+from ..targets import Target
 from .history import Commit, Worktrees
 from .metrics import Figure, Metric, alone, classify, default_threshold
 from .search import Outcome

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from .. import kinds, units
+from .. import units
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance, Precision, Task
 from ..errors import ConfigError
 from ..quantize import Quantize
@@ -41,6 +41,17 @@ class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Half(Protocol):
+    """A kind or a package as a request names it (:class:`gatekeeper.kinds.Kind`,
+    :class:`gatekeeper.kinds.Package`): the caller, above the kinds, passes it in."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def worker(self) -> str: ...
+
+
 class KindRef(_Msg):
     """A target's artifact kind as the worker meets it: its name, and its worker half
     (``"module:attribute"``, :class:`gatekeeper.worker.kinds.Builder`)."""
@@ -49,8 +60,7 @@ class KindRef(_Msg):
     worker: str
 
     @classmethod
-    def of(cls, target: Target) -> KindRef:
-        kind = kinds.of(target)
+    def of(cls, kind: Half) -> KindRef:
         return cls(name=kind.name, worker=kind.worker)
 
 
@@ -62,7 +72,7 @@ class PackageRef(_Msg):
     path: str
 
     @classmethod
-    def of(cls, package: kinds.Package, path: Path | str) -> PackageRef:
+    def of(cls, package: Half, path: Path | str) -> PackageRef:
         return cls(name=package.name, worker=package.worker, path=str(path))
 
 
@@ -98,8 +108,9 @@ class Build(_Msg):
     memory_limit: int | None = None
 
     @classmethod
-    def of(cls, target: Target, config: Config, device: str, **extra: Any) -> Self:
-        """This request for ``target`` (``extra``: the action's own fields)."""
+    def of(cls, target: Target, config: Config, device: str, *, kind: Half, **extra: Any) -> Self:
+        """This request for ``target``, of ``kind`` (``gatekeeper.kinds.of(target)``;
+        ``extra``: the action's own fields)."""
         return cls(
             memory_limit=memory_limit(),
             model=target.model,
@@ -111,7 +122,7 @@ class Build(_Msg):
             task=target.task,
             precision=target.precision,
             quantize=target.quantize,
-            kind=KindRef.of(target),
+            kind=KindRef.of(kind),
             pass_env=[*config.pass_env, *target.model.pass_env],
             **extra,
         )

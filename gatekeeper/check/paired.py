@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..config import Config, load_config
+from ..config import Config
 from ..errors import ConfigError, UsageError
 from ..git import git, try_git
+from ..project import definition, expand, load_config
 from ..results import BaseTarget
 from ..scratch import scratch_dir
-from ..targets import Target, expand
+from ..targets import Target
 
 log = logging.getLogger("gatekeeper.paired")
 
@@ -158,4 +159,4 @@ class PairedBase:
         if base is None:
             return None, BaseTarget(defined=False)
         rules = self.config.gate_for(base.model)
-        return base, BaseTarget(defined=True, rules=rules, definition=base.definition())
+        return base, BaseTarget(defined=True, rules=rules, definition=definition(base))

@@ -29,6 +29,7 @@ from ..errors import StoreError, WontFit
 from ..gate.governing import INPUT_FIELDS, governing
 from ..hashing import sha256_bytes
 from ..key import CacheKey, target_key
+from ..project import definition, expand
 from ..results import (
     Baseline,
     BaseTarget,
@@ -42,7 +43,7 @@ from ..results import (
 )
 from ..scratch import scratch_dir
 from ..store import Store, baselines
-from ..targets import Target, expand
+from ..targets import Target
 from ..warm import WarmResult, settle, warm_target
 from .paired import Mode, PairedBase
 from .verify import Restored, verify_packages
@@ -196,7 +197,7 @@ def stored_baseline(
         base = baselines.fetch(store, baselines.BaselineKey(target.id, key.env_key, base_ref))
         if base is None:
             return None, None
-        old, new = base.result.definition, target.definition()
+        old, new = base.result.definition, definition(target)
         if old is not None and any(old.get(f) != new.get(f) for f in INPUT_FIELDS):
             return base, None
         return base, baselines.fetch_reference(store, base, dest)
@@ -222,6 +223,7 @@ def measure(
         head.target,
         config,
         head.key.device,
+        kind=kind,
         budget=config.measure,
         parity=tolerance,
         baseline_reference=str(base_reference) if base_reference else None,
@@ -279,7 +281,7 @@ def assemble(check: Check, resp: Response, paired: PairedBase | None) -> TargetR
         "code_hash": code,
         "device": head.key.device,
         "rules": head.config.gate_for(target.model),
-        "definition": target.definition(),
+        "definition": definition(target),
         "base_target": check.recorded,
     }
     if not resp.ok and resp.fault == "unavailable":  # the kind's own death, here

@@ -86,6 +86,7 @@ def _verify(
             target,
             config,
             key.device,
+            kind=kinds.of(target),
             package=PackageRef.of(package, where),
             parity=config.gate_for(target.model).parity,
             reference_in=str(reference),

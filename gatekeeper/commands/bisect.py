@@ -10,10 +10,11 @@ from pathlib import Path
 from ..bisect import engine, history
 from ..bisect import report as bisect_report
 from ..bisect.metrics import Metric, names, relative, threshold_setting
-from ..config import find_config, load_config
+from ..config import find_config
 from ..errors import ConfigError, UsageError
+from ..project import expand, load_config
 from ..store import Store
-from ..targets import expand, select
+from ..targets import select
 from .common import Context, output_dir
 
 HELP = "find the commit between --good and --bad where a target's metric changed"

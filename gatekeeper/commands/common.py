@@ -17,11 +17,12 @@ from tabulate import tabulate
 
 from .. import units
 from ..check.paired import Mode, ModeName
-from ..config import Config, load_config
+from ..config import Config
 from ..errors import ConfigError, UsageError
 from ..gate import GateReport
+from ..project import expand, load_config
 from ..store import Store, open_store
-from ..targets import Target, expand, select
+from ..targets import Target, select
 
 
 def common_flags() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import kinds
 from ..boundary.client import run_or_fail
 from ..boundary.protocol import DepsRequest
 from ..errors import EXIT_OK, ConfigError, WorkerError
@@ -60,7 +61,7 @@ def _keys(ctx: Context) -> list[CacheKey]:
         if which not in built:
             with scratch_dir("gk-key-") as tmp:
                 resp = run_or_fail(
-                    DepsRequest.of(t, ctx.config, key.device),
+                    DepsRequest.of(t, ctx.config, key.device, kind=kinds.of(t)),
                     cache_dir=Path(tmp, "cache"),
                     timeout=ctx.config.measure.timeout,
                     verbose=ctx.args.verbose,

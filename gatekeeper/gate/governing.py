@@ -11,7 +11,7 @@ change cannot loosen its own gate (its rules apply once it is merged):
   a baseline published before rules were stored with it.
 
 What the change alters is listed: each rule (old -> new) and each field of the target's
-definition (:meth:`gatekeeper.targets.Target.definition`), on one line each. Pure
+definition (:func:`gatekeeper.project.definition`), on one line each. Pure
 functions over results documents; no torch, no store.
 """
 

@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import units
+from ..config import DEFAULT_STRATEGY
 
 if TYPE_CHECKING:
     from ..boundary.breadcrumbs import Death
     from ..boundary.protocol import Response
     from ..config import Config, ModelConfig
     from ..targets import Target
-    from ..warm import WarmResult
+    from ..warmed import WarmResult
 
-DEFAULT = "whole"  # the kind ids and keys leave implicit
+DEFAULT = DEFAULT_STRATEGY  # a model that names no strategies gets it; ids and keys omit it
 
 
 @dataclass(frozen=True)

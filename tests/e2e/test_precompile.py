@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 from support.helpers import TINY_MODEL, gk, gk_json, parity_only_config, write_project
 
-from gatekeeper import bundle
+from gatekeeper import bundle, kinds
 from gatekeeper.boundary.client import run_or_fail
 from gatekeeper.boundary.protocol import PackageRef, VerifyRequest
-from gatekeeper.config import load_config
 from gatekeeper.kinds.precompile import PRECOMPILE, entries
-from gatekeeper.targets import expand
+from gatekeeper.project import expand, load_config
 from gatekeeper.warm import warm_target
 
 TARGET = "tiny/b4/default"
@@ -171,6 +170,7 @@ def test_a_package_whose_outputs_differ_from_eager_is_never_served(compiled: Pat
             target,
             config,
             "cpu",
+            kind=kinds.of(target),
             package=PackageRef.of(PRECOMPILE, cache),
             parity=config.gate.parity,
         ),

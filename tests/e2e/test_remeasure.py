@@ -18,11 +18,10 @@ from support.helpers import TINY_CONFIG, TINY_MODEL, write_project
 
 from gatekeeper import pipeline
 from gatekeeper.check.paired import Mode
-from gatekeeper.config import load_config
 from gatekeeper.hashing import sha256_file
+from gatekeeper.project import expand, load_config
 from gatekeeper.results import Results
 from gatekeeper.store import baselines, maintenance, open_store
-from gatekeeper.targets import expand
 
 TARGET = "tiny/b4/default"
 MODEL = TINY_MODEL.replace(

@@ -34,12 +34,11 @@ from support.helpers import write_project
 from support.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3BucketURI, S3Server
 
 from gatekeeper import bundle
-from gatekeeper.config import load_config
 from gatekeeper.gate.baseline import publish_result
 from gatekeeper.key import target_key
+from gatekeeper.project import expand, load_config
 from gatekeeper.results import ReferenceOutputs, Results, TargetResult
 from gatekeeper.store import BundleLocation, baselines, maintenance, open_store
-from gatekeeper.targets import expand
 
 TARGET = "tiny/b4/default"
 MISSING = "s3://gk-no-such-bucket/gk"

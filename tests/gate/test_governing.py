@@ -15,6 +15,7 @@ from gatekeeper import report
 from gatekeeper.config import GateConfig, ModelConfig
 from gatekeeper.gate import governing
 from gatekeeper.gate import rules as gate
+from gatekeeper.project import definition
 from gatekeeper.results import BaseTarget, GraphBreak, Graphs, Paired, Work
 from gatekeeper.targets import Target
 
@@ -127,11 +128,11 @@ def test_a_target_new_in_the_change_has_no_baseline_whatever_the_store_holds():
 
 def test_a_redefined_target_says_what_changed_on_one_line():
     model = ModelConfig(name="m", factory="models:make", inputs=[{"shape": [1, 4]}])
-    old = Target(model, (), "default", False).definition()
+    old = definition(Target(model, (), "default", False))
     new_model = model.model_copy(
         update={"factory": "models:make_fast", "options": {"max_fusion_size": 1}}
     )
-    new = Target(new_model, (), "default", False).definition()
+    new = definition(Target(new_model, (), "default", False))
     pr = make_result(TARGET, seed=2, work=WORK)
     pr.definition = new
     paired(pr)
@@ -155,11 +156,11 @@ def test_definition_leaves_out_other_targets_axes_and_rules():
         regions=["layers.*"],
         gate={"work_regression": 1.0},
     )
-    whole = Target(model, (("batch", 1),), "default", False).definition()
+    whole = definition(Target(model, (("batch", 1),), "default", False))
     assert not {"name", "gate", "shapes", "strategies", "regions"} & set(whole)
     assert whole["shape_set"] == {"batch": 1} and whole["factory"] == "models:make"
     regional = Target(model, (("batch", 1),), "default", False, strategy="regional")
-    assert regional.definition()["regions"] == ["layers.*"]
+    assert definition(regional)["regions"] == ["layers.*"]
 
 
 def test_paired_columns_are_the_base_commits_and_stored_ones_are_labelled():

@@ -267,9 +267,10 @@ def eager_imports(name: str, top: str, root: Path = ROOT) -> list[int]:
     return sorted(lines)
 
 
-def reachable(start: Iterable[str], root: Path = ROOT) -> set[str]:
-    """``start`` and every module of the package they import, directly or not."""
-    graph = import_graph(root)
+def reachable(start: Iterable[str], root: Path = ROOT, type_checking: bool = False) -> set[str]:
+    """``start`` and every module of the package they import, directly or not (with
+    ``type_checking``, for types only too)."""
+    graph = import_graph(root, type_checking)
     seen: set[str] = set()
     todo = list(start)
     while todo:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ...boundary.protocol import Response
     from ...config import ModelConfig
     from ...targets import Target
-    from ...warm import WarmResult
+    from ...warmed import WarmResult
 
 # the worker's steps inside torch's AOTInductor: a signal there is torch's package failing
 # on this machine (or native code the package calls), so the target is `unavailable`

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ...boundary.protocol import Response
     from ...config import Config
     from ...targets import Target
-    from ...warm import WarmResult
+    from ...warmed import WarmResult
 
 log = logging.getLogger("gatekeeper.warm")
 
