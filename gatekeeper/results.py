@@ -283,7 +283,7 @@ class BaseTarget(_Doc):
 
     defined: bool
     rules: GateConfig | None = None  # the base's gate rules for it
-    definition: dict[str, Any] | None = None  # Target.definition() in the base's config
+    definition: dict[str, Any] | None = None  # project.definition(target) in the base's config
 
 
 class Export(_Doc):
