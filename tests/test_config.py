@@ -437,6 +437,7 @@ def test_cli_no_config_discovered(run_cli):
     assert "no config" in assert_one_error_line(err)
 
 
+@pytest.mark.e2e  # a worker or a fresh interpreter importing torch
 def test_cli_key_with_unimportable_factory(run_cli, tmp_path):
     path = write(tmp_path, "gatekeeper.toml", MODEL.replace("mymod:make", "nosuchmod:make"))
     code, out, err = run_cli("key", "--config", str(path))

@@ -114,6 +114,7 @@ def test_bad_requests_are_one_line(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
+@pytest.mark.e2e  # a worker or a fresh interpreter importing torch
 def test_no_gpu_is_one_line_and_exit_2(tmp_path):
     proc = smoke("--out", str(tmp_path), "--device", "cuda", cwd=ROOT)
     assert proc.returncode == 2

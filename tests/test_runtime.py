@@ -40,6 +40,7 @@ def _torch_imported(code: str, cwd: str | None = None) -> bool:
     return out.strip().splitlines()[-1] == "True"
 
 
+@pytest.mark.e2e  # a worker or a fresh interpreter importing torch
 def test_the_parent_side_never_imports_torch(tmp_path):
     assert not _torch_imported("pass")
     # commands that need no worker run without torch too
@@ -116,6 +117,7 @@ def test_load_aot_refuses_a_package_that_is_not_verified(config, tmp_path):
         load_aot(config, "mlp/b1/default+aot", cache_dir=tmp_path)
 
 
+@pytest.mark.e2e  # a worker or a fresh interpreter importing torch
 def test_the_default_cache_dir_is_inductors(tmp_path):
     code = textwrap.dedent("""
         import sys

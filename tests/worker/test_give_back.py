@@ -46,6 +46,7 @@ def _glibc() -> bool:
 
 
 @pytest.mark.skipif(not _glibc(), reason="glibc's malloc_trim only")
+@pytest.mark.e2e  # a worker or a fresh interpreter importing torch
 def test_the_heaps_freed_pages_go_back_to_the_kernel() -> None:
     def returned(how: str) -> int:
         out = subprocess.run(

@@ -286,6 +286,7 @@ def test_paired_forward_halves_mirror_each_other_and_memory_is_measured_before_t
     assert len(paired["samples"]) == len(lat["samples"]["compiled"]) >= 5
 
 
+@pytest.mark.e2e  # a worker or a fresh interpreter importing torch
 def test_paired_training_steps_are_timed_in_two_halves_each_side_compiled_first_in_one():
     """measure_calls, which times forwards and training steps alike, compiles both sides
     again before the timed rounds (head first) and halfway through them (base first), so

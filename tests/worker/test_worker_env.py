@@ -9,6 +9,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
 from support.helpers import TINY_CONFIG, TINY_MODEL, gk, write_project
 
 SPY_MODEL = TINY_MODEL.replace(
@@ -58,6 +59,7 @@ KEPT = {
 }
 
 
+@pytest.mark.e2e  # a worker or a fresh interpreter importing torch
 def test_a_factory_cannot_see_the_secrets(tmp_path: Path) -> None:
     config = TINY_CONFIG.replace('store = "store"', 'store = "store"\npass_env = ["MY_*"]')
     project = write_project(tmp_path / "p", SPY_MODEL, config)
