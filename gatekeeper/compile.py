@@ -208,7 +208,7 @@ def compile_target(
     with scratch_dir("gk-compile-") as tmp:
         cache_dir = Path(tmp, "cache")
         seed = None
-        if match is not None and not cold and kind.ships_cache:
+        if match is not None and not cold and kinds.ships_cache(kind):
             seed = _seed(target, store, match, cache_dir, Path(tmp))
         packages = kinds.packages_of(target, config)
         outs = {p.name: p.out(Path(tmp)) for p in packages if p.refusal(target) is None}

@@ -397,9 +397,9 @@ def verified_aot(
 ) -> VerifiedAot:
     """``target``'s installed package, verified (see :func:`load_aot`) into a private
     copy; loaded by :meth:`VerifiedAot.load`."""
-    from .kinds import get
+    from .kinds import get, target_id
 
-    wanted = get("aot").target_id(target)
+    wanted = target_id(get("aot"), target)
     where = package_dir(Path(cache_dir) if cache_dir else inductor_cache_dir(), wanted)
     try:  # the config is read only to say what is wrong: a deploy's load stays light
         info = json.loads((where / INFO).read_text())

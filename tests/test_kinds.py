@@ -73,7 +73,7 @@ def test_a_registered_kind_names_and_keys_its_targets(toy, tmp_path):
     assert kinds.of(t) is toy and compile_spec(t)["strategy"] == "toy"
     assert "strategy" not in compile_spec(targets["m/fixed/default"])  # keys stay as they were
     assert not {"regions", "export"} & set(definition(t))
-    assert kinds.of_id(t.id) is toy and toy.target_id("m/fixed/default") == t.id
+    assert kinds.of_id(t.id) is toy and kinds.target_id(toy, "m/fixed/default") == t.id
     precompile = kinds.package("precompile")
     assert [p.name for p in kinds.packages_of(t, cfg)] == ["precompile"]
     assert precompile.refusal(t) == "a toy target carries no precompile package"

@@ -238,7 +238,7 @@ def measure(
         if paired is not None and base is not None
         else None,
         # a package serves the shape it was built for (a dynamic one: all of them)
-        sweep=config.measure.shape_sweep and kind.sweeps,
+        sweep=config.measure.shape_sweep and kinds.ships_cache(kind),
         load=head.package(),
     )
     return run_or_fail(

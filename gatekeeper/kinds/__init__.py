@@ -192,3 +192,28 @@ def packages_of(target: Target, config: Config) -> list[Package]:
     kind = of(target)
     own = [kind.package] if kind.package is not None else []
     return own + [p for p in packages() if not p.standalone and p.wanted(target, config)]
+
+
+def ships_cache(kind: Kind) -> bool:
+    """Whether ``kind``'s bundles carry the compile's cache dir, a compile starts from
+    the previous bundle's and ``check`` sweeps the model's other shape sets: not when a
+    deploy loads its package instead (it serves the shapes it was built for)."""
+    return kind.package is None or not kind.package.standalone
+
+
+def refuses(kind: Kind, package: str) -> str | None:
+    """Why a target of ``kind`` carries no ``package`` (None: it may)."""
+    if package in kind.carries:
+        return None
+    return kind.refusals.get(package, f"a {kind.name} target carries no {package} package")
+
+
+def target_id(kind: Kind, target: str) -> str:
+    """A target id of ``kind``, from one given with or without its ``+name``."""
+    suffix = "" if kind.name == DEFAULT else f"+{kind.name}"
+    return target if target.endswith(suffix) else f"{target}{suffix}"
+
+
+def label(kind: Kind, mode: str) -> str:
+    """``default``, ``default+regional``: a mode and ``kind``, as the report names a row."""
+    return mode if kind.name == DEFAULT else f"{mode}+{kind.name}"

@@ -85,18 +85,6 @@ class Kind:
         other kinds' (the default kind adds nothing: existing keys stay valid)."""
         return {"strategy": self.name}
 
-    @property
-    def ships_cache(self) -> bool:
-        """Whether its bundles carry the compile's cache dir (and a compile starts from
-        the previous bundle's): not when a deploy loads its package instead."""
-        return self.package is None or not self.package.standalone
-
-    @property
-    def sweeps(self) -> bool:
-        """Whether ``check`` runs the model's other shape sets after the first compile
-        (not when a package serves the shapes it was built for)."""
-        return self.ships_cache
-
     # -- the worker -----------------------------------------------------------------
     def launch(self, model: ModelConfig) -> Launch:
         """How the worker that builds a target of this kind of ``model`` runs: its
@@ -109,23 +97,6 @@ class Kind:
         """A worker of this kind killed by a signal: the one line of an ``unavailable``
         target when the death is this kind's own on this machine (None: an error)."""
         return None
-
-    # -- bundles --------------------------------------------------------------------
-    def refuses(self, package: str) -> str | None:
-        """Why a target of this kind carries no ``package`` (None: it may)."""
-        if package in self.carries:
-            return None
-        return self.refusals.get(package, f"a {self.name} target carries no {package} package")
-
-    def target_id(self, target: str) -> str:
-        """A target id of this kind, from one given with or without its ``+name``."""
-        suffix = "" if self.name == DEFAULT else f"+{self.name}"
-        return target if target.endswith(suffix) else f"{target}{suffix}"
-
-    def label(self, mode: str) -> str:
-        """``default``, ``default+regional``: a mode and this kind, as the report names
-        a row."""
-        return mode if self.name == DEFAULT else f"{mode}+{self.name}"
 
     def __repr__(self) -> str:
         return f"<kind {self.name}>"
@@ -229,17 +200,6 @@ class Package:
         """What the probe's first compiled call (``dynamo``: ``skipped`` or ``traced``)
         says of a package warm served."""
 
-    def deploy_gate(self, info: dict, hit: bool) -> tuple[str, str] | None:
-        """Why a deploy may not serve the bundle's package: (status, reason); None when
-        it may (this code's bundle, verified by a check)."""
-        if not hit:
-            return "unverified", "the bundle is another version's: its package is not served"
-        if info.get("verified") is not True:
-            check = info.get("check") or {}
-            status = "rejected" if info.get("verified") is False else "unverified"
-            return status, check.get("reason") or "no check has verified it yet"
-        return None
-
     # -- check ----------------------------------------------------------------------
     def staged(self, result: WarmResult, stage: Path, cache_dir: Path) -> Path | None:
         """What a check's worker loads of it, once warm restored the bundle into
@@ -269,3 +229,16 @@ def verdict_line(doc: dict[str, Any]) -> tuple[str, str | None]:
     if isinstance(first, (int, float)):
         said += f", first call {units.seconds(first)} in a new process"
     return said, doc.get("reason")
+
+
+def deploy_gate(info: dict, hit: bool) -> tuple[str, str] | None:
+    """Why a deploy may not serve a bundle's package (``info``: its compile section):
+    (status, reason); None when it may: this code's bundle, verified by a check. One
+    rule for every package, not a member a package could loosen."""
+    if not hit:
+        return "unverified", "the bundle is another version's: its package is not served"
+    if info.get("verified") is not True:
+        check = info.get("check") or {}
+        status = "rejected" if info.get("verified") is False else "unverified"
+        return status, check.get("reason") or "no check has verified it yet"
+    return None

@@ -39,7 +39,7 @@ class ModeFigures:
     @property
     def label(self) -> str:
         """``default``, ``default+regional``, ``max-autotune+aot``."""
-        return self.kind.label(self.mode)
+        return kinds.label(self.kind, self.mode)
 
     @property
     def loads_package(self) -> bool:
@@ -138,7 +138,7 @@ def advise(results: list[TargetResult]) -> list[Advice]:
         if f is not None:
             groups.setdefault(key, []).append(f)
         else:
-            label = kinds.get(strategy).label(mode)
+            label = kinds.label(kinds.get(strategy), mode)
             why = r.export.says() if r.export is not None else (r.error or r.status)
             missing.setdefault(key, []).append((label, why))
     out = []

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import units
 from ...runtime import AOT_MEMBER, INFO, MANIFEST, PACKAGE, package_dir
-from ..base import Kind, Package, Serve, Warming
+from ..base import Kind, Package, Serve, Warming, deploy_gate
 
 if TYPE_CHECKING:
     from ...boundary.breadcrumbs import Death
@@ -89,7 +89,7 @@ class AotPackage(Package):
         dest = package_dir(cache_dir, result.target)
         info = self.info(manifest)
         state = result.package(self.name)
-        refused = self.deploy_gate(info, hit)
+        refused = deploy_gate(info, hit)
         if not package.is_file():
             state.status, state.reason = "missing", info.get("reason") or "the bundle has none"
         elif refused is not None:

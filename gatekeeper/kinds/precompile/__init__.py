@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ... import bundle
 from ...runtime import ISA_ENV, PRECOMPILE_ENV
 from .. import of_id
-from ..base import Package, Warming
+from ..base import Package, Warming, deploy_gate
 
 if TYPE_CHECKING:
     from ...boundary.protocol import Response
@@ -79,9 +79,9 @@ class Precompile(Package):
                 "a distributed target's ranks warm from the compile cache: a package "
                 "is recorded per process, and no rank may skip Dynamo while another traces"
             )
-        from .. import of
+        from .. import of, refuses
 
-        return of(target).refuses(self.name)
+        return refuses(of(target), self.name)
 
     def pack(
         self, target: Target, resp: Response, out: Path | None, cache_dir: Path
@@ -121,7 +121,7 @@ class Precompile(Package):
             return False
         if w.serve == "never":
             return False
-        if w.serve == "verified" and (refused := self.deploy_gate(info, w.hit)):
+        if w.serve == "verified" and (refused := deploy_gate(info, w.hit)):
             state.status, state.reason = refused
             return False
         if taken := found & w.claimed:
