@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -408,3 +410,37 @@ def test_the_regional_kinds_compiled_copy_shares_the_models_weights():
     assert model.mid._compiled_call_impl is None and twin.mid._compiled_call_impl is not None
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(twin(ids), model(ids))
+
+
+class _SequentialMlp(nn.Module):
+    """A block whose MLP region is a bare ``nn.Sequential`` (torch's own forward), as
+    examples/tiny_models.py's transformer block had it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.inp(x)).sum(-1)
+
+
+def test_a_region_whose_forward_is_torchs_own_is_compiled_and_explained():
+    """``nn.Sequential.compile()`` captured no graph (Dynamo skips a frame of torch's
+    own files it starts in): the example's ``regions = ["mlp"]`` ran eager, 0 graphs, an
+    empty bundle. The region now compiles through a function of gatekeeper's, and check's
+    graph count sees its graph too."""
+    from torch._dynamo.utils import counters
+
+    from gatekeeper.kinds.regional.worker import compile_regions, regional_graphs
+
+    cfg = ModelConfig(name="m", factory="m:make", inputs=[{"shape": [2, 4]}], regions=["mlp"])
+    model, x = _SequentialMlp(), torch.randn(2, 4)
+    expected = model(x)
+    torch._dynamo.reset()
+    counters.clear()
+    ((name, block),) = compile_regions(model, cfg, {"backend": "eager"})
+    assert name == "mlp" and torch.allclose(model(x), expected)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    graphs = regional_graphs(_SequentialMlp(), cfg, Inputs((x,), {}), Path("."), nullcontext)
+    assert graphs["count"] == 1 and graphs["breaks"] == 0

@@ -63,13 +63,38 @@ def find_regions(model: torch.nn.Module, cfg: ModelConfig) -> list[tuple[str, to
     return [(n, m) for n, m in found if not any(n.startswith(o + ".") for o in names if o != n)]
 
 
+def torch_forward(block: torch.nn.Module) -> bool:
+    """Whether ``block``'s forward is torch's own (``nn.Sequential``, ``nn.Linear``):
+    Dynamo skips a frame of torch's files it starts in, so ``block.compile()`` of such
+    a block captures no graph and the region runs eager."""
+    return type(block).forward.__module__.split(".")[0] == "torch"
+
+
+def traced(block: torch.nn.Module) -> Callable[..., Any]:
+    """What Dynamo starts tracing a block at: the block itself, or for a block whose
+    forward is torch's own a function of this file that calls it (Dynamo traces this
+    frame and inlines torch's forward; blocks of one class still share one graph)."""
+    if not torch_forward(block):
+        return block
+    forward = block.forward
+
+    def region(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    return region
+
+
 def compile_regions(
     model: torch.nn.Module, cfg: ModelConfig, kwargs: dict[str, Any]
 ) -> list[tuple[str, torch.nn.Module]]:
-    """Compile every block of ``model`` in place (``module.compile(**kwargs)``)."""
+    """Compile every block of ``model`` in place: ``module.compile(**kwargs)``, or its
+    ``forward`` through :func:`traced` when that is torch's own."""
     blocks = find_regions(model, cfg)
     for _, block in blocks:
-        block.compile(**kwargs)
+        if torch_forward(block):
+            block.forward = torch.compile(traced(block), **kwargs)
+        else:
+            block.compile(**kwargs)
     return blocks
 
 
@@ -108,7 +133,7 @@ def regional_graphs(
 
     total: dict = {"count": 0, "breaks": 0, "break_reasons": []}
     for block, args, kwargs in block_inputs(model, cfg, inputs, context):
-        g = graph_breaks(block, Inputs(args, kwargs), base_dir, context=context)
+        g = graph_breaks(traced(block), Inputs(args, kwargs), base_dir, context=context)
         total["count"] += g["count"]
         total["breaks"] += g["breaks"]
         total["break_reasons"] += g["break_reasons"]
