@@ -110,8 +110,10 @@ def git(root: Path, *args: str) -> None:
     )
 
 
-def gk_json(*args: str, cwd: Path, env: dict | None = None, expect: int = 0) -> dict:
-    proc = gk(*args, "--json", cwd=cwd, env=env)
+def gk_json(
+    *args: str, cwd: Path, env: dict | None = None, expect: int = 0, timeout: float = 600
+) -> dict:
+    proc = gk(*args, "--json", cwd=cwd, env=env, timeout=timeout)
     assert proc.returncode == expect, proc.stderr
     return json.loads(proc.stdout)
 
