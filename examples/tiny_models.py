@@ -40,21 +40,6 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
-class FeedForward(nn.Sequential):
-    """The block's MLP (``mlp.0``, ``mlp.1``, ``mlp.2`` as an ``nn.Sequential``), the
-    region its regional target compiles. Its forward is this file's code, so Dynamo
-    traces it: ``Module.compile`` of a bare ``nn.Sequential`` captures no graph (Dynamo
-    skips torch's own ``forward`` frames)."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self:
-            x = layer(x)
-        return x
-
-
 class TransformerBlock(nn.Module):
     """A pre-norm block over token ids: embedding, causal self-attention, MLP, logits."""
 
@@ -63,7 +48,7 @@ class TransformerBlock(nn.Module):
         self.embed = nn.Embedding(vocab, d)
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = FeedForward(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
         self.out = nn.Linear(d, vocab)
         self.heads = heads
 

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 from support.helpers import gk_json
 
-from gatekeeper.config import load_config
-from gatekeeper.targets import expand
+from gatekeeper.project import expand, load_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONFIG = EXAMPLES / "gatekeeper.toml"
