@@ -3,7 +3,7 @@ compiled and warmed (issue 42), so a target that silently stops compiling or war
 fails here by name.
 
 One ``gatekeeper compile`` of every target into a local store (the module's only
-compile: about 25 minutes on 2 cores, the aot targets the slowest), then one
+compile: about 16 minutes on an idle 2-core CPU, the aot targets the slowest), then one
 ``gatekeeper warm`` into an empty cache dir, as a deploy runs it. Each target's test
 reads those two runs: its bundle published and in the store, its compile captured a
 graph (or, for ``+aot``, packaged its AOTInductor package), and its warm a ``hit`` that
