@@ -27,7 +27,7 @@ pytest_plugins = ["support.s3_server", "support.github_server"]
 
 TESTS = Path(__file__).parent
 SLOWEST = (  # CI's --durations (2 workers, PR 42's run) and single-file runs, longest first
-    "e2e/test_example_config.py",  # one compile of the example's 38 targets: ~25 min
+    "e2e/test_example_config.py",  # one compile of the example's 38 targets: ~16 min idle
     "e2e/test_quantize.py",  # ~16 min alone under load: it must not start last
     "e2e/test_distributed.py",
     "e2e/test_base_as_it_was.py",

@@ -269,7 +269,7 @@ def _parity_table(r: TargetResult) -> str | None:
         f"Outputs compared: {md_code(out.structure)}, {out.leaves} leaves "
         f"({out.tensors} tensors, {out.elements:,} numbers)"
     ]
-    parts += [f"{md_code(path)}: {md_code(kind)}" for path, kind in out.containers.items()]
+    parts += [f"{md_code(path)}: {md_code(name)}" for path, name in out.containers.items()]
     return table + "\n\n" + "; ".join(parts) + "."
 
 
