@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import facts_cache
 from .aot_files import AOT_HOME as AOT_HOME
 from .aot_files import AOT_MEMBER as AOT_MEMBER
 from .aot_files import INFO as INFO
@@ -66,35 +67,59 @@ def device_mesh() -> Any:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` → ``cuda`` where torch sees a CUDA device, else ``cpu``; a configured
-    ``cuda`` without one is a config error."""
-    import torch
-
+    """``auto`` → ``cuda`` where torch sees a CUDA device, else ``cpu`` (remembered by
+    :mod:`gatekeeper.facts_cache` when ``cpu``); a configured ``cuda`` without one is a
+    config error."""
     from .errors import ConfigError
 
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} is configured but no CUDA device is available")
+        if facts_cache.recall("auto") == "cpu":
+            return "cpu"
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda"
+        facts_cache.remember("auto", "cpu")
+        return "cpu"
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} is configured but no CUDA device is available")
     return device
 
 
 def torch_facts(device: str) -> dict[str, Any]:
     """What torch says about this machine that decides whether compiled artifacts can
-    be reused here: its build, and the GPU or the CPU's capability and threads."""
+    be reused here: its build, and the GPU or the CPU's capability and threads (the
+    CPU's remembered by :mod:`gatekeeper.facts_cache`)."""
+    cpu = not device.startswith("cuda")
+    if cpu and _cpu_facts(remembered := facts_cache.recall("facts:cpu")):
+        return dict(remembered)
     import torch
 
     facts: dict[str, Any] = {"torch": torch.__version__, "torch_git": torch.version.git_version}
-    if device.startswith("cuda"):
+    if not cpu:
         props = torch.cuda.get_device_properties(torch.device(device).index or 0)
         facts.update(gpu_facts(props, torch.version.cuda, torch.version.hip))
-    else:
-        facts.update(
-            device="cpu",
-            cpu_capability=torch.backends.cpu.get_cpu_capability().lower(),
-            threads=torch.get_num_threads(),
-        )
+        return facts
+    facts.update(
+        device="cpu",
+        cpu_capability=torch.backends.cpu.get_cpu_capability().lower(),
+        threads=torch.get_num_threads(),
+    )
+    facts_cache.remember("facts:cpu", facts)
     return facts
+
+
+def _cpu_facts(doc: Any) -> bool:
+    """Whether a remembered answer has the shape :func:`torch_facts` gives of a CPU."""
+    if not isinstance(doc, dict) or doc.get("device") != "cpu":
+        return False
+    strings = ("torch", "torch_git", "cpu_capability")
+    return set(doc) == {*strings, "device", "threads"} and (
+        all(isinstance(doc[k], str) for k in strings) and type(doc["threads"]) is int
+    )
 
 
 def gpu_facts(props: Any, cuda: str | None, hip: str | None) -> dict[str, Any]:

@@ -146,6 +146,8 @@ def _first_calls(
     with torch.no_grad():
         for _ in range(3):  # cudagraph trees record on a later call; run until settled
             calls.append(first_call(compiled, inputs, req.device, kind.first_step)[1])
+    if built.after_first_calls is not None:
+        built.after_first_calls()
     calls[0] += wrap + imports
     resp = Response(
         ok=True,

@@ -444,3 +444,43 @@ def test_a_region_whose_forward_is_torchs_own_is_compiled_and_explained():
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     graphs = regional_graphs(_SequentialMlp(), cfg, Inputs((x,), {}), Path("."), nullcontext)
     assert graphs["count"] == 1 and graphs["breaks"] == 0
+
+
+class _TwoKinds(nn.Module):
+    """Two repeated block classes in one list; the forward calls only the first kind
+    (``skip`` is never called)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.skip = nn.ModuleList([nn.Tanh(), nn.Tanh()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_region_the_model_never_calls_is_a_config_error_naming_it():
+    """A named region the forward never calls compiled nothing: the regional bundle held
+    nothing of it, and nothing said so. The first calls now end in a config error naming
+    it; the default regions (every repeated block) are an error only when none ran."""
+    from gatekeeper.errors import ConfigError
+    from gatekeeper.kinds.regional.worker import compile_regions, uncalled
+
+    def compiled(regions: list[str] | None, *, call: bool = True) -> None:
+        cfg = ModelConfig(name="m", factory="m:make", inputs=[{"shape": [2, 4]}], regions=regions)
+        model, called = _TwoKinds(), set()
+        blocks = compile_regions(model, cfg, {"backend": "eager"}, called)
+        for _ in range(2 if call else 0):  # the hooks remove themselves after one call
+            model(torch.randn(2, 4))
+        assert called == ({"blocks.0", "blocks.1"} & dict(blocks).keys() if call else set())
+        uncalled(blocks, called, cfg)
+
+    compiled(["blocks.*"])
+    compiled(None)  # default: blocks.* and skip.* (both repeated); blocks ran
+    with pytest.raises(ConfigError, match=r"regions: skip\.0, skip\.1: never called by"):
+        compiled(["blocks.0", "skip.*"])
+    never = r"regions: blocks\.0, blocks\.1, skip\.0 and 1 more: never called by forward of model"
+    with pytest.raises(ConfigError, match=never):
+        compiled(None, call=False)

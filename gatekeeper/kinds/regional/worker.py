@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,17 +86,41 @@ def traced(block: torch.nn.Module) -> Callable[..., Any]:
 
 
 def compile_regions(
-    model: torch.nn.Module, cfg: ModelConfig, kwargs: dict[str, Any]
+    model: torch.nn.Module, cfg: ModelConfig, kwargs: dict[str, Any], called: set[str] | None = None
 ) -> list[tuple[str, torch.nn.Module]]:
     """Compile every block of ``model`` in place: ``module.compile(**kwargs)``, or its
-    ``forward`` through :func:`traced` when that is torch's own."""
+    ``forward`` through :func:`traced` when that is torch's own. ``called``: each
+    block's name is added when it first runs (a hook that then removes itself)."""
     blocks = find_regions(model, cfg)
-    for _, block in blocks:
+    for name, block in blocks:
+        if called is not None:
+            _note_first_call(block, name, called)
         if torch_forward(block):
             block.forward = torch.compile(traced(block), **kwargs)
         else:
             block.compile(**kwargs)
     return blocks
+
+
+def _note_first_call(block: torch.nn.Module, name: str, called: set[str]) -> None:
+    def hook(*_: Any) -> None:
+        called.add(name)
+        handle.remove()
+
+    handle = block.register_forward_pre_hook(hook)
+
+
+def uncalled(blocks: list[tuple[str, torch.nn.Module]], called: set[str], cfg: ModelConfig) -> None:
+    """A config error where the model's first calls ran a block ``regions`` named, or
+    (the default regions) none of its blocks: a block not called compiles nothing, and
+    its part of the bundle would be empty without a word."""
+    missed = [n for n, _ in blocks if n not in called]
+    if missed and (cfg.regions or len(missed) == len(blocks)):
+        names = ", ".join(missed[:3]) + (f" and {len(missed) - 3} more" if len(missed) > 3 else "")
+        raise ConfigError(
+            f"regions: {names}: never called by {cfg.call or 'forward'} of model {cfg.name!r}; "
+            "a block the model does not call compiles nothing (name blocks it calls)"
+        )
 
 
 def block_inputs(
@@ -154,8 +179,10 @@ class Regional(Builder):
     def compiled(self, job: Job) -> tuple[Callable[..., Any], Built]:
         cfg, req = job.req.model, job.req
         target = shared_copy(job.model) if job.keep_eager else job.model
-        blocks = compile_regions(target, cfg, compile_kwargs(cfg, req.mode, req.dynamic))
-        return entry(target, cfg.call), Built(regions=[n for n, _ in blocks])
+        called: set[str] = set()
+        blocks = compile_regions(target, cfg, compile_kwargs(cfg, req.mode, req.dynamic), called)
+        check = partial(uncalled, blocks, called, cfg)
+        return entry(target, cfg.call), Built(after_first_calls=check)
 
     def graphs(self, model: Any, req: Build, inputs: Inputs, context: Callable[[], Any]) -> dict:
         """Its blocks', one of each class."""

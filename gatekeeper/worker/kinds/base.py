@@ -47,11 +47,13 @@ class Job:
 @dataclass
 class Built:
     """What a kind's build did besides returning the callable: torch.export's outcome,
-    and its package's document (built or loaded: ``from``, seconds, bytes)."""
+    its package's document (built or loaded: ``from``, seconds, bytes), and what to
+    check once the compile's first calls ran (raises :class:`~gatekeeper.errors.ConfigError`
+    when they compiled less than the config asked)."""
 
     export: dict[str, Any] | None = None
     package: dict[str, Any] | None = None
-    regions: list[str] = field(default_factory=list)
+    after_first_calls: Callable[[], None] | None = None
 
 
 class Builder:

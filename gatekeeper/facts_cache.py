@@ -1,0 +1,117 @@
+"""What this machine's torch said about its CPU, remembered between commands, so that a
+parent process keys a bundle without importing torch (about 3.5 CPU-seconds, most of
+what a command that finds its bundles costs).
+
+:func:`gatekeeper.runtime.torch_facts` and :func:`~gatekeeper.runtime.resolve_device`
+ask here first. An answer is kept under a fingerprint of everything it follows from,
+read without importing torch: the interpreter, torch's installed files (the path, size
+and time of its ``__init__.py``, ``version.py`` and CPU library), the CPU (its model and
+flags, the CPUs this process may run on), the GPU device nodes present and the variables
+torch's thread count, CPU dispatch and device discovery read. Any change to one of them
+is a new fingerprint, and torch is asked again. Only CPU answers are kept: where torch
+sees a GPU it is asked every time.
+
+The answers live in the user's cache dir (``$XDG_CACHE_HOME/gatekeeper/torch-facts/``,
+outside every folder a worker's box may write: docs/hardening.md). A file that cannot be
+read or has the wrong shape is ignored; ``GATEKEEPER_FACTS_CACHE=off`` asks torch always.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+# what torch's thread count, CPU dispatch and device discovery read from the environment
+_ENV_PREFIXES = (
+    "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ATEN_", "CUDA_", "HIP_", "ROCR_",
+    "PYTORCH_", "TORCH_",
+)  # fmt: skip
+_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+_TORCH_FILES = ("__init__.py", "version.py", "lib/libtorch_cpu.so", "lib/libtorch_cpu.dylib")
+
+
+def enabled() -> bool:
+    return os.environ.get("GATEKEEPER_FACTS_CACHE", "").strip().lower() not in ("off", "0")
+
+
+def folder() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gatekeeper" / "torch-facts"
+
+
+def _cpu() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return [platform.processor()]
+    wanted = ("model name", "flags", "Features", "CPU part", "CPU implementer")
+    return sorted({ln.strip() for ln in text.splitlines() if ln.split(":")[0].strip() in wanted})
+
+
+def fingerprint() -> str | None:
+    """A hash of what torch's CPU answers follow from; None where torch is not installed."""
+    spec = importlib.util.find_spec("torch")  # finds, does not import
+    if spec is None or spec.origin is None:
+        return None
+    root = Path(spec.origin).parent
+    files = []
+    for name in _TORCH_FILES:
+        with contextlib.suppress(OSError):
+            st = (root / name).stat()
+            files.append([name, st.st_size, st.st_mtime_ns, st.st_ino])
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    doc = {
+        "version": VERSION,
+        "python": [os.path.realpath(sys.executable), sys.version],
+        "torch": [str(root), files],
+        "cpu": [platform.machine(), os.cpu_count(), affinity, _cpu()],
+        "gpu_nodes": [p for p in _GPU_NODES if os.path.exists(p)],
+        "env": sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _path() -> Path | None:
+    if not enabled() or (fp := fingerprint()) is None:
+        return None
+    return folder() / f"{fp}.json"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def recall(question: str) -> Any:
+    """The remembered answer to ``question`` (``auto``: the device ``auto`` resolves to;
+    ``facts:cpu``: :func:`~gatekeeper.runtime.torch_facts` of the CPU), or None."""
+    path = _path()
+    return None if path is None else _read(path).get(question)
+
+
+def remember(question: str, answer: Any) -> None:
+    """Keep ``answer``; a cache dir that cannot be written is left as it is."""
+    if (path := _path()) is None:
+        return
+    doc = _read(path) | {question: answer}
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".facts-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, sort_keys=True)
+            os.replace(tmp, path)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
