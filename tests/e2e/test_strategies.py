@@ -344,3 +344,53 @@ def test_load_aot_loads_the_bytes_it_verified_not_what_the_path_holds_later(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "model.pt2 unreadable" in proc.stdout, proc.stdout
+
+
+UNCALLED = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(16, 16)
+        self.spare = nn.Linear(16, 16)  # named in regions, never called
+
+    def forward(self, x):
+        return torch.relu(self.body(x))
+
+
+def make():
+    return Model()
+"""
+
+
+def test_a_region_the_model_never_calls_stops_compile_and_check_naming_it(tmp_path: Path):
+    """It compiled nothing and published a bundle without its graph; compile and check
+    now end the target in a one-line config error (exit 2) naming the block, in the
+    compile's first calls and in check's (which compiles without a bundle)."""
+    config = textwrap.dedent("""
+        [tool.gatekeeper]
+        store = "store"
+        precompile = "off"
+
+        [tool.gatekeeper.measure]
+        warmup = 1
+        min_time = 0.1
+
+        [[tool.gatekeeper.models]]
+        name = "m"
+        factory = "uncalled:make"
+        backend = "eager"
+        inputs = [{ shape = [2, 16] }]
+        strategies = ["regional"]
+        regions = ["body", "spare"]
+    """)
+    root = write_project(tmp_path / "p", UNCALLED, config)
+    (root / "tinymodel.py").rename(root / "uncalled.py")
+    said = "regions: spare: never called by forward of model 'm'"
+    for verb in (["compile"], ["check", "--mode", "stored"]):
+        proc = gk(*verb, cwd=root)
+        assert proc.returncode == 2 and said in proc.stdout + proc.stderr, proc.stderr
+    assert not list((root / "store").rglob("*.tar*")), "nothing published"

@@ -111,9 +111,9 @@ def _note_first_call(block: torch.nn.Module, name: str, called: set[str]) -> Non
 
 
 def uncalled(blocks: list[tuple[str, torch.nn.Module]], called: set[str], cfg: ModelConfig) -> None:
-    """A config error where the model's first calls ran a block ``regions`` named, or
-    (the default regions) none of its blocks: a block not called compiles nothing, and
-    its part of the bundle would be empty without a word."""
+    """A config error where the model's first calls did not run a block ``regions``
+    names, or (the default regions) ran none of its blocks: a block not called compiles
+    nothing, and its part of the bundle would be empty without a word."""
     missed = [n for n, _ in blocks if n not in called]
     if missed and (cfg.regions or len(missed) == len(blocks)):
         names = ", ".join(missed[:3]) + (f" and {len(missed) - 3} more" if len(missed) > 3 else "")
