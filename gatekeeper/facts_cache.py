@@ -31,9 +31,10 @@ from typing import Any
 
 VERSION = 1
 # what torch's thread count, CPU dispatch and device discovery read from the environment
+# (and which libraries it loads: another OpenMP runtime counts threads its own way)
 _ENV_PREFIXES = (
     "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "ATEN_", "CUDA_", "HIP_", "ROCR_",
-    "PYTORCH_", "TORCH_",
+    "PYTORCH_", "TORCH_", "LD_LIBRARY_PATH", "LD_PRELOAD",
 )  # fmt: skip
 _GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 _TORCH_FILES = ("__init__.py", "version.py", "lib/libtorch_cpu.so", "lib/libtorch_cpu.dylib")
