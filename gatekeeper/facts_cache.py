@@ -5,11 +5,11 @@ what a command that finds its bundles costs).
 :func:`gatekeeper.runtime.torch_facts` and :func:`~gatekeeper.runtime.resolve_device`
 ask here first. An answer is kept under a fingerprint of everything it follows from,
 read without importing torch: the interpreter, torch's installed files (the path, size
-and time of its ``__init__.py``, ``version.py`` and CPU library), the CPU (its model and
-flags, the CPUs this process may run on), the GPU device nodes present and the variables
-torch's thread count, CPU dispatch and device discovery read. Any change to one of them
-is a new fingerprint, and torch is asked again. Only CPU answers are kept: where torch
-sees a GPU it is asked every time.
+and time of its ``__init__.py``, ``version.py`` and CPU library, and what ``version.py``
+says), the CPU (its model and flags, the CPUs this process may run on), the GPU device
+nodes present and the variables torch's thread count, CPU dispatch and device discovery
+read. Any change to one of them is a new fingerprint, and torch is asked again. Only CPU
+answers are kept: where torch sees a GPU it is asked every time.
 
 The answers live in the user's cache dir (``$XDG_CACHE_HOME/gatekeeper/torch-facts/``,
 outside every folder a worker's box may write: docs/hardening.md). A file that cannot be
@@ -64,11 +64,13 @@ def fingerprint() -> str | None:
     if spec is None or spec.origin is None:
         return None
     root = Path(spec.origin).parent
-    files = []
+    files: list[list[object]] = []
     for name in _TORCH_FILES:
         with contextlib.suppress(OSError):
             st = (root / name).stat()
             files.append([name, st.st_size, st.st_mtime_ns, st.st_ino])
+    with contextlib.suppress(OSError):  # its version and git hash, whatever the times say
+        files.append(["version.py", hashlib.sha256((root / "version.py").read_bytes()).hexdigest()])
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     doc = {
         "version": VERSION,

@@ -83,3 +83,24 @@ def test_an_unwritable_cache_dir_is_left_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert runtime.torch_facts("cpu")["device"] == "cpu"
     assert facts_cache.recall("facts:cpu") is None
+
+
+def test_another_torch_build_of_the_same_size_and_time_is_a_new_fingerprint(tmp_path, monkeypatch):
+    """Images that set every file's time alike: two builds of one version differ only in
+    version.py's git hash, which the fingerprint reads."""
+    import importlib.machinery
+
+    torch_dir = tmp_path / "torch"
+    torch_dir.mkdir()
+    (torch_dir / "__init__.py").write_text("")
+    version = torch_dir / "version.py"
+    spec = importlib.machinery.ModuleSpec("torch", None, origin=str(torch_dir / "__init__.py"))
+    monkeypatch.setattr(facts_cache.importlib.util, "find_spec", lambda name: spec)
+
+    def build(git: str) -> str | None:
+        version.write_text(f"__version__ = '2.13.0+cpu'\ngit_version = '{git}'\n")
+        os.utime(version, ns=(0, 0))
+        return facts_cache.fingerprint()
+
+    assert build("a" * 40) == build("a" * 40)
+    assert build("a" * 40) != build("b" * 40)
