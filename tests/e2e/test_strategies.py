@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.helpers import gk, gk_json, write_project
+from support.helpers import gk, gk_json, parity_only_config, write_project
 
 from gatekeeper import bundle
 from gatekeeper.runtime import MANIFEST, package_dir
@@ -370,26 +370,10 @@ def test_a_region_the_model_never_calls_stops_compile_and_check_naming_it(tmp_pa
     """It compiled nothing and published a bundle without its graph; compile and check
     now end the target in a one-line config error (exit 2) naming the block, in the
     compile's first calls and in check's (which compiles without a bundle)."""
-    config = textwrap.dedent("""
-        [tool.gatekeeper]
-        store = "store"
-        precompile = "off"
-
-        [tool.gatekeeper.measure]
-        warmup = 1
-        min_time = 0.1
-
-        [[tool.gatekeeper.models]]
-        name = "m"
-        factory = "uncalled:make"
-        backend = "eager"
-        inputs = [{ shape = [2, 16] }]
-        strategies = ["regional"]
-        regions = ["body", "spare"]
-    """)
+    config = parity_only_config("[{ batch = 2 }]")
+    config += 'backend = "eager"\nstrategies = ["regional"]\nregions = ["body", "spare"]\n'
     root = write_project(tmp_path / "p", UNCALLED, config)
-    (root / "tinymodel.py").rename(root / "uncalled.py")
-    said = "regions: spare: never called by forward of model 'm'"
+    said = "regions: spare: never called by forward of model 'tiny'"
     for verb in (["compile"], ["check", "--mode", "stored"]):
         proc = gk(*verb, cwd=root)
         assert proc.returncode == 2 and said in proc.stdout + proc.stderr, proc.stderr
