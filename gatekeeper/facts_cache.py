@@ -13,7 +13,8 @@ answers are kept: where torch sees a GPU it is asked every time.
 
 The answers live in the user's cache dir (``$XDG_CACHE_HOME/gatekeeper/torch-facts/``,
 outside every folder a worker's box may write: docs/hardening.md). A file that cannot be
-read or has the wrong shape is ignored; ``GATEKEEPER_FACTS_CACHE=off`` asks torch always.
+read or has the wrong shape is ignored, and nothing is kept where a worker may write (a
+cache dir under the temp dir); ``GATEKEEPER_FACTS_CACHE=off`` asks torch always.
 """
 
 from __future__ import annotations
@@ -83,8 +84,16 @@ def fingerprint() -> str | None:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def _writable_by_workers(path: Path) -> bool:
+    """Whether ``path`` lies where a worker's box may write (the temp dir, ``/dev/shm``):
+    facts kept there could be changed by model code, and with them the env key."""
+    where = path.resolve()
+    shared = [Path(tempfile.gettempdir()), Path("/dev/shm")]
+    return any(where.is_relative_to(p.resolve()) for p in shared)
+
+
 def _path() -> Path | None:
-    if not enabled() or (fp := fingerprint()) is None:
+    if not enabled() or _writable_by_workers(folder()) or (fp := fingerprint()) is None:
         return None
     return folder() / f"{fp}.json"
 

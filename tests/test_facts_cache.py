@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,26 @@ ASK = (
 )
 
 
+def own_temp(root: Path) -> Path:
+    """A temp dir beside the test's cache dir, so that the cache dir is outside it."""
+    (root / "tmp").mkdir(exist_ok=True)
+    return root / "tmp"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """XDG_CACHE_HOME for this process, outside its temp dir."""
+    monkeypatch.setattr(tempfile, "tempdir", str(own_temp(tmp_path)))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 def ask(cache: Path, **env: str) -> tuple[str, dict, bool]:
     """resolve_device('auto') and torch_facts('cpu') in a fresh interpreter, and whether
     it imported torch."""
     full = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",)}
-    full |= {"XDG_CACHE_HOME": str(cache), **env}
+    # a temp dir of its own: the cache dir must not lie in the temp dir (a worker's reach)
+    full |= {"XDG_CACHE_HOME": str(cache), "TMPDIR": str(own_temp(cache)), **env}
     out = subprocess.run(
         [sys.executable, "-c", ASK], env=full, capture_output=True, text=True, check=True
     ).stdout
@@ -61,10 +77,9 @@ def test_the_fingerprint_follows_the_variables_torch_reads(monkeypatch):
     assert facts_cache.fingerprint() == before
 
 
-def test_a_remembered_answer_of_the_wrong_shape_is_asked_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_a_remembered_answer_of_the_wrong_shape_is_asked_again(cache):
     truth = runtime.torch_facts("cpu")
-    path = next((tmp_path / "gatekeeper" / "torch-facts").glob("*.json"))
+    path = next((cache / "gatekeeper" / "torch-facts").glob("*.json"))
     for wrong in (
         {**truth, "threads": "2"},
         {**truth, "device": "cuda"},
@@ -78,11 +93,22 @@ def test_a_remembered_answer_of_the_wrong_shape_is_asked_again(tmp_path, monkeyp
     assert runtime.torch_facts("cpu") == truth
 
 
-def test_an_unwritable_cache_dir_is_left_alone(tmp_path, monkeypatch):
-    (tmp_path / "gatekeeper").write_text("a file where the folder would be")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_an_unwritable_cache_dir_is_left_alone(cache):
+    cache.mkdir()
+    (cache / "gatekeeper").write_text("a file where the folder would be")
     assert runtime.torch_facts("cpu")["device"] == "cpu"
     assert facts_cache.recall("facts:cpu") is None
+
+
+def test_nothing_is_kept_where_a_worker_may_write(cache, monkeypatch):
+    """A worker's box writes the temp dir: facts kept there could be changed by model
+    code, and with them the env key the parent files bundles under."""
+    facts_cache.remember("facts:cpu", runtime.torch_facts("cpu"))
+    assert facts_cache.recall("facts:cpu") is not None  # the control: kept outside it
+    inside = Path(tempfile.gettempdir(), "xdg")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(inside))
+    facts_cache.remember("facts:cpu", runtime.torch_facts("cpu"))
+    assert facts_cache.recall("facts:cpu") is None and not inside.exists()
 
 
 def test_another_torch_build_of_the_same_size_and_time_is_a_new_fingerprint(tmp_path, monkeypatch):
