@@ -27,6 +27,7 @@ import os
 import platform
 import sys
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,17 @@ def folder() -> Path:
     return Path(base) / "gatekeeper" / "torch-facts"
 
 
-def _cpu() -> list[str]:
+@lru_cache(maxsize=1)
+def _cpu() -> tuple[str, ...]:
+    """The CPU's model and flags (read once per process, as the env key's ISA flags are:
+    /proc/cpuinfo grows with the cores, and every target's key asks twice)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return [platform.processor()]
+        return (platform.processor(),)
     wanted = ("model name", "flags", "Features", "CPU part", "CPU implementer")
-    return sorted({ln.strip() for ln in text.splitlines() if ln.split(":")[0].strip() in wanted})
+    lines = {ln.strip() for ln in text.splitlines() if ln.split(":")[0].strip() in wanted}
+    return tuple(sorted(lines))
 
 
 def fingerprint() -> str | None:
@@ -93,9 +98,10 @@ def _writable_by_workers(path: Path) -> bool:
 
 
 def _path() -> Path | None:
-    if not enabled() or _writable_by_workers(folder()) or (fp := fingerprint()) is None:
+    where = folder()
+    if not enabled() or _writable_by_workers(where) or (fp := fingerprint()) is None:
         return None
-    return folder() / f"{fp}.json"
+    return where / f"{fp}.json"
 
 
 def _read(path: Path) -> dict[str, Any]:
