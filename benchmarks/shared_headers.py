@@ -1,8 +1,9 @@
 """What sharing inductor's precompiled C++ headers saves (GATEKEEPER_PCH_DIR).
 
 Runs ``gatekeeper compile`` of a tiny two-layer model, each time in a fresh project
-and store (a cold compile), alternating: each worker's own header (unset) and one
-shared folder (set; its first use builds the header, the rest reuse it). Prints each
+and store (a cold compile), alternating: each worker's own header
+(``GATEKEEPER_PCH_DIR=off``) and one shared folder (its first use builds the header, by
+gatekeeper's header worker, the rest reuse it). Prints each
 run's wall time, the compile time gatekeeper reports and the CPU time of the process
 tree, then the medians of each side and their ratio.
 
@@ -58,10 +59,9 @@ def compile_once(pch: str | None) -> tuple[float, float, float]:
     root = Path(tempfile.mkdtemp(prefix="gk-pch-"))
     (root / "tinymodel.py").write_text(MODEL)
     (root / "gatekeeper.toml").write_text(CONFIG)
-    env = {k: v for k, v in os.environ.items() if k != "GATEKEEPER_PCH_DIR"}
+    env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
-    if pch:
-        env["GATEKEEPER_PCH_DIR"] = pch
+    env["GATEKEEPER_PCH_DIR"] = pch or "off"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(

@@ -89,9 +89,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def shared_headers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every worker of the session shares inductor's precompiled C++ headers
-    (``GATEKEEPER_PCH_DIR``, docs/configuration.md): built once per session, not once
-    per worker (about 10 CPU-seconds each). The folder is the session's, above each
-    xdist worker's own temp dir, so both workers share it."""
+    (``GATEKEEPER_PCH_DIR``, docs/configuration.md): built once per session by the
+    header worker, read-only to the others. The folder is the session's (not the user's
+    cache, which a session must not depend on), above each xdist worker's own temp dir,
+    so both workers share it."""
     base = tmp_path_factory.getbasetemp()
     folder = (base.parent if base.name.startswith("popen-gw") else base) / "pch"
     folder.mkdir(exist_ok=True)

@@ -11,9 +11,17 @@ from ..errors import WorkerError
 from ..git import resolve as resolve_git
 from ..scratch import scratch_dir
 from ..secrecy import seal
-from . import breadcrumbs
+from . import breadcrumbs, headers
 from .protocol import Build, Response
-from .spawn import cache_env, configs_of, read_answer, read_tail, worker_command, writable_for
+from .spawn import (
+    cache_env,
+    configs_of,
+    headers_worker,
+    read_answer,
+    read_tail,
+    worker_command,
+    writable_for,
+)
 
 __all__ = ["WorkerDied", "cache_env", "run_or_fail", "run_worker"]
 
@@ -49,11 +57,14 @@ def run_worker(
             label=label,
             env=env,
         )
+    shared = headers.ensure(headers_worker)
     with scratch_dir("gk-worker-") as tmp:
         req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
         log_path = Path(tmp, "worker.log")
         req_path.write_text(request.model_dump_json())
         writable = writable_for(cache_dir, request)
+        run_env = cache_env(cache_dir, env, request.pass_env) | {"TMPDIR": tmp}
+        headers.lend(shared, Path(tmp), run_env)
         cmd = worker_command(
             str(req_path),
             str(resp_path),
@@ -64,7 +75,7 @@ def run_worker(
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 cmd,
-                env=cache_env(cache_dir, env, request.pass_env) | {"TMPDIR": tmp},
+                env=run_env,
                 stdin=subprocess.DEVNULL,
                 stdout=None if verbose else log,
                 stderr=None if verbose else subprocess.STDOUT,

@@ -24,11 +24,19 @@ from typing import TYPE_CHECKING
 
 from ..errors import WorkerError
 from ..scratch import scratch_dir
-from . import breadcrumbs
+from . import breadcrumbs, headers
 from .elastic import PEER_LOST
 from .merge import merge
 from .protocol import Build, Response
-from .spawn import cache_env, configs_of, read_answer, read_tail, worker_command, writable_for
+from .spawn import (
+    cache_env,
+    configs_of,
+    headers_worker,
+    read_answer,
+    read_tail,
+    worker_command,
+    writable_for,
+)
 
 if TYPE_CHECKING:
     from ..kinds import Launch
@@ -110,6 +118,7 @@ def run_ranks(
     failing rank's answer, named), or WorkerError naming the rank that died or the
     step each rank was in at the time limit."""
     assert how.launcher is not None
+    shared = headers.ensure(headers_worker)
     with scratch_dir("gk-ranks-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "launched.json")
         req_path.write_text(request.model_dump_json())
@@ -130,6 +139,7 @@ def run_ranks(
             "PYTHONHASHSEED": "0",
             "TMPDIR": tmp,  # what the ranks leave there goes with the run
         }
+        headers.lend(shared, Path(tmp), run_env)
         writable = writable_for(cache_dir, request)
         cmd = worker_command(
             str(spec_path),

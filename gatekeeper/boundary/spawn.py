@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..scratch import held
 from ..secrecy import NEVER_PASSED, is_credential
+from .headers import folder as headers_folder
 from .protocol import Build
 
 # What the worker's environment keeps of the parent's (docs/hardening.md, "The worker's
@@ -88,8 +89,6 @@ def cache_env(
     env["TRITON_HOME"] = str(cache_dir)
     # no current directory on sys.path: a gatekeeper/ folder there must not shadow us
     env["PYTHONSAFEPATH"] = "1"
-    if pch := pch_dir():  # shared precompiled headers (worker.compiler.share_headers)
-        env["GATEKEEPER_PCH_DIR"] = str(pch)
     # the profiler (CPU peak memory) must not print its start/stop lines into our logs
     env.setdefault("KINETO_LOG_LEVEL", "6")
     return env
@@ -127,18 +126,21 @@ def _runner_dirs(environ: Mapping[str, str]) -> list[Path]:
     return [Path(environ[n]) for n in (*names, *files) if environ.get(n)]
 
 
-def read_only_dirs(config_dirs: Iterable[Path] = ()) -> list[str]:
+def read_only_dirs(config_dirs: Iterable[Path] = (), headers: bool = True) -> list[str]:
     """What no worker may write, even inside a folder it writes in: this Python's
     installation, every folder on the parent's import path, gatekeeper's package (code
     the parent, holding the signing key, imports later, and the action's later steps
     run), every ``PATH`` folder (a program the parent or a later step runs), the git
     checkouts of the configs (a paired check's base commit's too) and of the current
-    directory with their ``.git`` (the hooks and config git runs), and the runner's
-    folders."""
+    directory with their ``.git`` (the hooks and config git runs), the runner's
+    folders, and (``headers``) the shared precompiled headers (C++ that every later
+    compile includes: :mod:`gatekeeper.boundary.headers`)."""
     here = Path(__file__).resolve().parents[1]
     entries = [sys.prefix, sys.base_prefix, sys.exec_prefix, str(here), *sys.path]
     entries += [p for p in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(p)]
     paths = [Path(e) for e in entries if e]
+    if headers and (shared := headers_folder()) is not None:
+        paths.append(shared)
     paths += _checkouts([Path.cwd(), *config_dirs])
     paths += _runner_dirs(os.environ)
     found = set()
@@ -165,6 +167,7 @@ def worker_command(
     config_dirs: Iterable[Path] = (),
     module: str = "gatekeeper.worker",
     private_net: bool = False,
+    writes_headers: bool = False,
 ) -> list[str]:
     """``python -m gatekeeper.worker ARGS``; on Linux started in its box (``confine.py``:
     no capability or namespace to read its ancestors' memory, a filesystem where it
@@ -180,13 +183,26 @@ def worker_command(
     confine += ["--parent", str(os.getpid())]
     for folder in dict.fromkeys([scratch, *held()]):  # removed by the box if we die first
         confine += ["--scratch", str(folder)]
-    for path in read_only_dirs(config_dirs):
+    for path in read_only_dirs(config_dirs, headers=not writes_headers):
         confine += ["--read-only", path]
     for path in writable_dirs([*writable, scratch]):
         confine += ["--writable", path]
     if private_net:
         confine.append("--private-net")
     return [*confine, "--", *cmd]
+
+
+def headers_worker(where: Path, scratch: Path) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of :mod:`gatekeeper.worker.headers` (no model
+    code), in its box: ``where`` and ``scratch`` its only writable folders."""
+    cmd = worker_command(
+        str(where),
+        writable=[where],
+        scratch=scratch,
+        module="gatekeeper.worker.headers",
+        writes_headers=True,
+    )
+    return cmd, cache_env(scratch / "cache") | {"TMPDIR": str(scratch)}
 
 
 # what a worker's answer may weigh (a response with every shape set's timings and
@@ -244,17 +260,10 @@ def outputs_of(request: object) -> list[Path]:
     return found
 
 
-def pch_dir() -> Path | None:
-    """``GATEKEEPER_PCH_DIR``, absolute: the folder every worker shares inductor's
-    precompiled headers in, or None (each worker builds its own)."""
-    folder = os.environ.get("GATEKEEPER_PCH_DIR", "").strip()
-    return Path(folder).absolute() if folder else None
-
-
 def writable_for(cache_dir: Path, request: object) -> list[Path]:
     """The folders a worker's box may write (its cache and the request's outputs),
     made if missing."""
-    writable = [cache_dir, *outputs_of(request), *filter(None, [pch_dir()])]
+    writable = [cache_dir, *outputs_of(request)]
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
     return writable

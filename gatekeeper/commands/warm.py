@@ -8,8 +8,8 @@ from .. import kinds
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..github.announce import announce_warm
 from ..progress import Progress
-from ..runtime import default_cache_dir
-from ..warm import WarmResult, cold, probe, service_env, warm_targets
+from ..runtime import default_cache_dir, resolve_device
+from ..warm import WarmResult, cold, lend_headers, probe, service_env, warm_targets
 from .common import Context, human_bytes, output_dir
 
 HELP = "restore each target's bundle into the inductor cache dir a deploy will use"
@@ -55,6 +55,9 @@ def run(ctx: Context) -> int:
                     target, ctx.config, cache, result, verbose=ctx.args.verbose, env=env
                 )
                 step.done(result.probe.note)
+    # the service's first call then builds no C++ header (a CPU's kernels include one)
+    on_cpu = any(resolve_device(t.model.device) == "cpu" for t in targets)
+    lend_headers(results, build=on_cpu)
     docs = [r.as_dict() for r in results]
     announce_warm([d["status"] for d in docs])
     ctx.emit(

@@ -38,10 +38,6 @@ def handle(req: Request) -> Response:
 
         if (answer := package_half(req.load).probe(req)) is not None:
             return answer
-    if not isinstance(req, ProbeRequest):  # a probe times its own first imports
-        from .compiler import share_headers
-
-        share_headers()
     if req.task == "infer":  # what the kind adds to the model's calls (aot: no KV cache)
         from .kinds import builder
         from .model import CALL_KWARGS

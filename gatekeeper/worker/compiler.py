@@ -4,7 +4,6 @@ config's types, so every kind, action and step may use it."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -66,19 +65,3 @@ def import_inductor() -> float:
     import torch._inductor.compile_fx  # noqa: F401
 
     return time.perf_counter() - start
-
-
-def share_headers() -> None:
-    """Inductor's precompiled C++ headers in ``GATEKEEPER_PCH_DIR`` when it is set
-    (docs/configuration.md, "Shared precompiled headers"): inductor keeps them under the
-    temp dir, which is each worker's own, so every worker would build them again. Torch
-    names each header by its compiler and flags and locks it while it builds, so the
-    workers share one folder safely."""
-    folder = os.environ.get("GATEKEEPER_PCH_DIR")
-    if not folder:
-        return
-    from torch._inductor import codecache
-
-    if hasattr(codecache, "_HEADER_DIR"):  # a torch without it rebuilds: slower, still right
-        codecache._HEADER_DIR = folder
-        codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")

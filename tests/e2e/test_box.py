@@ -46,6 +46,20 @@ ESCAPES = textwrap.dedent("""
             f.write(text)
         os.chmod(path, mode)
 
+    def _plant_header():
+        # the precompiled C++ headers every later compile includes: lent to the worker
+        # (linked into its temp dir), or named by GATEKEEPER_PCH_DIR (before issue 54)
+        import glob
+        tmp = os.environ.get("TMPDIR", "/tmp")
+        lent = glob.glob(os.path.join(tmp, "torchinductor_*", "precompiled_headers", "*.h"))
+        shared = os.environ.get("GATEKEEPER_PCH_DIR")
+        aims = [os.path.realpath(p) for p in lent]
+        aims += [os.path.join(shared, "planted.h")] if shared else []
+        if not aims:
+            raise LookupError("no shared header to plant in")
+        for aim in aims:
+            _write(aim, "#error planted\\n")
+
     def escape():
         here = pathlib.Path(__file__).parent
         plan = json.loads((here / "escape.json").read_text())
@@ -77,6 +91,7 @@ ESCAPES = textwrap.dedent("""
         triton = pathlib.Path(home, ".triton", "cache", "stub.txt")
         done["triton"] = _try("triton", lambda: _write(triton, "x"))
         done["triton_path"] = str(triton)
+        done["headers"] = _try("headers", _plant_header)
         daemon = subprocess.Popen(
             ["sleep", "300", plan["daemon"]], start_new_session=True, env={},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -182,6 +197,18 @@ def test_the_factory_cannot_change_the_checkout_or_steer_later_steps(escaped) ->
     assert Path(plan["file_command"]).read_text() == ""
     assert status == ""  # no tracked file changed
     assert "# x" not in (root / "gatekeeper.toml").read_text()
+
+
+def test_the_shared_precompiled_headers_are_read_only_in_the_box(escaped) -> None:
+    """The headers every later compile includes (lent to the worker by links into its
+    temp dir) cannot be changed from the box: a planted ``#error`` (or worse) would
+    compile into main's next bundle. Before issue 54 the folder was the worker's to write
+    (GATEKEEPER_PCH_DIR)."""
+    report = escaped[0]
+    assert "Read-only file system" in report["headers"], report["headers"]
+    shared = Path(os.environ["GATEKEEPER_PCH_DIR"])
+    assert not (shared / "planted.h").exists()
+    assert all("planted" not in p.read_text() for p in shared.glob("*.h"))
 
 
 def test_tritons_home_is_writable_in_the_box_and_not_the_users(escaped) -> None:

@@ -60,13 +60,14 @@ def target_of(doc: dict) -> dict:
 
 
 def test_the_workers_share_one_folder_of_precompiled_headers(main_once: Path):
-    """GATEKEEPER_PCH_DIR (the suite sets it: tests/conftest.py): the compiles behind
-    ``main_once`` left inductor's precompiled C++ header there, not in each worker's own
-    temp dir. Fails when the worker ignores the variable (nothing there), when the
-    parent does not pass it, or when the box does not let the worker write the folder
-    (torch then fails to build the header and the compile fails)."""
+    """GATEKEEPER_PCH_DIR (the suite sets it: tests/conftest.py): before the compiles
+    behind ``main_once``, the header worker built inductor's precompiled C++ header
+    there and stamped it for this machine (gatekeeper/boundary/headers.py); who builds
+    what is tests/e2e/test_headers.py's. Fails when no worker builds the folder's
+    headers (nothing there) or the stamp is not written (every run builds again)."""
     folder = Path(os.environ["GATEKEEPER_PCH_DIR"])
     assert list(folder.glob("*.gch")), sorted(p.name for p in folder.iterdir())
+    assert list(folder.glob(".built-*")), sorted(p.name for p in folder.iterdir())
 
 
 def test_unchanged_model_in_new_process_passes(project: Path):

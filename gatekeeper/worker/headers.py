@@ -1,0 +1,48 @@
+"""``python -m gatekeeper.worker.headers FOLDER``: build inductor's precompiled C++
+headers into FOLDER, running no model code (docs/configuration.md, "Shared precompiled
+headers"). The parent starts it, in a box whose only writable places are FOLDER and its
+own scratch, before the first model worker of a machine, torch and compiler; model
+workers see FOLDER read-only and link its headers into their own temp dir.
+
+Inductor names a header by its compiler's version, its flags and a hash of what it
+includes, so what this builds serves exactly the kernels that would build the same one
+(every CPU kernel of a torch build on a machine, measured: elementwise, reductions,
+matmul epilogues, integer indexing, fp32 and bf16 all ask for one header); a kernel that
+asks for another finds none here and its worker builds its own, as without a folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def build(folder: str) -> int:
+    """Compile one small function on the CPU with the header folder pointed at
+    ``folder``; the number of headers it then holds."""
+    import torch
+    from torch._inductor import codecache, config
+
+    if not hasattr(codecache, "_HEADER_DIR"):  # a torch without precompiled headers
+        return 0
+    codecache._HEADER_DIR = folder
+    codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
+    config.fx_graph_cache = False  # compile for real, whatever the cache dir holds
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        return (torch.sin(x) + 1).sum(-1)
+
+    torch.compile(kernel)(torch.randn(8, 64))
+    return sum(1 for name in os.listdir(folder) if name.endswith(".gch"))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m gatekeeper.worker.headers FOLDER", file=sys.stderr)
+        return 2
+    print(f"gatekeeper headers: {build(argv[0])} precompiled header(s) in {argv[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,90 @@
+"""Inductor's precompiled C++ headers are built once per machine by a worker that runs no
+model code (gatekeeper/boundary/headers.py, gatekeeper/worker/headers.py) and lent to
+every other worker: a model's worker builds none, and a warm start's first call builds
+none. Issue 54: after c15577a gave each worker a temp dir of its own, every worker built
+the header again (about 10 CPU-seconds), the warm start's first call among them (1.40 s
+-> 6.66 s on the quick start).
+
+Who built what is read from a recording compiler (``CXX``, a ``g++`` that logs its
+``TMPDIR`` and arguments, then runs the real one) used by every step alike, so the keys
+agree between them. One tiny model: a compile and a ``warm --probe``."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+from support.helpers import gk, gk_json, write_project
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="CPU kernels built by g++")
+
+RECORDER = '#!/bin/sh\necho "${{TMPDIR:-?}} $*" >> {log}\nexec {gxx} "$@"\n'
+HEADER = "-x c++-header"
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """What the compiler was asked during a compile, then during ``warm --probe``."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++")
+    tmp = tmp_path_factory.mktemp("headers")
+    service_tmp = tmp / "service-tmp"  # the temp dir of the deploy (and its service)
+    service_tmp.mkdir()
+    # in a temp dir of every step's: a box lets its worker write there, and nowhere else
+    log, recorder = service_tmp / "cxx.log", tmp / "bin" / "g++"
+    recorder.parent.mkdir()
+    recorder.write_text(RECORDER.format(log=log, gxx=gxx))
+    recorder.chmod(0o755)
+    root = write_project(tmp / "p")
+    env = {"CXX": str(recorder), "GATEKEEPER_PCH_DIR": str(tmp / "shared")}
+    gk("compile", cwd=root, env=env, check=True)
+    compiled = log.read_text().splitlines()
+    log.write_text("")
+    env["TMPDIR"] = str(service_tmp)
+    warm = gk_json("warm", "--probe", "--cache-dir", str(tmp / "deploy"), cwd=root, env=env)
+    return {
+        "compile": compiled,
+        "warm": log.read_text().splitlines(),
+        "doc": warm,
+        "shared": tmp / "shared",
+        "service_tmp": service_tmp,
+    }
+
+
+def test_only_the_header_worker_builds_a_header(steps: dict) -> None:
+    """The compile's kernels were built by its worker (``gk-worker-`` temp dir) against
+    the header the header worker (``gk-headers-``) built in the shared folder; fails when
+    the model's worker builds one of its own (as every worker did since c15577a)."""
+    built = [line for line in steps["compile"] if HEADER in line]
+    assert built and all("/gk-headers-" in line.split()[0] for line in built), built
+    kernels = [line for line in steps["compile"] if "/gk-worker-" in line.split()[0]]
+    assert any(".cpp" in line for line in kernels), steps["compile"]
+    assert list(steps["shared"].glob("*.h.gch")), sorted(steps["shared"].iterdir())
+
+
+def test_a_warm_starts_first_call_builds_no_header(steps: dict) -> None:
+    """The probe's first call on the warmed cache dir loads cached kernels: it asks the
+    compiler for no header (and the model is a hit, its graphs loaded, not compiled).
+    The recorder heard the probe (it asks the compiler its version), so silence is not
+    a log it could not write."""
+    (target,) = steps["doc"]["targets"]
+    assert target["status"] == "hit", target
+    assert any("/gk-worker-" in line.split()[0] for line in steps["warm"]), steps["warm"]
+    assert not [line for line in steps["warm"] if HEADER in line], steps["warm"]
+
+
+def test_the_service_finds_the_headers_in_its_temp_dir(steps: dict) -> None:
+    """``warm`` copies the shared headers where a service's inductor looks for them (its
+    temp dir), so a service started after it builds none either: same names, same
+    bytes, real files (a link would dangle once the shared folder is cleared)."""
+    import getpass
+
+    dest = steps["service_tmp"] / f"torchinductor_{getpass.getuser()}" / "precompiled_headers"
+    headers = list(steps["shared"].glob("*.h.gch"))
+    assert headers
+    for header in headers:
+        copy = dest / header.name
+        assert copy.is_file() and not copy.is_symlink(), copy
+        assert copy.stat().st_size == header.stat().st_size
