@@ -19,9 +19,10 @@ round runs both sides, their order alternating), on the quick start's model
 Warm-up rounds (``--warmup``, not counted) leave each side's machine-level state as a
 machine that ran it before has it (its precompiled C++ headers, the torch facts it
 remembers). Prints each figure's medians and the ratio this checkout / REF, with a 95%
-bootstrap interval over the rounds' paired ratios (scipy). Exit 0; 2 when a command
-fails. Run it on an otherwise idle machine: the ratios are paired, the absolute
-figures are this machine's.
+bootstrap interval over the rounds' paired ratios (scipy). Exit 0; 1 with
+``--fail-above X`` when a figure's whole interval lies above X (the scheduled workflow,
+workflows/overhead.yml, fails then); 2 when a command fails. Run it on an otherwise
+idle machine: the ratios are paired, the absolute figures are this machine's.
 """
 
 from __future__ import annotations
@@ -130,8 +131,10 @@ def interval(ratios: list[float]) -> tuple[float, float]:
     return float(np.exp(res.confidence_interval.low)), float(np.exp(res.confidence_interval.high))
 
 
-def table(ref: str, rows: dict[str, list[Figures]]) -> str:
+def table(ref: str, rows: dict[str, list[Figures]], above: float | None) -> tuple[str, list[str]]:
+    """The markdown table, and the figures whose whole interval lies above ``above``."""
     names = list(rows["head"][0])
+    slower: list[str] = []
     lines = [
         f"| figure | {ref} (median) | this checkout (median) | ratio [95% interval] |",
         "|---|---|---|---|",
@@ -141,11 +144,13 @@ def table(ref: str, rows: dict[str, list[Figures]]) -> str:
         b = [r[name] for r in rows["head"]]
         ratios = [y / x for x, y in zip(a, b, strict=True)]
         lo, hi = interval(ratios)
+        if above is not None and lo > above:
+            slower.append(f"{name} {statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}]")
         lines.append(
             f"| {name} | {statistics.median(a):.2f} s | {statistics.median(b):.2f} s "
             f"| {statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines), slower
 
 
 def worktree(ref: str, work: Path) -> Path:
@@ -178,6 +183,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="rounds not counted (default 1)")
     ap.add_argument("--quickstart", action="store_true", help="also the whole quick start")
     ap.add_argument("--out", metavar="JSON", help="every round's figures, as JSON")
+    ap.add_argument(
+        "--fail-above",
+        type=float,
+        metavar="X",
+        help="exit 1 when a figure's whole interval lies above X (a ratio, e.g. 1.15)",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gk-overhead-"))
     ref_tree = worktree(args.against, work)
@@ -194,9 +205,13 @@ def main() -> None:
         print(
             f"{args.rounds} rounds interleaved after {args.warmup} warm-up, {os.cpu_count()} CPUs"
         )
-        print(table(args.against, rows))
+        text, slower = table(args.against, rows, args.fail_above)
+        print(text)
         if args.out:
             Path(args.out).write_text(json.dumps({"against": args.against, **rows}, indent=1))
+        if slower:
+            print(f"\nslower than {args.fail_above}x {args.against}: {'; '.join(slower)}")
+            sys.exit(1)
     finally:
         subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_tree)],

@@ -23,16 +23,20 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["support.s3_server", "support.github_server"]
+pytest_plugins = ["support.s3_server", "support.github_server", "support.cpu_budget"]
 
 TESTS = Path(__file__).parent
 SLOWEST = (  # CI's --durations (2 workers, PR 42's run) and single-file runs, longest first
-    "e2e/test_example_config.py",  # one compile of the example's 38 targets: ~16 min idle
     "e2e/test_quantize.py",  # ~16 min alone under load: it must not start last
     "e2e/test_distributed.py",
     "e2e/test_base_as_it_was.py",
     "e2e/test_zoo.py",
     "e2e/test_aot_causal_lm.py",  # ~5 min alone
+    # the example's 38 targets, a quarter each (~4 min idle; 16 min as one file)
+    "e2e/test_example_config_1.py",
+    "e2e/test_example_config_2.py",
+    "e2e/test_example_config_3.py",
+    "e2e/test_example_config_4.py",
     "e2e/test_bisect.py",
     "e2e/test_call_forms.py",
     "e2e/test_paired.py",

@@ -171,6 +171,7 @@ def test_nothing_installs_into_a_self_hosted_runners_python() -> None:
         ("fork-comment.yml", "comment"),
         ("dashboard-pages.yml", "build"),
         ("bisect.yml", "bisect"),
+        ("overhead.yml", "overhead"),
     }
     assert not into_runner, into_runner
     setup = yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"][0]["run"]

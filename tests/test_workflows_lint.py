@@ -31,6 +31,7 @@ EXPECTED = {
     "fork-comment.yml",
     "matrix-gate.yml",
     "dashboard-pages.yml",
+    "overhead.yml",
     "bisect.yml",
 }
 # what a workflow may write beyond the PR comment: deploying Pages needs these two, and
