@@ -102,3 +102,45 @@ def shared_headers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder.mkdir(exist_ok=True)
     os.environ["GATEKEEPER_PCH_DIR"] = str(folder)
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server(tmp_path_factory: pytest.TempPathFactory, shared_headers: Path):
+    """One worker server for the session (``GATEKEEPER_FORK_SERVER``,
+    gatekeeper/boundary/forks.py): each gatekeeper process of the session whose workers'
+    environment is the session's forks them from it, so a worker does not import torch
+    again (about 5 CPU-seconds each, a few hundred workers). A process whose workers'
+    environment differs (a test's own variables) starts its own server, as a run does."""
+    import secrets
+    import subprocess
+    import sys
+
+    from gatekeeper.boundary import forks, spawn
+
+    if not forks.enabled():
+        yield None
+        return
+    base = tmp_path_factory.getbasetemp()
+    sock = base / "fork.sock"
+    env = {k: v for k, v in spawn.cache_env(base).items() if k not in forks.PER_CHILD}
+    env |= {"TMPDIR": str(base), "TORCHINDUCTOR_CACHE_DIR": str(base / "server-cache")}
+    token = secrets.token_hex(16)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper.worker.server", "--listen", str(sock)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(token + "\n")
+    proc.stdin.close()
+    ready = proc.stdout.readline()
+    if not ready.startswith("ready"):
+        proc.kill()
+        pytest.fail(f"the session's worker server did not start: {ready!r}")
+    os.environ["GATEKEEPER_FORK_SERVER"] = f"{sock}#{token}"
+    yield sock
+    os.environ.pop("GATEKEEPER_FORK_SERVER", None)
+    proc.kill()
+    proc.wait()

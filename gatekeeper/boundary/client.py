@@ -11,7 +11,7 @@ from ..errors import WorkerError
 from ..git import resolve as resolve_git
 from ..scratch import scratch_dir
 from ..secrecy import seal
-from . import breadcrumbs, headers
+from . import breadcrumbs, forks, headers
 from .protocol import Build, Response
 from .spawn import (
     cache_env,
@@ -73,13 +73,7 @@ def run_worker(
             config_dirs=configs_of(request),
         )
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd,
-                env=run_env,
-                stdin=subprocess.DEVNULL,
-                stdout=None if verbose else log,
-                stderr=None if verbose else subprocess.STDOUT,
-            )
+            proc = forks.start(cmd, run_env, None if verbose else log, forkable(request))
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -99,6 +93,13 @@ def run_worker(
         text = read_tail(log_path)  # empty when it went to the terminal
         death = breadcrumbs.read(resp_path, proc.returncode, text, request.base_path)
         raise WorkerDied(label, death, text)
+
+
+def forkable(request: Build) -> bool:
+    """Whether ``request``'s worker may be forked from a warm server
+    (:mod:`gatekeeper.boundary.forks`): on the CPU, and not a probe (which times a new
+    process's first call, its imports included)."""
+    return request.device == "cpu" and getattr(request, "action", None) != "probe"
 
 
 class WorkerDied(WorkerError):

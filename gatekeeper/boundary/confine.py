@@ -21,6 +21,7 @@ import os
 import select
 import signal
 import sys
+from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
@@ -45,6 +46,7 @@ DROPPED = {
     "CAP_CHECKPOINT_RESTORE": 40,
 }
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+Run = Callable[[list[str]], int]  # PROGRAM's arguments -> its exit code
 
 
 class _Header(ctypes.Structure):
@@ -228,12 +230,19 @@ def loopback_up() -> None:
         fcntl.ioctl(s, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
 
 
-def _harden_and_exec(libc: ctypes.CDLL, argv: list[str]) -> None:
+def _harden_and_exec(libc: ctypes.CDLL, argv: list[str], run: Run | None = None) -> None:
+    """Harden this process, then exec PROGRAM; ``run``: call it with PROGRAM's arguments
+    in this process instead (a child forked from a server that imported it already:
+    :mod:`gatekeeper.worker.server`) and end as a process ends with what it returns
+    (``SystemExit``: the interpreter's exit runs what ``atexit`` holds, as a worker's
+    own exit would)."""
     drop_capabilities(libc)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         _say(f"cannot set no_new_privs (errno {ctypes.get_errno()})")
     sys.stdout.flush()
     sys.stderr.flush()
+    if run is not None:
+        raise SystemExit(run(argv))
     os.execv(argv[0], argv)
 
 
@@ -250,7 +259,9 @@ def _exit_as(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def _init(libc: ctypes.CDLL, argv: list[str], alive: int, report: int, new_pid: bool) -> None:
+def _init(
+    libc: ctypes.CDLL, argv: list[str], alive: int, report: int, new_pid: bool, run: Run | None
+) -> None:
     """PID 1 of the box (or, without a PID namespace, the supervisor's one child): die
     with the supervisor, start PROGRAM, reap whatever is orphaned to it, and report
     PROGRAM's wait status; its end kills what is left in the namespace."""
@@ -265,7 +276,7 @@ def _init(libc: ctypes.CDLL, argv: list[str], alive: int, report: int, new_pid: 
             os.close(fd)
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
-        _harden_and_exec(libc, argv)
+        _harden_and_exec(libc, argv, run)
 
     def forward(sig: int, _frame: object) -> None:
         try:
@@ -325,7 +336,9 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     return opts, argv[1:]
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], run: Run | None = None) -> None:
+    """The box around PROGRAM, this process its supervisor; ``run``: PROGRAM is called
+    in the box's worker process rather than exec'd (:func:`_harden_and_exec`)."""
     opts, program = parse(list(argv))
     if not program:
         sys.exit("usage: python -I -S confine.py [OPTION]... -- PROGRAM [ARGS...]")
@@ -346,7 +359,7 @@ def main(argv: list[str]) -> None:
     if child == 0:
         os.close(alive_w)
         os.close(report_r)
-        _init(libc, program, alive, report, bool(flags & CLONE_NEWPID))
+        _init(libc, program, alive, report, bool(flags & CLONE_NEWPID), run)
     os.close(alive)
     os.close(report)
     bound = [*opts["writable"], *opts["read_only"]] if flags & CLONE_NEWNS else []

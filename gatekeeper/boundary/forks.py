@@ -1,0 +1,248 @@
+"""Workers forked from a warm server, the parent's side. No torch here.
+
+A fresh worker imports torch, Dynamo and inductor before it does anything (about 5
+CPU-seconds); a run of many targets paid that once per target. Here one server per run
+and worker environment (:mod:`gatekeeper.worker.server`) imports them once and forks a
+child per target, which enters the same box a fresh worker's ``confine.py`` builds
+before any model code runs, then runs the worker's ``main``. A child is waited for,
+timed out and killed as a process is (:class:`Forked` has the part of ``Popen`` the
+callers use); a crash ends the child alone.
+
+Fresh processes stay where a fork would change what is measured or cannot be clean: a
+probe (it times a first call in a new process, imports included), a target on a GPU
+(a process that forks must not have initialised CUDA, and the check cannot be made
+without initialising it), a distributed target's ranks (their launcher starts them), and
+everywhere when ``GATEKEEPER_FORKS=off``. docs/hardening.md, "Forked workers".
+"""
+
+from __future__ import annotations
+
+import array
+import atexit
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+log = logging.getLogger("gatekeeper.forks")
+
+# what each child sets for itself; the rest of its environment is its server's
+PER_CHILD = frozenset({"TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_HOME"})
+_READY_TIMEOUT = 300.0
+
+
+def env_digest(env: Mapping[str, str]) -> str:
+    """What a server's children inherit of its environment, as a digest: a child is
+    forked only from a server whose environment is the one its fresh worker would have
+    had, less :data:`PER_CHILD` (torch reads much of it when imported)."""
+    kept = sorted((k, v) for k, v in env.items() if k not in PER_CHILD)
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+
+
+def enabled() -> bool:
+    return sys.platform == "linux" and os.environ.get("GATEKEEPER_FORKS", "").lower() not in (
+        "off",
+        "0",
+    )
+
+
+class Forked:
+    """A forked child as its caller sees it: ``wait``, ``kill``, ``returncode``."""
+
+    def __init__(self, channel: socket.socket, pid: int) -> None:
+        self.channel, self.pid = channel, pid
+        self.returncode: int | None = None
+        self._buffer = b""
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
+            ready, _, _ = select.select([self.channel], [], [], left)
+            if not ready:
+                continue
+            data = self.channel.recv(4096)
+            if not data:  # the server is gone: so is the child (it dies with it)
+                self.returncode = -signal.SIGKILL
+                break
+            self._buffer += data
+            if b"\n" in self._buffer:
+                status = json.loads(self._buffer.split(b"\n", 1)[0])["status"]
+                self.returncode = os.waitstatus_to_exitcode(status)
+        self.channel.close()
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class Server:
+    """One :mod:`gatekeeper.worker.server`: started by this process with ``env`` (a
+    worker's, less :data:`PER_CHILD`), its socket this process's alone; or a test
+    session's, connected to (:func:`connect`)."""
+
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen | None, home: Path | None):
+        self.sock, self.proc, self.home = sock, proc, home
+        self.lock = threading.Lock()
+
+    @classmethod
+    def start(cls, env: Mapping[str, str]) -> Server:
+        home = Path(tempfile.mkdtemp(prefix="gk-server-"))
+        ours, theirs = socket.socketpair()
+        server_env = dict(env) | {"TMPDIR": str(home), "TORCHINDUCTOR_CACHE_DIR": str(home / "c")}
+        with open(home / "server.log", "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gatekeeper.worker.server", str(theirs.fileno())],
+                env=server_env,
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=home,
+            )
+        theirs.close()
+        server = cls(ours, proc, home)
+        first = _read(ours, _READY_TIMEOUT)
+        if first is None or "ready" not in first[0]:
+            said = first[0].get("refused") if first else server._log_tail()
+            server.close()
+            raise OSError(f"the worker server did not start: {said}")
+        return server
+
+    @classmethod
+    def connect(cls, spec: str) -> tuple[Server, str]:
+        """The shared server ``spec`` names (``PATH#TOKEN``), and its environment's
+        digest."""
+        path, _, token = spec.partition("#")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        sock.sendall(json.dumps({"token": token}).encode() + b"\n")
+        first = _read(sock, _READY_TIMEOUT)
+        if first is None or "ready" not in first[0]:
+            sock.close()
+            raise OSError(f"the shared worker server {path} refused this process")
+        return cls(sock, None, None), str(first[0].get("env"))
+
+    def _log_tail(self) -> str:
+        with contextlib.suppress(OSError, TypeError):
+            text = (self.home / "server.log").read_text(errors="replace")  # type: ignore[operator]
+            return (text.strip().splitlines() or ["no output"])[-1]
+        return "no output"
+
+    def fork(
+        self, argv: list[str], env: Mapping[str, str], cwd: str, log_fd: int, box: list[str]
+    ) -> Forked:
+        doc = {"argv": argv, "env": dict(env), "cwd": cwd, "box": box}
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [log_fd]))]
+        with self.lock:
+            self.sock.sendmsg([json.dumps(doc).encode()], anc)
+            got = _read(self.sock, _READY_TIMEOUT)
+        if got is None or not got[1]:
+            raise OSError(f"the worker server forked nothing: {got[0] if got else 'no answer'}")
+        channel = socket.socket(fileno=got[1][0])
+        pid = _read(channel, _READY_TIMEOUT)
+        if pid is None:
+            channel.close()
+            raise OSError("the forked worker never started")
+        return Forked(channel, int(pid[0]["pid"]))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _read(sock: socket.socket, timeout: float) -> tuple[dict, list[int]] | None:
+    """One JSON line and the descriptors it carries (None: none came in time)."""
+    ready, _, _ = select.select([sock], [], [], timeout)
+    if not ready:
+        return None
+    fds = array.array("i")
+    data, anc, _, _ = sock.recvmsg(1 << 16, socket.CMSG_LEN(4 * fds.itemsize))
+    if not data:
+        return None
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return json.loads(data.split(b"\n", 1)[0]), list(fds)
+
+
+_servers: dict[str, Server | None] = {}  # None: it could not start; fresh workers
+
+
+_shared: list[tuple[Server, str]] = []  # GATEKEEPER_FORK_SERVER's, once connected
+
+
+def _server(env: Mapping[str, str]) -> Server | None:
+    """The server for ``env``: the test session's shared one where its environment is
+    this one, else this run's own, started on first use."""
+    digest = env_digest(env)
+    if digest in _servers:
+        return _servers[digest]
+    spec = os.environ.get("GATEKEEPER_FORK_SERVER", "")
+    if spec and not _shared:
+        with contextlib.suppress(OSError):
+            _shared.append(Server.connect(spec))
+    for server, its in _shared:
+        if its == digest:
+            _servers[digest] = server
+            return server
+    try:
+        _servers[digest] = Server.start({k: v for k, v in env.items() if k not in PER_CHILD})
+    except OSError as e:
+        log.warning("%s: each worker starts a fresh process", e)
+        _servers[digest] = None
+    return _servers[digest]
+
+
+@atexit.register
+def close_all() -> None:
+    for server in {id(s): s for s in _servers.values() if s is not None}.values():
+        server.close()
+    for server, _ in _shared:
+        server.close()
+    _servers.clear()
+    _shared.clear()
+
+
+def start(cmd: list[str], env: Mapping[str, str], log_file, forkable: bool):
+    """The worker ``cmd`` (a box's command line: ``confine.py OPTIONS -- PROGRAM``)
+    forked from its environment's server when ``forkable`` and one can start, else a
+    fresh process; either way something to ``wait`` for and ``kill``. ``log_file``: its
+    output (None: this process's own stderr and stdout)."""
+    if forkable and enabled() and "--" in cmd and cmd[3].endswith("confine.py"):
+        split = cmd.index("--")  # python -I -S confine.py BOX... -- PROGRAM
+        box, program = cmd[4:split], cmd[split + 1 :]
+        box = ["{server}" if i and box[i - 1] == "--parent" else a for i, a in enumerate(box)]
+        server = _server(env)
+        if server is not None:
+            try:
+                out = log_file.fileno() if log_file is not None else sys.stderr.fileno()
+                return server.fork(program, env, os.getcwd(), out, box)
+            except OSError as e:
+                log.warning("%s: this worker starts a fresh process", e)
+    return subprocess.Popen(
+        cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+    )

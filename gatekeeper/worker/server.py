@@ -1,0 +1,295 @@
+"""``python -m gatekeeper.worker.server FD``: a worker server. It imports torch, Dynamo,
+inductor and the worker's modules once, runs no model code, and forks a child per
+request; the child enters the same box a fresh worker's ``confine.py`` builds, then runs
+the worker's ``main`` in that box instead of exec'ing a new interpreter (which would
+import torch again: about 5 CPU-seconds a worker). docs/hardening.md, "Forked workers".
+
+It talks to one parent only, over the socket FD the parent handed it (no path a box could
+reach): each request, a JSON line with the child's arguments, environment, working
+directory and box options and, as ancillary data, the log's descriptor, is answered with
+a new socket (one end of a fresh pair, as ancillary data) on which the child's supervisor
+pid and then its wait status arrive. It forks only while it is one thread with CUDA
+uninitialised, dies with its parent, and never reads what a child says.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import hmac
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import sys
+import threading
+from typing import Any
+
+from ..boundary.forks import env_digest
+
+PR_SET_PDEATHSIG = 1
+SO_PEERCRED = 17
+MAX_FDS = 4
+
+
+def _preload() -> None:
+    """What every worker imports: torch, Dynamo, inductor and the worker's modules (a
+    worker's own imports are then dictionary lookups)."""
+    import torch
+    import torch._dynamo
+    import torch._inductor.codecache
+    import torch._inductor.compile_fx  # noqa: F401
+
+    from . import __main__, compile, measure, model, verify  # noqa: F401
+
+
+def forkable() -> str | None:
+    """Why a fork now would not be a clean worker (None: it would)."""
+    if threading.active_count() > 1:
+        return f"{threading.active_count()} Python threads"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised"
+    return None
+
+
+def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """One request and the descriptors it carries; None when the parent hung up."""
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_LEN(MAX_FDS * fds.itemsize))
+    if not data:
+        return None
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return json.loads(data), list(fds)
+
+
+def _answer(sock: socket.socket, doc: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([json.dumps(doc).encode() + b"\n"], anc)
+
+
+def child(req: dict[str, Any], log: int, channel: socket.socket) -> None:
+    """In the forked child: the request's environment, working directory and log, then
+    the box (``confine.main``, this process its supervisor) around the worker's main,
+    called in the box's worker process. Never returns: the worker's end is a
+    ``SystemExit`` that ends this process as an interpreter ends (its ``atexit``
+    functions run, as a fresh worker's would); the box's other processes end by
+    ``os._exit``."""
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        _this_processes_temp_dir()
+        channel.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+        channel.close()
+        from ..boundary import confine
+
+        # the box's --parent is the process this one must die with: the server
+        box = [str(os.getppid()) if a == "{server}" else a for a in req["box"]]
+        confine.main([*box, "--", *req["argv"]], run=_worker)
+    except SystemExit:
+        raise  # the worker's exit: out through the server's frames, as an interpreter exits
+    except BaseException as e:  # never back into the server's loop
+        os.write(2, f"gatekeeper worker server: the child failed: {e!r}\n".encode())
+    os._exit(70)
+
+
+def _this_processes_temp_dir() -> None:
+    """What torch read of the temp dir when the server imported it, read again for this
+    child's (its ``TMPDIR``): where inductor keeps its precompiled headers."""
+    import tempfile
+
+    tempfile.tempdir = None
+    from torch._inductor import codecache
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if hasattr(codecache, "_HEADER_DIR"):
+        codecache._HEADER_DIR = os.path.join(default_cache_dir(), "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+
+
+def _worker(argv: list[str]) -> int:
+    """The worker's main, in the box's worker process (argv: PROGRAM's, whose last two
+    are the request and response paths)."""
+    import faulthandler
+
+    from . import __main__ as worker
+
+    faulthandler.enable(all_threads=False)
+    sys.argv = ["gatekeeper.worker", *argv[-2:]]
+    try:
+        code = worker.main(argv[-2:])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+class _Child:
+    """A forked child: its client, the channel its end is reported on, its scratch."""
+
+    def __init__(self, client: socket.socket, channel: socket.socket, scratch: list[str]):
+        self.client, self.channel, self.scratch = client, channel, scratch
+
+
+class Server:
+    """The loop: clients (the one parent of a run, or each gatekeeper process of a test
+    session that connected with the token), their fork requests, the children's ends."""
+
+    def __init__(self, listener: socket.socket | None, token: str | None) -> None:
+        self.listener, self.token = listener, token
+        self.clients: list[socket.socket] = []
+        self.children: dict[int, _Child] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def serve(self) -> None:
+        """Until the last client hangs up (a listening server: until it is killed)."""
+        while self.clients or self.listener is not None:
+            fds = [c.fileno() for c in self.clients] + [self.wake_r]
+            fds += [self.listener.fileno()] if self.listener is not None else []
+            ready, _, _ = select.select(fds, [], [])
+            if self.wake_r in ready:
+                os.read(self.wake_r, 512)
+                self._reap()
+            if self.listener is not None and self.listener.fileno() in ready:
+                self._accept()
+            for client in [c for c in self.clients if c.fileno() in ready]:
+                self._request(client)
+
+    def _accept(self) -> None:
+        """A client of a listening server: the same user, outside every box (its PID
+        and mount namespaces are the server's), and it knows the token."""
+        assert self.listener is not None
+        conn, _ = self.listener.accept()
+        try:
+            pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, 12))
+            outside = all(
+                os.readlink(f"/proc/{pid}/ns/{ns}") == os.readlink(f"/proc/self/ns/{ns}")
+                for ns in ("pid", "mnt", "user")
+            )
+            ready, _, _ = select.select([conn], [], [], 10)
+            hello = json.loads(conn.recv(4096).split(b"\n", 1)[0]) if ready else {}
+            token = str(hello.get("token", ""))
+            if (
+                uid != os.getuid()
+                or not outside
+                or not hmac.compare_digest(token, self.token or "x")
+            ):
+                raise PermissionError("refused")
+            _answer(conn, {"ready": os.getpid(), "env": env_digest(os.environ)})
+            self.clients.append(conn)
+        except (OSError, ValueError, PermissionError):
+            conn.close()
+
+    def _request(self, client: socket.socket) -> None:
+        got = _recv(client)
+        if got is None:  # the client is gone: so are its children, and their scratch
+            self._drop(client)
+            return
+        req, fds = got
+        why = forkable()
+        if why is not None or len(fds) != 1:
+            _answer(client, {"refused": why or "one log descriptor expected"})
+            for fd in fds:
+                os.close(fd)
+            return
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # its supervisor writes its pid on ``ours``, the parent reads ``theirs``
+            signal.set_wakeup_fd(-1)
+            for fd in (self.wake_r, self.wake_w):  # nothing of the server's stays open
+                os.close(fd)
+            for other in [*self.clients, *(c.channel for c in self.children.values())]:
+                other.close()
+            if self.listener is not None:
+                self.listener.close()
+            theirs.close()
+            child(req, fds[0], ours)
+        os.close(fds[0])
+        _answer(client, {"forked": True}, [theirs.fileno()])
+        theirs.close()
+        scratch = [b for a, b in zip(req["box"], req["box"][1:], strict=False) if a == "--scratch"]
+        self.children[pid] = _Child(client, ours, scratch)
+
+    def _drop(self, client: socket.socket) -> None:
+        """A client hung up with children still running (it was killed): end each box
+        (its init dies with its supervisor) and remove its scratch, as a fresh worker's
+        supervisor does when gatekeeper dies."""
+        self.clients.remove(client)
+        client.close()
+        for pid, c in list(self.children.items()):
+            if c.client is client:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                self.children.pop(pid).channel.close()
+                for folder in c.scratch:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if (c := self.children.pop(pid, None)) is not None:
+                with contextlib.suppress(OSError):
+                    c.channel.sendall(json.dumps({"status": status}).encode() + b"\n")
+                c.channel.close()
+
+
+def main(argv: list[str]) -> int:
+    """``FD``: serve the parent that handed this process that socket, until it hangs up;
+    ``--listen PATH``: serve every client that connects to PATH with the token read from
+    standard input (a test session's shared server), until killed. Either way it dies
+    with the process that started it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    listener, token, first = None, None, None
+    if argv[:1] == ["--listen"]:
+        token = sys.stdin.readline().strip()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(argv[1])
+        listener.listen(16)
+    else:
+        first = socket.socket(fileno=int(argv[0]))
+    _preload()
+    if (why := forkable()) is not None:
+        if first is not None:
+            _answer(first, {"refused": why})
+        return 1
+    server = Server(listener, token)
+    if first is not None:
+        _answer(first, {"ready": os.getpid(), "env": env_digest(os.environ)})
+        server.clients.append(first)
+    else:
+        print(f"ready {os.getpid()}", flush=True)
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
