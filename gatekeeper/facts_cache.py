@@ -31,6 +31,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from . import safefs
+from .boundary import box
+
 VERSION = 1
 # what torch's thread count, CPU dispatch and device discovery read from the environment
 # (and which libraries it loads: another OpenMP runtime counts threads its own way)
@@ -43,6 +46,11 @@ _TORCH_FILES = ("__init__.py", "version.py", "lib/libtorch_cpu.so", "lib/libtorc
 
 
 def enabled() -> bool:
+    """On unless ``GATEKEEPER_FACTS_CACHE=off``, and never where model code may run
+    unconfined (``GATEKEEPER_UNCONFINED``: its box may not hold, and the user's home is
+    then the model's to write)."""
+    if box.unconfined_allowed():
+        return False
     return os.environ.get("GATEKEEPER_FACTS_CACHE", "").strip().lower() not in ("off", "0")
 
 
@@ -105,8 +113,8 @@ def _path() -> Path | None:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
+    try:  # a plain file only (a FIFO an unconfined model left there is never waited on)
+        doc = json.loads(safefs.read_regular(path, 2**20))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -117,6 +125,22 @@ def recall(question: str) -> Any:
     ``facts:cpu``: :func:`~gatekeeper.runtime.torch_facts` of the CPU), or None."""
     path = _path()
     return None if path is None else _read(path).get(question)
+
+
+_replaced = 0  # how many remembered answers this process found wrong and replaced
+
+
+def replaced() -> int:
+    """How many remembered answers this process replaced (:func:`replace`)."""
+    return _replaced
+
+
+def replace(question: str, answer: Any) -> None:
+    """A remembered answer found wrong: ``answer`` in its place (a key made with the
+    old one is made again: :func:`replaced`)."""
+    global _replaced
+    _replaced += 1
+    remember(question, answer)
 
 
 def remember(question: str, answer: Any) -> None:

@@ -96,20 +96,57 @@ def torch_facts(device: str) -> dict[str, Any]:
     cpu = not device.startswith("cuda")
     if cpu and _cpu_facts(remembered := facts_cache.recall("facts:cpu")):
         return dict(remembered)
+    if cpu:
+        measured = measured_cpu_facts()
+        facts_cache.remember("facts:cpu", measured)
+        return measured
     import torch
 
     facts: dict[str, Any] = {"torch": torch.__version__, "torch_git": torch.version.git_version}
-    if not cpu:
-        props = torch.cuda.get_device_properties(torch.device(device).index or 0)
-        facts.update(gpu_facts(props, torch.version.cuda, torch.version.hip))
-        return facts
-    facts.update(
-        device="cpu",
-        cpu_capability=torch.backends.cpu.get_cpu_capability().lower(),
-        threads=torch.get_num_threads(),
-    )
-    facts_cache.remember("facts:cpu", facts)
+    props = torch.cuda.get_device_properties(torch.device(device).index or 0)
+    facts.update(gpu_facts(props, torch.version.cuda, torch.version.hip))
     return facts
+
+
+def measured_cpu_facts() -> dict[str, Any]:
+    """:func:`torch_facts` of the CPU, asked of this process's torch (never remembered
+    ones)."""
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "device": "cpu",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability().lower(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def confirm_facts(worker: dict[str, Any] | None) -> None:
+    """After a worker answered: a remembered fact of the CPU that the worker's torch
+    contradicts (``worker``: what it said before any model code ran) is replaced by
+    what this process's torch says, with a warning. Model code that ran unconfined
+    once may have written the remembered facts, and with them the env key."""
+    remembered = facts_cache.recall("facts:cpu")
+    if not _cpu_facts(worker) or not _cpu_facts(remembered) or worker == remembered:
+        return
+    import logging
+
+    own = measured_cpu_facts()
+    if own == remembered:
+        return  # the worker's environment, not the memory, differs
+    facts_cache.replace("facts:cpu", own)
+    logging.getLogger("gatekeeper.facts").warning(
+        "the remembered torch facts %s contradict the worker's torch %s: replaced by "
+        "this process's %s",
+        _shown(remembered),
+        _shown(worker),
+        _shown(own),
+    )
+
+
+def _shown(facts: Any) -> str:
+    return f"({facts['cpu_capability']}, {facts['threads']} threads, torch {facts['torch']})"
 
 
 def _cpu_facts(doc: Any) -> bool:

@@ -9,12 +9,13 @@ import fnmatch
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from .. import safefs
 from ..scratch import held
 from ..secrecy import NEVER_PASSED, is_credential
+from . import box
 from .headers import folder as headers_folder
 from .protocol import Build
 
@@ -155,9 +156,24 @@ def read_only_dirs(config_dirs: Iterable[Path] = (), headers: bool = True) -> li
 
 
 def writable_dirs(writable: Iterable[Path]) -> list[str]:
-    """The folders a worker writes in: its own (``writable``) and the temp dir."""
-    found = {str(Path(p).resolve()) for p in [*writable, Path(tempfile.gettempdir())]}
+    """The folders a worker writes in: its own (``writable``), nothing of the parent's
+    (its temp dir is read-only in the box, and ``/dev/shm`` the box's own)."""
+    found = {str(Path(p).resolve()) for p in writable}
     return sorted(p for p in found if Path(p).is_dir())
+
+
+# a GPU's device nodes (NVIDIA's, ROCm's, DRM's): bound into the box's /dev only where
+# the target runs on one
+GPU_NODES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri", "/dev/kfd")
+
+
+def devices_for(device: str) -> list[str]:
+    """The device nodes a worker of ``device`` needs in its box's ``/dev``."""
+    if device == "cpu":
+        return []
+    import glob
+
+    return sorted({p for pattern in GPU_NODES for p in glob.glob(pattern)})
 
 
 def worker_command(
@@ -168,14 +184,16 @@ def worker_command(
     module: str = "gatekeeper.worker",
     private_net: bool = False,
     writes_headers: bool = False,
+    devices: Iterable[str] = (),
 ) -> list[str]:
     """``python -m gatekeeper.worker ARGS``; on Linux started in its box (``confine.py``:
     no capability or namespace to read its ancestors' memory, a filesystem where it
-    writes only ``writable`` and the temp dir, a PID namespace that dies with this
-    process, ``scratch`` removed if this process dies first) before any code of the
-    model or of its site-packages runs. A distributed target's ``module`` is its
-    launcher: the ranks it starts are its children, in the same box (``private_net``:
-    with a network of their own)."""
+    writes only ``writable``, a ``/dev`` of its own with only ``devices`` besides the
+    usual nodes, a PID namespace that dies with this process, the workflow's limits,
+    ``scratch`` removed if this process dies first) before any code of the model or of
+    its site-packages runs (:func:`gatekeeper.boundary.box.start` starts it). A
+    distributed target's ``module`` is its launcher: the ranks it starts are its
+    children, in the same box (``private_net``: with a network of their own)."""
     cmd = [sys.executable, "-m", module, *args]
     if sys.platform != "linux":
         return cmd
@@ -185,24 +203,35 @@ def worker_command(
         confine += ["--scratch", str(folder)]
     for path in read_only_dirs(config_dirs, headers=not writes_headers):
         confine += ["--read-only", path]
-    for path in writable_dirs([*writable, scratch]):
+    for path in writable_dirs(writable):  # never ``scratch``: the run's folder is ours
         confine += ["--writable", path]
+    for node in devices:
+        confine += ["--device", node]
     if private_net:
         confine.append("--private-net")
-    return [*confine, "--", *cmd]
+    return [*confine, *box.confine_flags(), "--", *cmd]
+
+
+def worker_folders(run: Path) -> tuple[Path, Path]:
+    """A run's folder (the parent's: the request, the log) and, inside it, the worker's
+    own (``box/``: its temp dir, its answer), the one it writes."""
+    own = run / "box"
+    own.mkdir(mode=0o700)
+    return run, own
 
 
 def headers_worker(where: Path, scratch: Path) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of :mod:`gatekeeper.worker.headers` (no model
-    code), in its box: ``where`` and ``scratch`` its only writable folders."""
+    code), in its box: ``where`` and a folder of ``scratch`` its only writable ones."""
+    _, own = worker_folders(scratch)
     cmd = worker_command(
         str(where),
-        writable=[where],
+        writable=[where, own],
         scratch=scratch,
         module="gatekeeper.worker.headers",
         writes_headers=True,
     )
-    return cmd, cache_env(scratch / "cache") | {"TMPDIR": str(scratch)}
+    return cmd, cache_env(own / "cache") | {"TMPDIR": str(own)}
 
 
 # what a worker's answer may weigh (a response with every shape set's timings and
@@ -211,17 +240,27 @@ ANSWER_CAP = 64 * 2**20
 LOG_TAIL = 64 * 2**10
 
 
+def answered(path: Path) -> bool:
+    """Whether anything is at ``path`` (a worker's answer: read by :func:`read_answer`,
+    which refuses what is not a plain file)."""
+    return os.path.lexists(path)
+
+
 def read_answer(path: Path, what: str, cap: int = ANSWER_CAP) -> str:
     """The text of an answer a worker or rank wrote, refused unread (WorkerError, one
-    line) when it is over ``cap`` bytes, or not a plain file."""
+    line) when it is over ``cap`` bytes, or not a plain file (a link, a FIFO: never
+    followed, never waited on)."""
     from ..errors import WorkerError
 
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data = f.read(cap + 1) if size <= cap else b""
+        fd = safefs.open_regular(path)
+    except safefs.NotPlain as e:
+        raise WorkerError(f"{what}: {path.name} refused unread: {e.strerror}") from None
     except OSError as e:
         raise WorkerError(f"{what}: cannot read {path.name}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(cap + 1) if size <= cap else b""
     if size > cap or len(data) > cap:
         raise WorkerError(
             f"{what}: {path.name} refused unread: {size} bytes, more than the {cap} bytes "
@@ -231,9 +270,10 @@ def read_answer(path: Path, what: str, cap: int = ANSWER_CAP) -> str:
 
 
 def read_tail(path: Path, size: int = LOG_TAIL) -> str:
-    """The last ``size`` bytes of a log ('' when it cannot be read)."""
+    """The last ``size`` bytes of a log ('' when it cannot be read, or is not a plain
+    file)."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefs.open_regular(path), "rb") as f:
             end = f.seek(0, os.SEEK_END)
             f.seek(max(0, end - size))
             return f.read(size).decode(errors="replace")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.helpers import TINY_CONFIG, TINY_MODEL, git, gk, write_project
+from support.outbox import Outbox
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the box is Linux's")
 
@@ -70,7 +71,9 @@ ESCAPES = textwrap.dedent("""
         done["hooksPath"] = _try("hooksPath", lambda: subprocess.run(
             ["git", "-C", str(here), "config", "core.hooksPath", plan["hooks"]],
             check=True, capture_output=True))
-        _write(pathlib.Path(plan["hooks"], "post-checkout"), hook, 0o755)
+        # the hook itself, outside the checkout (this test wrote it too: the box now
+        # leaves the temp dir read-only)
+        _try("hook file", lambda: _write(pathlib.Path(plan["hooks"], "post-checkout"), hook, 0o755))
         hooks = git_dir / "hooks" / "post-checkout"
         done["hook"] = _try("hook", lambda: _write(hooks, hook, 0o755))
         driver = f"[filter \\"evil\\"]\\n\\tclean = sh -c 'echo ran >> {marker}; cat'\\n"
@@ -97,12 +100,51 @@ ESCAPES = textwrap.dedent("""
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         done["daemon"] = daemon.pid
         # at exit, after the worker wrote its answer: a 2 GiB answer (sparse: no disk)
+        done.update(_parents_files(plan), dev=_root_over_the_host(), status=_status())
+        # at exit, after the worker wrote its answer: a 2 GiB answer (sparse: no disk)
         atexit.register(lambda: os.truncate(sys.argv[2], 2**31 + 1))
-        pathlib.Path(plan["report"]).write_text(json.dumps(done))
+        with open(plan["outbox"], "w") as f:  # a FIFO: the box leaves nothing else to write
+            f.write(json.dumps(done) + "\\n")
+
+    def _parents_files(plan):
+        # where the parent writes or reads: its temp dir (the run's folder above the
+        # worker's own, the cache dir's parent where a compile packs its bundle), the
+        # machine's /tmp, and /dev/shm
+        own = os.environ["TMPDIR"]
+        run = os.path.dirname(own)
+        victim = plan["victim"]
+        done = {}
+        for name in ("request.json.part", "results.json.part", "bundle.tar.zst.part"):
+            done[f"run:{name}"] = _try(name, lambda: os.symlink(victim, os.path.join(run, name)))
+        cache = os.path.dirname(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        part = os.path.join(cache, "bundle.tar.zst.part")
+        done["cache_parent:link"] = _try("link", lambda: os.symlink(victim, part + ".l"))
+        done["cache_parent:hard"] = _try("hard", lambda: os.link(victim, part + ".h"))
+        done["cache_parent:fifo"] = _try("fifo", lambda: os.mkfifo(part + ".f"))
+        done["tmp"] = _try("tmp", lambda: _write(f"/tmp/{plan['tag']}", "x"))
+        done["shm"] = _try("shm", lambda: _write(f"/dev/shm/{plan['tag']}", "x"))
+        done["own"] = _try("own", lambda: _write(os.path.join(own, "mine.txt"), "x"))
+        return done
+
+    def _root_over_the_host():
+        import stat
+        found = {"listing": sorted(os.listdir("/dev"))}
+        found["create"] = _try("create", lambda: _write("/dev/gk-planted", "x"))
+        node = os.path.join(os.environ["TMPDIR"], "blk")
+        block = 0o600 | stat.S_IFBLK
+        found["mknod"] = _try("mknod", lambda: os.mknod(node, block, os.makedev(7, 0)))
+        disks = sorted(os.listdir("/sys/class/block")) or ["vda"]  # the host's, by name
+        found["block"] = _try("block", lambda: os.close(os.open(f"/dev/{disks[0]}", os.O_RDWR)))
+        return found
+
+    def _status():
+        lines = pathlib.Path("/proc/self/status").read_text().splitlines()
+        wanted = ("CapEff", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs")
+        return {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines) if k in wanted}
 """)
 
 
-def _escaping_project(root: Path, tmp: Path) -> dict:
+def _escaping_project(root: Path, tmp: Path, outbox: Outbox) -> dict:
     """A committed project whose factory tries every escape; what it aims at."""
     model = TINY_MODEL.replace("def make():\n", "def make():\n    escape()\n") + ESCAPES
     config = TINY_CONFIG.replace('store = "store"', 'store = "store"\npass_env = ["MY_*"]')
@@ -114,15 +156,22 @@ def _escaping_project(root: Path, tmp: Path) -> dict:
     runner_temp = tmp / "runner-temp"
     plan = {
         "marker": str(tmp / "ran-outside.txt"),
+        "outbox": str(outbox.path),
         "hooks": str(tmp / "hooks"),
         "path_dir": str(tmp / "bin"),
         "github_env": str(runner_temp / "_runner_file_commands" / "set_env_1"),
         "file_command": str(runner_temp / "_runner_file_commands" / "add_path_1"),
-        "report": str(tmp / "report" / "escaped.json"),
         "daemon": f"gk-daemon-{time.time_ns()}",
+        "tag": f"gk-planted-{time.time_ns()}",
+        "victim": str(tmp / "victim.txt"),
         "runner_temp": str(runner_temp),
     }
-    for folder in ("bin", "report", "runner-temp/_runner_file_commands"):
+    Path(plan["victim"]).write_text("the parent's\n")
+    hook = Path(plan["hooks"], "post-checkout")
+    hook.parent.mkdir()
+    hook.write_text(f"#!/bin/sh\necho ran >> {plan['marker']}\n")
+    hook.chmod(0o755)
+    for folder in ("bin", "runner-temp/_runner_file_commands"):
         (tmp / folder).mkdir(parents=True)
     for name in ("github_env", "file_command"):
         Path(plan[name]).write_text("")
@@ -147,7 +196,8 @@ def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path,
     runs it; what the factory did, the plan, the project, and the checkout's status."""
     tmp = tmp_path_factory.mktemp("box")
     root = tmp / "p"
-    plan = _escaping_project(root, tmp)
+    outbox = Outbox()
+    plan = _escaping_project(root, tmp, outbox)
     env = {
         **CREDENTIALS,
         "PATH": f"{plan['path_dir']}{os.pathsep}{os.environ['PATH']}",
@@ -156,6 +206,7 @@ def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path,
         "MY_MODEL_SETTING": "passed",
     }
     proc = gk("key", "--json", cwd=root, env=env)
+    (report,) = outbox.docs()
     # its answer was 2 GiB: one line, refused unread (it used to be read whole)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -165,7 +216,6 @@ def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path,
 
     parents_git(root, "worktree", "add", "--detach", str(tmp / "base"), "HEAD")
     status = parents_git(root, "status", "--porcelain")
-    report = json.loads(Path(plan["report"]).read_text())
     return report, plan, root, status
 
 
@@ -319,3 +369,40 @@ def test_the_box_holds_for_an_unprivileged_user() -> None:
     time.sleep(0.3)
     assert _daemons(tag) == []
     shutil.rmtree(tmp_path)
+
+
+REFUSED = ("Read-only file system", "Invalid cross-device link")
+
+
+def test_the_parents_files_are_out_of_the_boxs_reach(escaped) -> None:
+    """Before: the box left the parent's temp dir writable, and a model symlinked
+    ``bundle.tar.zst.part`` (beside its cache dir) to a tracked file, which ``compile``
+    then overwrote with the bundle. Now the run's folder above the worker's own, the
+    cache dir's parent and the machine's ``/tmp`` refuse every link, hard link and FIFO;
+    ``/dev/shm`` is the box's own (gone with it); the worker's own folder is its to
+    write."""
+    report, plan = escaped[0], escaped[1]
+    planted = ("run:request.json.part", "run:results.json.part", "run:bundle.tar.zst.part", "tmp")
+    planted += ("cache_parent:link", "cache_parent:hard", "cache_parent:fifo")
+    for way in planted:
+        assert any(why in report[way] for why in REFUSED), (way, report[way])
+    assert report["own"] == "done" and report["shm"] == "done", report
+    assert not Path("/dev/shm", plan["tag"]).exists()
+    assert not Path("/tmp", plan["tag"]).exists()
+    assert Path(plan["victim"]).read_text() == "the parent's\n"
+
+
+def test_root_in_the_box_is_not_root_over_the_host(escaped) -> None:
+    """Before: ``/dev`` was the host's and writable, and ``CAP_MKNOD`` kept: a root
+    worker created a file in ``/dev`` and made a block device node. Now ``/dev`` is the
+    box's own, read-only, with the usual nodes only (no disk to open), and the worker
+    holds no capability at all, with ``no_new_privs``."""
+    dev, status = escaped[0]["dev"], escaped[0]["status"]
+    usual = {"null", "zero", "full", "random", "urandom", "tty", "shm"}
+    assert set(dev["listing"]) == usual | {"fd", "stdin", "stdout", "stderr"}, dev["listing"]
+    assert "Read-only file system" in dev["create"], dev
+    assert "Operation not permitted" in dev["mknod"], dev
+    assert "No such file or directory" in dev["block"], dev
+    for caps in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
+        assert int(status[caps], 16) == 0, status
+    assert status["NoNewPrivs"] == "1", status

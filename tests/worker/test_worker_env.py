@@ -11,18 +11,20 @@ from pathlib import Path
 
 import pytest
 from support.helpers import TINY_CONFIG, TINY_MODEL, gk, write_project
+from support.outbox import Outbox
 
 SPY_MODEL = TINY_MODEL.replace(
     "def make():\n",
     textwrap.dedent("""
         def make():
             import json, os, pathlib
-            # the model's folder is read-only in its box: beside it, in the temp dir
-            seen = pathlib.Path(__file__).parent.parent / "seen.json"
-            seen.write_text(json.dumps(dict(os.environ)))
+            # the box leaves nothing to write that outlives it: a FIFO the test reads
+            outbox = (pathlib.Path(__file__).parent / "outbox.txt").read_text()
+            with open(outbox, "w") as f:
+                f.write(json.dumps(dict(os.environ)) + "\\n")
     """).lstrip("\n"),
 )
-assert "seen.json" in SPY_MODEL
+assert "outbox.txt" in SPY_MODEL
 
 SECRETS = {
     "GATEKEEPER_SIGNING_KEY": "sk-signing",
@@ -63,9 +65,11 @@ KEPT = {
 def test_a_factory_cannot_see_the_secrets(tmp_path: Path) -> None:
     config = TINY_CONFIG.replace('store = "store"', 'store = "store"\npass_env = ["MY_*"]')
     project = write_project(tmp_path / "p", SPY_MODEL, config)
+    outbox = Outbox()
+    (project / "outbox.txt").write_text(str(outbox.path))
     proc = gk("key", "--json", cwd=project, env={**SECRETS, **KEPT, **PASSED})
     assert proc.returncode == 0, proc.stderr
-    seen = json.loads((tmp_path / "seen.json").read_text())
+    (seen,) = outbox.docs()
     assert not set(SECRETS) & set(seen)
     assert not any(v in json.dumps(seen) for v in SECRETS.values())
     for name, value in {**KEPT, "MY_MODEL_SETTING": "42"}.items():
