@@ -6,19 +6,27 @@ environment (an allow-list) and its confined command line. No torch here.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
-import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .. import safefs
 from ..scratch import held
-from ..secrecy import NEVER_PASSED, is_credential
+from ..secrecy import (
+    NEVER_PASSED,
+    PASS_SECRETS,
+    holds_password,
+    is_credential,
+    let_through,
+    may_be_credential,
+)
 from . import box
 from .headers import folder as headers_folder
 from .protocol import Build
 
+log = logging.getLogger("gatekeeper.worker")
 # What the worker's environment keeps of the parent's (docs/hardening.md, "The worker's
 # environment"): what Python, torch, inductor, Triton, CUDA/ROCm, NCCL and gloo, the
 # C++ compiler and the BLAS/OpenMP runtimes read. Anything else comes only through
@@ -44,33 +52,49 @@ ALLOWED_PREFIXES = (
 )  # fmt: skip
 
 
-_MAY_BE_CREDENTIAL = re.compile(
-    r"PASS|PWD|SECRET|TOKEN|CRED|AUTH|COOKIE|SESSION|(KEY|URL|URI|DSN)(_|$)"
-)
-
-
 def allowed(name: str, pass_env: Iterable[str] = ()) -> bool:
     """Whether the parent's variable ``name`` reaches the worker: on the allow-list, or
-    named by ``pass_env`` (a name, or a ``PREFIX*`` glob, which never matches a name that
-    may hold a credential: ``PGPASSWORD``, ``DATABASE_URL``), and never a credential by
-    its name nor one of :data:`gatekeeper.secrecy.NEVER_PASSED`."""
+    named by ``pass_env`` (a name, or a ``PREFIX*`` glob); never one of
+    :data:`gatekeeper.secrecy.NEVER_PASSED`, and never a name that may hold a credential
+    (``PGPASSWORD``, ``DATABASE_URL``, ``DEPLOY_KEY``) unless ``pass_env`` names it and
+    the workflow lets it through (``GATEKEEPER_PASS_SECRETS``)."""
     upper = name.upper()
-    if is_credential(upper) or upper.startswith(NEVER_PASSED):
+    if upper.startswith(NEVER_PASSED):
+        return False
+    patterns = list(pass_env)
+    if name in patterns and name in let_through():
+        return True
+    if is_credential(upper):
         return False
     if upper in ALLOWED_NAMES or upper.startswith(ALLOWED_PREFIXES):
         return True
-    patterns = list(pass_env)
-    if name in patterns:
-        return True
-    # a glob never passes a name that may hold a credential (PGPASSWORD, DATABASE_URL)
-    globbed = any(fnmatch.fnmatchcase(name, p) for p in patterns if p.endswith("*"))
-    return globbed and not _MAY_BE_CREDENTIAL.search(upper)
+    if may_be_credential(upper):
+        return False
+    return name in patterns or any(
+        fnmatch.fnmatchcase(name, p) for p in patterns if p.endswith("*")
+    )
 
 
 def worker_environ(environ: Mapping[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:
-    """What of ``environ`` a worker is given (:func:`allowed`)."""
-    names = list(pass_env)
-    return {k: v for k, v in environ.items() if allowed(k, names)}
+    """What of ``environ`` a worker is given (:func:`allowed`), less a value that holds
+    a password (a URL's, a DSN's) unless the workflow lets its name through: dropped,
+    with a warning."""
+    names, through = list(pass_env), let_through()
+    found = {k: v for k, v in environ.items() if allowed(k, names)}
+    for name in [k for k, v in found.items() if k not in through and holds_password(v)]:
+        del found[name]
+        if name not in _warned:
+            _warned.add(name)
+            log.warning(
+                "%s is not given to workers: its value holds a password (%s=%s lets it through)",
+                name,
+                PASS_SECRETS,
+                name,
+            )
+    return found
+
+
+_warned: set[str] = set()
 
 
 def cache_env(

@@ -406,3 +406,20 @@ def test_root_in_the_box_is_not_root_over_the_host(escaped) -> None:
     for caps in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
         assert int(status[caps], 16) == 0, status
     assert status["NoNewPrivs"] == "1", status
+
+
+def test_a_config_naming_a_credential_in_pass_env_is_one_line_before_any_worker(
+    tmp_path: Path,
+) -> None:
+    """Before: these five names in the pull request's own ``pass_env`` passed their
+    values to the worker. Now the config is refused as it loads: one line naming the
+    first and the workflow's way to let it through, exit 2, no worker started."""
+    names = json.dumps(list(CREDENTIALS))
+    config = TINY_CONFIG.replace('store = "store"', f'store = "store"\npass_env = {names}')
+    root = write_project(tmp_path / "p", TINY_MODEL, config)
+    proc = gk("key", "--json", cwd=root, env=CREDENTIALS)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "'PGPASSWORD' may name a credential" in proc.stderr, proc.stderr
+    assert "GATEKEEPER_PASS_SECRETS=PGPASSWORD" in proc.stderr, proc.stderr
+    assert not any(v in proc.stderr + proc.stdout for v in CREDENTIALS.values())

@@ -93,3 +93,29 @@ def test_the_scrubbed_environment_is_the_one_every_worker_gets(tmp_path: Path, m
     assert not any(
         is_secret(k) for k in ("PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
     )
+
+
+def test_a_credential_reaches_a_worker_only_when_the_workflow_lets_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Before: a name a config's ``pass_env`` listed reached the worker whatever it
+    held (``PGPASSWORD``, ``DATABASE_URL``, ``DEPLOY_KEY``, ``SSH_KEY``, ``MYSQL_PWD``).
+    Now none does unless the workflow lets it through (``GATEKEEPER_PASS_SECRETS``),
+    and a value holding a password under a name that does not say so is dropped."""
+    from gatekeeper.boundary.client import cache_env
+
+    five = ("PGPASSWORD", "DATABASE_URL", "DEPLOY_KEY", "SSH_KEY", "MYSQL_PWD")
+    for name in five:
+        monkeypatch.setenv(name, SECRETS[name])
+    monkeypatch.setenv("MY_DB", "postgres://u:db-secret@h/d")
+    monkeypatch.setenv("MY_DB_DSN_TEXT", "host=h password=pw dbname=d")
+    monkeypatch.setenv("MY_ENDPOINT", "https://models.example/v1")
+    monkeypatch.delenv("GATEKEEPER_PASS_SECRETS", raising=False)
+    env = cache_env(tmp_path, None, [*five, "MY_*"])
+    assert not set(five) & set(env), env
+    assert "MY_DB" not in env and "MY_DB_DSN_TEXT" not in env
+    assert env["MY_ENDPOINT"] == "https://models.example/v1"  # no password in it
+    monkeypatch.setenv("GATEKEEPER_PASS_SECRETS", "PGPASSWORD DATABASE_URL")
+    env = cache_env(tmp_path, None, list(five))
+    assert {n for n in five if n in env} == {"PGPASSWORD", "DATABASE_URL"}
+    assert env["DATABASE_URL"] == SECRETS["DATABASE_URL"]
