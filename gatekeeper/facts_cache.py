@@ -23,10 +23,12 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -128,6 +130,35 @@ def recall(question: str) -> Any:
 
 
 _replaced = 0  # how many remembered answers this process found wrong and replaced
+log = logging.getLogger("gatekeeper.facts")
+
+
+def confirm(
+    question: str, theirs: Any, valid: Callable[[Any], bool], ask: Callable[[], Any]
+) -> None:
+    """A worker said ``theirs`` to ``question`` (before any model code ran): where it
+    contradicts the remembered answer, this process asks (``ask``: its own torch) and,
+    where that contradicts it too, replaces the remembered one, with a warning. Model
+    code that once ran unconfined may have written the answers, and with them the env
+    key a bundle is filed under."""
+    remembered = recall(question)
+    if not valid(theirs) or not valid(remembered) or theirs == remembered:
+        return
+    own = ask()
+    if own == remembered:
+        return  # the worker's environment differs, not the memory
+    replace(question, own)
+    log.warning(
+        "the remembered torch facts (%s) contradict the worker's (%s): replaced by this "
+        "process's own (%s)",
+        _shown(remembered),
+        _shown(theirs),
+        _shown(own),
+    )
+
+
+def _shown(doc: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(doc.items()) if k not in ("device", "torch_git"))
 
 
 def replaced() -> int:

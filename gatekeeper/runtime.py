@@ -37,7 +37,7 @@ from .aot_files import INFO as INFO
 from .aot_files import MANIFEST as MANIFEST
 from .aot_files import PACKAGE as PACKAGE
 from .aot_files import AotUnavailable as AotUnavailable
-from .aot_files import check_package, inductor_cache_dir, package_dir
+from .aot_files import check_package, inductor_cache_dir, loadable, package_dir
 from .errors import GatekeeperError, UsageError
 
 if TYPE_CHECKING:
@@ -123,30 +123,10 @@ def measured_cpu_facts() -> dict[str, Any]:
 
 
 def confirm_facts(worker: dict[str, Any] | None) -> None:
-    """After a worker answered: a remembered fact of the CPU that the worker's torch
-    contradicts (``worker``: what it said before any model code ran) is replaced by
-    what this process's torch says, with a warning. Model code that ran unconfined
-    once may have written the remembered facts, and with them the env key."""
-    remembered = facts_cache.recall("facts:cpu")
-    if not _cpu_facts(worker) or not _cpu_facts(remembered) or worker == remembered:
-        return
-    import logging
-
-    own = measured_cpu_facts()
-    if own == remembered:
-        return  # the worker's environment, not the memory, differs
-    facts_cache.replace("facts:cpu", own)
-    logging.getLogger("gatekeeper.facts").warning(
-        "the remembered torch facts %s contradict the worker's torch %s: replaced by "
-        "this process's %s",
-        _shown(remembered),
-        _shown(worker),
-        _shown(own),
-    )
-
-
-def _shown(facts: Any) -> str:
-    return f"({facts['cpu_capability']}, {facts['threads']} threads, torch {facts['torch']})"
+    """After a worker answered: remembered facts of the CPU that the worker's torch
+    contradicts (``worker``: what it said before any model code ran) are replaced by
+    what this process's torch says, with a warning (:func:`gatekeeper.facts_cache.confirm`)."""
+    facts_cache.confirm("facts:cpu", worker, _cpu_facts, measured_cpu_facts)
 
 
 def _cpu_facts(doc: Any) -> bool:
@@ -434,20 +414,24 @@ def load_aot(
 
 class VerifiedAot:
     """A target's installed package as verified: a private copy (a 0700 folder of this
-    process's) of the bytes whose sha256 was checked. :meth:`load` loads that copy, so
-    what runs is what was verified, whatever happens to the installed file meanwhile."""
+    process's, in its temp dir) of the bytes whose sha256 was checked, held open.
+    :meth:`load` loads that open file, so what runs is what was verified, whatever
+    happens to the installed file, or to the copy's name, meanwhile."""
 
-    def __init__(self, target: str, installed: Path, copy: Path, info: dict) -> None:
+    def __init__(self, target: str, installed: Path, copy: Path, info: dict, fd: int) -> None:
         self.target, self.installed, self.copy, self.info = target, installed, copy, info
+        self.sha256, self._fd = str(info.get("sha256")), fd
 
     def load(self, *, model: Any = None, weights: Mapping[str, Any] | None = None) -> AotModel:
         import shutil
 
         try:  # torch's loader extracts the archive: the copy is not needed afterwards
-            loaded = load_package(self.copy, self.info, model=model, weights=weights)
+            path = loadable(self.copy, self._fd, self.sha256)
+            loaded = load_package(path, self.info, model=model, weights=weights)
             loaded.path = self.installed
             return loaded
         finally:
+            os.close(self._fd)
             shutil.rmtree(self.copy.parent, ignore_errors=True)
 
 
@@ -477,8 +461,8 @@ def verified_aot(
         raise AotUnavailable(f"{wanted}: {where / INFO} is not this target's")
     if info.get("verified") is not True:
         raise AotUnavailable(f"{wanted}: the package installed in {where} is not verified")
-    copy = check_package(wanted, where, info)
-    return VerifiedAot(wanted, where / PACKAGE, copy, info)
+    copy, fd = check_package(wanted, where, info)
+    return VerifiedAot(wanted, where / PACKAGE, copy, info, fd)
 
 
 def _aot_target(config: Config | str | os.PathLike[str] | None, wanted: str) -> None:

@@ -100,13 +100,15 @@ def confine_flags() -> list[str]:
     return [*flags, "--best-effort"] if unconfined_allowed() else flags
 
 
-def _without_box(why: str) -> None:
-    """A worker runs without (part of) its box: refused, unless the owner chose it."""
+def _without_box(*why: str) -> None:
+    """A worker runs without (part of) its box, for these reasons: refused, unless the
+    owner chose it (then said once)."""
     if not unconfined_allowed():
-        raise BoxUnavailable(f"no box for model code: {why}; {WAY_OUT}")
-    if why not in _without:
-        _without.append(why)
-        log.warning("model code runs unconfined (%s): %s", UNCONFINED, why)
+        raise BoxUnavailable(f"no box for model code: {'; '.join(why)}; {WAY_OUT}")
+    new = [w for w in why if w not in _without]
+    if new:
+        _without.extend(new)
+        log.warning("model code runs unconfined (%s): %s", UNCONFINED, "; ".join(new))
 
 
 class Boxed:
@@ -159,7 +161,7 @@ def start(cmd: list[str], **popen) -> Boxed:
     if said == "held":
         return boxed
     if said.startswith("partial: "):
-        _without_box(said[len("partial: ") :])
+        _without_box(*said[len("partial: ") :].split("; "))
         return boxed
     proc.wait()
     boxed.close()

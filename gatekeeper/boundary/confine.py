@@ -51,7 +51,7 @@ CAP_VERSION_3 = 0x20080522
 CAP_SYS_ADMIN = 21
 REFUSED = 125  # the exit code of a box that could not be made (nothing ran)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-POLL = 0.05  # seconds between the init's looks at the process count
+POLL = 0.02  # seconds between the init's looks at the process count
 
 
 class Refused(Exception):
@@ -265,8 +265,11 @@ def _harden(libc: ctypes.CDLL, box: Box) -> None:
     ok = libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
     box.step(ok and libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1, _errno("no no_new_privs"))
     limits = [(resource.RLIMIT_FSIZE, box.opts.max_file_size)]
-    if os.getuid() != 0:  # never enforced for root: the cgroup or the init's count is
-        limits.append((resource.RLIMIT_NPROC, box.opts.max_processes))
+    most = box.opts.max_processes
+    if os.getuid() != 0 and most:  # never enforced for root: the cgroup or the init's count
+        # is; in the box's user namespace it counts the box and its supervisor, so the
+        # init's count sees the limit reached (and ends the box) when a fork is refused
+        limits.append((resource.RLIMIT_NPROC, most + 2))
     for which, most in limits:
         if most:
             hard = resource.getrlimit(which)[1]
