@@ -124,6 +124,8 @@ ESCAPES = textwrap.dedent("""
         done["tmp"] = _try("tmp", lambda: _write(f"/tmp/{plan['tag']}", "x"))
         done["shm"] = _try("shm", lambda: _write(f"/dev/shm/{plan['tag']}", "x"))
         done["own"] = _try("own", lambda: _write(os.path.join(own, "mine.txt"), "x"))
+        with open(victim) as f:  # what the box leaves open: reading what its user may
+            done["read"] = f.read()
         return done
 
     def _root_over_the_host():
@@ -423,3 +425,58 @@ def test_a_config_naming_a_credential_in_pass_env_is_one_line_before_any_worker(
     assert "'PGPASSWORD' may name a credential" in proc.stderr, proc.stderr
     assert "GATEKEEPER_PASS_SECRETS=PGPASSWORD" in proc.stderr, proc.stderr
     assert not any(v in proc.stderr + proc.stdout for v in CREDENTIALS.values())
+
+
+def test_what_the_box_leaves_open(escaped) -> None:
+    """The box is about writing and processes, not reading: model code reads what its
+    user may read (docs/hardening.md, "What it cannot promise"), here a file of this
+    test's in the parent's temp dir."""
+    assert escaped[0]["read"] == "the parent's\n"
+
+
+PLANTER = textwrap.dedent("""
+    def plant():
+        # links, hard links and FIFOs in the cache dir the parent packs, and at the
+        # name beside it where the bundle used to be packed
+        import json, os, pathlib
+        victim = json.loads((pathlib.Path(__file__).parent / "victim.json").read_text())
+        cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        zz = os.path.join(cache, "zz")
+        os.makedirs(zz, exist_ok=True)
+        for make in (
+            lambda: os.symlink(victim, os.path.join(zz, "link")),
+            lambda: os.mkfifo(os.path.join(zz, "fifo")),
+            lambda: os.link(victim, os.path.join(zz, "hard")),
+            lambda: os.symlink(os.path.dirname(victim), os.path.join(cache, "zz-folder")),
+            lambda: os.symlink(victim, os.path.join(cache, "..", "bundle.tar.zst.part")),
+            lambda: os.mkfifo(os.path.join(cache, "..", "bundle.tar.zst.part")),
+        ):
+            try:
+                make()
+            except OSError:
+                pass
+""")
+
+
+def test_a_compile_packs_only_the_plain_files_its_worker_left(tmp_path: Path) -> None:
+    """Before: the box left the compile's scratch writable, and ``bundle.pack`` opened
+    ``bundle.tar.zst.part`` beside the cache dir as it was: a link planted there had
+    ``compile`` write the archive into a tracked file. Now nothing beside the cache dir
+    is the worker's, and of the cache dir only plain files are packed: the bundle is
+    published, verifies, and holds none of what was planted; the victim is untouched."""
+    root = tmp_path / "p"
+    model = TINY_MODEL.replace("def make():\n", "def make():\n    plant()\n") + PLANTER
+    write_project(root, model)
+    victim = tmp_path / "victim.py"
+    victim.write_text("the checkout's\n")
+    (root / "victim.json").write_text(json.dumps(str(victim)))
+    proc = gk("compile", "--json", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    (target,) = json.loads(proc.stdout)["targets"]
+    assert target["status"] == "published", target
+    assert victim.read_text() == "the checkout's\n"
+    (manifest,) = (root / "store").rglob("manifest.json")
+    files = json.loads(manifest.read_text())["files"]
+    assert files and not [f for f in files if "/zz" in f], sorted(files)
+    verified = gk("store", "verify", cwd=root)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
