@@ -287,8 +287,29 @@ def _publish(
     that does not verify is replaced); what the worker left that no bundle holds (a
     link, a FIFO where a file should be) fails the target in one line."""
     result.env_key = key.env_key
+    megacache = tmp / "out" / MEGACACHE
     try:
-        archive, manifest = _pack(result, key, resp, tmp, members, only, seed, config, target)
+        archive, manifest = bundle.pack(
+            tmp / "cache",
+            megacache if os.path.lexists(megacache) else None,
+            tmp,
+            target=key.target_id,
+            key=key.as_dict(),
+            compile_info={
+                "seconds": resp.compile_seconds,
+                "counters": resp.counters,
+                "torch": resp.torch,
+                **_cold_figure(resp.compile_seconds, result.counters, seed),
+                **({"seed": result.seed} if result.seed else {}),
+                **distributed.manifest_section(target, resp),
+                **result.packages,
+            },
+            creator=creator(),
+            version=__version__,
+            signing_key=signing_key(config.require_signature),
+            members=members,
+            only=only,
+        )
     except BundleError as e:
         result.status, result.error, result.error_kind = "error", f"{target.id}: {e}", "compile"
         return
@@ -304,41 +325,6 @@ def _publish(
             )
     except StoreError as e:
         result.status, result.error, result.error_kind = "error", str(e), "store"
-
-
-def _pack(
-    result: CompileResult,
-    key: CacheKey,
-    resp: Response,
-    tmp: Path,
-    members: dict[str, Path],
-    only: set[str] | None,
-    seed: Seed | None,
-    config: Config,
-    target: Target,
-) -> tuple[Path, bundle.Manifest]:
-    megacache = tmp / "out" / MEGACACHE
-    return bundle.pack(
-        tmp / "cache",
-        megacache if os.path.lexists(megacache) else None,
-        tmp,
-        target=key.target_id,
-        key=key.as_dict(),
-        compile_info={
-            "seconds": resp.compile_seconds,
-            "counters": resp.counters,
-            "torch": resp.torch,
-            **_cold_figure(resp.compile_seconds, result.counters, seed),
-            **({"seed": result.seed} if result.seed else {}),
-            **distributed.manifest_section(target, resp),
-            **result.packages,
-        },
-        creator=creator(),
-        version=__version__,
-        signing_key=signing_key(config.require_signature),
-        members=members,
-        only=only,
-    )
 
 
 def _cold_figure(seconds: float | None, counters: dict, seed: Seed | None) -> dict:
