@@ -89,6 +89,17 @@ class Box:
         self.flags = 0
         self.missing: list[str] = []
         self.cgroup: mounts.Cgroup | None = None
+        # each scratch folder's parent, opened before the filesystem became read-only
+        # (the host's mounts: the supervisor removes them through it), and its name
+        self.scratch: list[tuple[int, str]] = []
+
+    def close_outside(self) -> None:
+        """In the box's init: nothing that reaches outside the box stays open (the
+        cgroup above it, the scratch folders' parents on the host's writable mounts)."""
+        if self.cgroup is not None:
+            self.cgroup.close()
+        for fd, _ in self.scratch:
+            os.close(fd)
 
     def step(self, ok: bool, why: str) -> bool:
         """A step's outcome: refused ends the box unless best effort (then it is said)."""
@@ -239,6 +250,12 @@ def enter(opts: Options, libc: ctypes.CDLL | None = None) -> Box:
     box = Box(opts)
     if opts.max_processes:
         box.cgroup = mounts.pids_cgroup(opts.max_processes)
+    for folder in opts.scratch:
+        try:
+            parent = os.open(os.path.dirname(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        box.scratch.append((parent, os.path.basename(folder)))
     namespaces(libc, box)
     if box.flags & CLONE_NEWNS:
         mounts.filesystem(libc, box)
@@ -326,8 +343,7 @@ def _init(libc: ctypes.CDLL, box: Box, program: Callable[[], None], alive: int, 
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if select.select([alive], [], [], 0)[0]:  # the write end closed: the supervisor is gone
         os._exit(1)
-    if box.cgroup is not None:
-        box.cgroup.close()
+    box.close_outside()
     try:
         if box.flags & CLONE_NEWPID:
             mounts.mount_proc(libc, box)
@@ -412,10 +428,8 @@ def _supervise(child: int, report: int, box: Box) -> None:
     if parent and os.getppid() != parent:
         import shutil
 
-        bound = [*box.opts.writable, *box.opts.read_only] if box.flags & CLONE_NEWNS else []
-        for folder in box.opts.scratch:
-            mounts.unmount_under(libc, folder, bound)  # a mount point is no folder to remove
-            shutil.rmtree(folder, ignore_errors=True)
+        for fd, name in box.scratch:  # through the host's mounts: the box's are read-only
+            shutil.rmtree(name, ignore_errors=True, dir_fd=fd)
     _exit_as(int.from_bytes(said, "little") if len(said) == 4 else status)
 
 

@@ -16,7 +16,7 @@ import os
 import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 4096, 16384, 1 << 18, 2
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 # a remount must keep the flags the kernel locked on the mount: statvfs's -> mount's
 KEPT_FLAGS = {2: 2, 4: 4, 8: 8, 1024: 1024, 2048: 2048, 4096: 1 << 21}
 KERNEL_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger")
@@ -158,15 +158,6 @@ def mount_proc(libc: ctypes.CDLL, box) -> None:
     for path in KERNEL_READ_ONLY:
         if os.path.exists(path) and not _mount(libc, path, True, path):
             box.step(False, _errno(f"cannot make {path} read-only"))
-
-
-def unmount_under(libc: ctypes.CDLL, folder: str, bound: list[str]) -> None:
-    """Detach, in this namespace, the mounts this process made (``bound``) at or below
-    ``folder``, the deepest first (``/proc/self`` is the box's now: no mountinfo)."""
-    for point in sorted(bound, key=lambda p: -p.rstrip("/").count("/")):
-        if _under(point, folder):
-            while libc.umount2(point.encode(), MNT_DETACH) == 0:
-                pass
 
 
 # -- the pids cgroup ------------------------------------------------------------------------
