@@ -48,34 +48,51 @@ def package_dir(cache: Path, target_id: str) -> Path:
     return cache / AOT_HOME / target_id.replace("/", "__")
 
 
-def private_copy(src: Path) -> tuple[Path, str]:
+def private_copy(src: Path) -> tuple[Path, str, int]:
     """``src`` (never through a symlink) copied into a new 0700 folder of this
-    process's (beside it, on its filesystem, else in the temp dir), and the sha256 of
-    exactly the bytes copied."""
-    try:
-        folder = Path(tempfile.mkdtemp(prefix=".gk-load-", dir=src.parent))
-    except OSError:  # a read-only install
-        folder = Path(tempfile.mkdtemp(prefix="gk-aot-"))
+    process's in its temp dir (never inside the package's folder, which others may
+    write), the sha256 of exactly the bytes copied, and a descriptor of the copy
+    (what is loaded: :func:`loadable`)."""
+    folder = Path(tempfile.mkdtemp(prefix="gk-aot-"))
     dest, h = folder / PACKAGE, hashlib.sha256()
     try:
         fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f, open(dest, "xb") as out:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        kept = os.open(dest, flags, 0o600)
+        with os.fdopen(fd, "rb") as f, os.fdopen(os.dup(kept), "wb") as out:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
                 out.write(chunk)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    return dest, h.hexdigest()
+    return dest, h.hexdigest(), kept
 
 
-def check_package(wanted: str, where: Path, info: dict) -> Path:
+def loadable(copy: Path, fd: int, sha256: str) -> str:
+    """What to hand torch's loader of a verified private copy: the open descriptor's
+    own path (``/proc/self/fd/N``: the very file hashed, whatever the name holds now),
+    or, where there is none, the copy's path once its bytes hash as verified again."""
+    own = f"/proc/self/fd/{fd}"
+    if os.path.exists(own):
+        return own
+    h = hashlib.sha256()
+    with os.fdopen(os.dup(fd), "rb") as f:
+        f.seek(0)
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != sha256:
+        raise AotUnavailable(f"{copy}: changed after it was verified: not loaded")
+    return str(copy)
+
+
+def check_package(wanted: str, where: Path, info: dict) -> tuple[Path, int]:
     """Loading a package runs its shared library: it must be the file ``warm`` verified.
     Its sha256 must be the one ``warm`` recorded; where this process has the signing
     key (or a signature is required), the bundle's signed manifest ``warm`` kept beside
     it must verify and record that same sha256, so an edited ``package.json`` is no way
-    around it. The bytes hashed are a private copy's, the one loaded (returned).
-    Raises :class:`AotUnavailable` otherwise."""
+    around it. The bytes hashed are a private copy's, the one loaded (returned, with a
+    descriptor of it: :func:`loadable`). Raises :class:`AotUnavailable` otherwise."""
     from . import bundle
     from .errors import BundleError, ConfigError
 
@@ -100,13 +117,14 @@ def check_package(wanted: str, where: Path, info: dict) -> Path:
         if entry is None or entry.sha256 != recorded or manifest.code_hash != info.get("code_hash"):
             raise AotUnavailable(f"{wanted}: {where / INFO} is not what its signed manifest says")
     try:
-        copy, actual = private_copy(where / PACKAGE)
+        copy, actual, fd = private_copy(where / PACKAGE)
     except OSError as e:  # missing, or a symlink (O_NOFOLLOW)
         raise AotUnavailable(f"{wanted}: {where / PACKAGE} unreadable: {e.strerror}") from None
     if actual != recorded:
+        os.close(fd)
         shutil.rmtree(copy.parent, ignore_errors=True)
         raise AotUnavailable(
             f"{wanted}: {where / PACKAGE} is not the package warm verified (sha256 "
             f"{actual[:12]}, recorded {recorded[:12]}): not loaded"
         )
-    return copy
+    return copy, fd

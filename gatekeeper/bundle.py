@@ -29,13 +29,13 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import safefs
 from .errors import BundleError, ConfigError
 from .hashing import sha256_file
 from .secrecy import secret
@@ -147,29 +147,25 @@ def changed_files(old_dir: Path, new_dir: Path) -> dict[str, Path]:
     """Files of ``new_dir`` (a copy of ``old_dir`` that a process then wrote to) that
     are new or differ, by relative path; lock files excluded."""
     files: dict[str, Path] = {}
-    for path in sorted(p for p in new_dir.rglob("*") if p.is_file() and not p.is_symlink()):
-        rel = path.relative_to(new_dir)
-        if rel.parts[0] in SKIP_DIRS:
+    for rel, path in safefs.plain_files(new_dir):  # a worker's: plain files only
+        if "/" in rel and rel.split("/", 1)[0] in SKIP_DIRS:
             continue
-        old = old_dir / rel
-        if (
-            not old.is_file()
-            or old.stat().st_size != path.stat().st_size
-            or sha256_file(old) != sha256_file(path)
-        ):
-            files[rel.as_posix()] = path
+        try:
+            same = safefs.sha256_regular(old_dir / rel) == safefs.sha256_regular(path)
+        except OSError:
+            same = False
+        if not same:
+            files[rel] = path
     return files
 
 
 def _members(cache_dir: Path, megacache: Path | None) -> dict[str, Path]:
+    """The plain files of a compile's cache dir (never through a link: the worker wrote
+    it) and its Mega-Cache blob, by archive name."""
     members: dict[str, Path] = {}
-    for dirpath, dirnames, filenames in os.walk(cache_dir):
-        rel_dir = Path(dirpath).relative_to(cache_dir)
-        dirnames[:] = sorted(d for d in dirnames if not (rel_dir == Path(".") and d in SKIP_DIRS))
-        for name in sorted(filenames):
-            full = Path(dirpath) / name
-            if full.is_file() and not full.is_symlink():
-                members[CACHE_PREFIX + (rel_dir / name).as_posix()] = full
+    for rel, path in safefs.plain_files(cache_dir):
+        if rel.split("/", 1)[0] not in SKIP_DIRS or "/" not in rel:
+            members[CACHE_PREFIX + rel] = path
     if megacache is not None:
         members[MEGACACHE] = megacache
     return members
@@ -193,7 +189,10 @@ def pack(
     archive name -> file) into ``dest_dir``; ``only``: just these files of the cache
     dir, by relative path (what a seeded compile used or wrote).
 
-    Returns the archive path (``bundle-<sha16>.tar.zst``) and its manifest.
+    The worker wrote every member: each is read once, as a plain file (a link, a FIFO
+    or a device is refused: BundleError), and hashed as it goes into the archive. The
+    archive is a new file of ``dest_dir`` (where the worker cannot write), renamed to
+    its name. Returns the archive path (``bundle-<sha16>.tar.zst``) and its manifest.
     """
     found = _members(cache_dir, megacache)
     if only is not None:
@@ -203,26 +202,23 @@ def pack(
             if not name.startswith(CACHE_PREFIX) or name[len(CACHE_PREFIX) :] in only
         }
     found.update(members or {})
-    files = {
-        name: FileEntry(sha256=sha256_file(p), size=p.stat().st_size) for name, p in found.items()
-    }
-    tmp = dest_dir / "bundle.tar.zst.part"
+    files: dict[str, FileEntry] = {}
+    part = dest_dir / f".bundle-{os.getpid()}.tar.zst.part"
     cctx = zstandard.ZstdCompressor(level=3, threads=-1)
-    with (
-        open(tmp, "wb") as raw,
-        cctx.stream_writer(raw) as zw,
-        tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        for name, path in found.items():
-            info = tarfile.TarInfo(name)
-            info.size = files[name].size
-            info.mode = 0o644
-            info.mtime = 0  # reproducible: content, not time, defines the archive
-            with open(path, "rb") as f:
-                tar.addfile(info, f)
-    digest = sha256_file(tmp)
-    archive = dest_dir / f"bundle-{digest[:16]}.tar.zst"
-    os.replace(tmp, archive)
+    try:
+        with (
+            safefs.new_file(part) as raw,
+            cctx.stream_writer(raw, closefd=False) as zw,
+            tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for name, path in found.items():
+                files[name] = _add(tar, name, path)
+        digest = sha256_file(part)
+        archive = dest_dir / f"bundle-{digest[:16]}.tar.zst"
+        os.rename(part, archive)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     manifest = Manifest(
         target=target,
         env_key=key["env_key"],
@@ -236,6 +232,34 @@ def pack(
         gatekeeper_version=version,
     )
     return archive, sign(manifest, signing_key)
+
+
+class _Hashing:
+    """A file read once: what it gives tarfile is hashed on the way."""
+
+    def __init__(self, f) -> None:
+        self.f, self.h = f, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.h.update(data)
+        return data
+
+
+def _add(tar: tarfile.TarFile, name: str, path: Path) -> FileEntry:
+    """``path`` (a worker's: a plain file, or BundleError) into ``tar`` as ``name``."""
+    try:
+        fd = safefs.open_regular(path)
+    except OSError as e:
+        raise BundleError(f"{name}: {e.strerror or e}; not packed") from None
+    with os.fdopen(fd, "rb") as f:
+        info = tarfile.TarInfo(name)
+        info.size = os.fstat(fd).st_size
+        info.mode = 0o644
+        info.mtime = 0  # reproducible: content, not time, defines the archive
+        src = _Hashing(f)
+        tar.addfile(info, src)
+    return FileEntry(sha256=src.h.hexdigest(), size=info.size)
 
 
 def sign(manifest: Manifest, signing_key: bytes | None) -> Manifest:
@@ -392,27 +416,37 @@ def install_tree(src_root: Path, cache_dir: Path) -> int:
     """Copy every file under ``src_root`` (a verified, extracted tree) to the same
     relative path in ``cache_dir``; returns files written.
 
-    Each file lands by ``os.replace`` from a temporary name beside it, so a process
-    reading the cache concurrently never sees a torn file.
+    Each file lands by a rename from a new file beside it, so a process reading the
+    cache concurrently never sees a torn file; a worker may have written the cache dir
+    (a probe's, a deploy's service), so its folders are walked without following a link
+    and a link or FIFO at a file's name is replaced, never written through
+    (:mod:`gatekeeper.safefs`).
     """
     written = 0
-    for src in sorted(p for p in src_root.rglob("*") if p.is_file()):
-        dest = cache_dir / src.relative_to(src_root)
-        if (
-            dest.is_file()
-            and dest.stat().st_size == src.stat().st_size
-            and sha256_file(dest) == sha256_file(src)
-        ):
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest.parent)
-        os.close(fd)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for rel, src in safefs.plain_files(src_root):
+        folder, name = os.path.split(rel)
+        fd = safefs.folder_fd(cache_dir, folder)
         try:
-            shutil.copyfile(src, tmp)
-            os.chmod(tmp, 0o755 if dest.suffix == ".so" else 0o644)
-            os.replace(tmp, dest)
-        except BaseException:  # a full disk: leave no partial file behind
-            os.unlink(tmp)
-            raise
+            if _same(src, name, fd):
+                continue
+            safefs.copy_new(src, name, mode=0o755 if name.endswith(".so") else 0o644, dir_fd=fd)
+        finally:
+            os.close(fd)
         written += 1
     return written
+
+
+def _same(src: Path, name: str, folder: int) -> bool:
+    """Whether the plain file ``name`` of the open ``folder`` holds ``src``'s bytes."""
+    try:
+        fd = safefs.open_regular(name, dir_fd=folder)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        if os.fstat(fd).st_size != src.stat().st_size:
+            return False
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest() == sha256_file(src)

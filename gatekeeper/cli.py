@@ -10,6 +10,7 @@ import sys
 import traceback
 
 from . import __version__, secrecy
+from .boundary import box
 from .commands import (
     baseline,
     bisect,
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(getattr(args, "verbose", False))
+    if getattr(args, "unconfined", False):  # the runner owner's, never a config's
+        box.choose_unconfined()
     ctx = common.Context(args)
     try:
         return COMMANDS[args.command].run(ctx)

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, bundle, distributed, kinds
+from . import __version__, bundle, distributed, facts_cache, kinds
 from .boundary.client import run_or_fail
 from .boundary.protocol import CompileRequest, PackageRef, Response
 from .bundle import signing_key
@@ -36,6 +36,7 @@ from .store import BundleLocation, Store
 from .targets import Target, one_per_bundle
 
 log = logging.getLogger("gatekeeper.compile")
+MEGACACHE = "megacache.bin"
 
 
 def _usable(store: Store, loc: BundleLocation) -> bool:
@@ -194,31 +195,28 @@ def compile_target(
     package instead of the cache dir (built from scratch)."""
     key = target_key(target, config.base_dir)
     result = CompileResult(target.id, "error", key.env_key)
-    match = None
-    try:
-        if not force:
-            match, _ = find_bundle(store, key, signing_key=signing_key(config.require_signature))
-            if match is not None and match.status == "hit":
-                result.status, result.code_hash = "exists", match.key.code_hash
-                return result
-    except StoreError as e:
-        result.error, result.error_kind = str(e), "store"
+    match = None if force else _found(result, store, key, config)
+    if result.status != "error" or result.error:  # it exists, or the store failed
         return result
     kind = kinds.of(target)
+    facts = facts_cache.replaced()
     with scratch_dir("gk-compile-") as tmp:
-        cache_dir = Path(tmp, "cache")
+        # the worker writes its cache dir and its outputs (out/) only; the bundle is
+        # packed beside them, where it cannot write
+        cache_dir, out = Path(tmp, "cache"), Path(tmp, "out")
+        out.mkdir()
         seed = None
         if match is not None and not cold and kinds.ships_cache(kind):
             seed = _seed(target, store, match, cache_dir, Path(tmp))
         packages = kinds.packages_of(target, config)
-        outs = {p.name: p.out(Path(tmp)) for p in packages if p.refusal(target) is None}
+        outs = {p.name: p.out(out) for p in packages if p.refusal(target) is None}
         request = CompileRequest.of(
             target,
             config,
             key.device,
             kind=kind,
             # a package a deploy loads instead: the cache dir (and its blob) stays here
-            megacache_out=str(Path(tmp, "megacache.bin")) if kind.package is None else None,
+            megacache_out=str(out / MEGACACHE) if kind.package is None else None,
             packages=[PackageRef.of(p, outs[p.name]) for p in packages if p.name in outs],
         )
         resp = run_or_fail(
@@ -238,6 +236,8 @@ def compile_target(
         if not resp.ok:
             result.error, result.error_kind = resp.error, resp.fault
             return result
+        if facts_cache.replaced() != facts:  # the env key was made of facts found wrong
+            key = target_key(target, config.base_dir)
         key = key.with_deps(resp.deps or {})  # the code hash of what was compiled
         result.code_hash = key.code_hash
         result.compile_seconds = resp.compile_seconds
@@ -257,6 +257,19 @@ def compile_target(
     return result
 
 
+def _found(result: CompileResult, store: Store, key: CacheKey, config: Config) -> Match | None:
+    """The stored bundle nearest ``key``: an exact hit makes ``result`` ``exists``; a
+    store that fails, an error."""
+    try:
+        match, _ = find_bundle(store, key, signing_key=signing_key(config.require_signature))
+    except StoreError as e:
+        result.error, result.error_kind = str(e), "store"
+        return None
+    if match is not None and match.status == "hit":
+        result.status, result.code_hash = "exists", match.key.code_hash
+    return match
+
+
 def _publish(
     result: CompileResult,
     store: Store,
@@ -271,29 +284,35 @@ def _publish(
     target: Target,
 ) -> None:
     """Pack the compile's bundle and publish it at its key (a manifest already there
-    that does not verify is replaced)."""
-    megacache = tmp / "megacache.bin"
-    archive, manifest = bundle.pack(
-        tmp / "cache",
-        megacache if megacache.is_file() else None,
-        tmp,
-        target=key.target_id,
-        key=key.as_dict(),
-        compile_info={
-            "seconds": resp.compile_seconds,
-            "counters": resp.counters,
-            "torch": resp.torch,
-            **_cold_figure(resp.compile_seconds, result.counters, seed),
-            **({"seed": result.seed} if result.seed else {}),
-            **distributed.manifest_section(target, resp),
-            **result.packages,
-        },
-        creator=creator(),
-        version=__version__,
-        signing_key=signing_key(config.require_signature),
-        members=members,
-        only=only,
-    )
+    that does not verify is replaced); what the worker left that no bundle holds (a
+    link, a FIFO where a file should be) fails the target in one line."""
+    result.env_key = key.env_key
+    megacache = tmp / "out" / MEGACACHE
+    try:
+        archive, manifest = bundle.pack(
+            tmp / "cache",
+            megacache if os.path.lexists(megacache) else None,
+            tmp,
+            target=key.target_id,
+            key=key.as_dict(),
+            compile_info={
+                "seconds": resp.compile_seconds,
+                "counters": resp.counters,
+                "torch": resp.torch,
+                **_cold_figure(resp.compile_seconds, result.counters, seed),
+                **({"seed": result.seed} if result.seed else {}),
+                **distributed.manifest_section(target, resp),
+                **result.packages,
+            },
+            creator=creator(),
+            version=__version__,
+            signing_key=signing_key(config.require_signature),
+            members=members,
+            only=only,
+        )
+    except BundleError as e:
+        result.status, result.error, result.error_kind = "error", f"{target.id}: {e}", "compile"
+        return
     result.bundle_bytes = manifest.archive.size
     loc = key.location()
     try:

@@ -66,6 +66,11 @@ class WorkerError(GatekeeperError):
     """A compile or measure subprocess failed."""
 
 
+class BoxUnavailable(GatekeeperError):
+    """The worker's box cannot be made here (gatekeeper.boundary.box): no model code
+    runs, unless the runner's owner chose to run it unconfined."""
+
+
 class WontFit(GatekeeperError):
     """A target will not fit in the memory given: refused before any compile, naming
     the estimate and the ways out (gatekeeper.worker.plan)."""

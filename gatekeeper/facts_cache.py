@@ -23,13 +23,18 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from . import safefs
+from .boundary import box
 
 VERSION = 1
 # what torch's thread count, CPU dispatch and device discovery read from the environment
@@ -43,6 +48,11 @@ _TORCH_FILES = ("__init__.py", "version.py", "lib/libtorch_cpu.so", "lib/libtorc
 
 
 def enabled() -> bool:
+    """On unless ``GATEKEEPER_FACTS_CACHE=off``, and never where model code may run
+    unconfined (``GATEKEEPER_UNCONFINED``: its box may not hold, and the user's home is
+    then the model's to write)."""
+    if box.unconfined_allowed():
+        return False
     return os.environ.get("GATEKEEPER_FACTS_CACHE", "").strip().lower() not in ("off", "0")
 
 
@@ -105,8 +115,8 @@ def _path() -> Path | None:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
+    try:  # a plain file only (a FIFO an unconfined model left there is never waited on)
+        doc = json.loads(safefs.read_regular(path, 2**20))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -117,6 +127,51 @@ def recall(question: str) -> Any:
     ``facts:cpu``: :func:`~gatekeeper.runtime.torch_facts` of the CPU), or None."""
     path = _path()
     return None if path is None else _read(path).get(question)
+
+
+_replaced = 0  # how many remembered answers this process found wrong and replaced
+log = logging.getLogger("gatekeeper.facts")
+
+
+def confirm(
+    question: str, theirs: Any, valid: Callable[[Any], bool], ask: Callable[[], Any]
+) -> None:
+    """A worker said ``theirs`` to ``question`` (before any model code ran): where it
+    contradicts the remembered answer, this process asks (``ask``: its own torch) and,
+    where that contradicts it too, replaces the remembered one, with a warning. Model
+    code that once ran unconfined may have written the answers, and with them the env
+    key a bundle is filed under."""
+    remembered = recall(question)
+    if not valid(theirs) or not valid(remembered) or theirs == remembered:
+        return
+    own = ask()
+    if own == remembered:
+        return  # the worker's environment differs, not the memory
+    replace(question, own)
+    log.warning(
+        "the remembered torch facts (%s) contradict the worker's (%s): replaced by this "
+        "process's own (%s)",
+        _shown(remembered),
+        _shown(theirs),
+        _shown(own),
+    )
+
+
+def _shown(doc: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(doc.items()) if k not in ("device", "torch_git"))
+
+
+def replaced() -> int:
+    """How many remembered answers this process replaced (:func:`replace`)."""
+    return _replaced
+
+
+def replace(question: str, answer: Any) -> None:
+    """A remembered answer found wrong: ``answer`` in its place (a key made with the
+    old one is made again: :func:`replaced`)."""
+    global _replaced
+    _replaced += 1
+    remember(question, answer)
 
 
 def remember(question: str, answer: Any) -> None:

@@ -10,8 +10,6 @@ No torch here: tensors never appear in these documents, only numbers and file ha
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import safefs
 from .config import GateConfig
 from .errors import GatekeeperError
 
@@ -392,11 +391,15 @@ class Results(_Doc):
     mode_reason: str | None = None  # why: "paired with main at 1a2b3c" / why not
     targets: list[TargetResult]
     removed: list[str] = Field(default_factory=list)  # paired: targets only the base defines
+    # why the model code of this run ran without its whole box (the runner owner's
+    # GATEKEEPER_UNCONFINED: gatekeeper.boundary.box); absent when every box held
+    unconfined: list[str] | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     def dump(self) -> str:
-        return self.model_dump_json(indent=2, by_alias=True)
+        unsaid = None if self.unconfined else {"unconfined"}  # a boxed run's, as it was
+        return self.model_dump_json(indent=2, by_alias=True, exclude=unsaid)
 
 
 class RunMedians(_Doc):
@@ -485,15 +488,12 @@ def load_results(path: str | Path) -> Results:
 
 
 def write_results(results: Results, out_dir: Path) -> Path:
-    """``out_dir/results.json``, replaced atomically."""
+    """``out_dir/results.json``: a new file renamed over it (a link, hard link or FIFO
+    at the name is replaced, never written through: :func:`gatekeeper.safefs.write_new`)."""
     path = out_dir / "results.json"
-    tmp = path.with_suffix(".json.part")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(results.dump())
-        os.replace(tmp, path)
+        safefs.write_new(path, results.dump())
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise GatekeeperError(f"cannot write {path}: {e.strerror or e}") from None
     return path

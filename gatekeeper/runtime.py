@@ -37,7 +37,7 @@ from .aot_files import INFO as INFO
 from .aot_files import MANIFEST as MANIFEST
 from .aot_files import PACKAGE as PACKAGE
 from .aot_files import AotUnavailable as AotUnavailable
-from .aot_files import check_package, inductor_cache_dir, package_dir
+from .aot_files import check_package, inductor_cache_dir, loadable, package_dir
 from .errors import GatekeeperError, UsageError
 
 if TYPE_CHECKING:
@@ -96,20 +96,37 @@ def torch_facts(device: str) -> dict[str, Any]:
     cpu = not device.startswith("cuda")
     if cpu and _cpu_facts(remembered := facts_cache.recall("facts:cpu")):
         return dict(remembered)
+    if cpu:
+        measured = measured_cpu_facts()
+        facts_cache.remember("facts:cpu", measured)
+        return measured
     import torch
 
     facts: dict[str, Any] = {"torch": torch.__version__, "torch_git": torch.version.git_version}
-    if not cpu:
-        props = torch.cuda.get_device_properties(torch.device(device).index or 0)
-        facts.update(gpu_facts(props, torch.version.cuda, torch.version.hip))
-        return facts
-    facts.update(
-        device="cpu",
-        cpu_capability=torch.backends.cpu.get_cpu_capability().lower(),
-        threads=torch.get_num_threads(),
-    )
-    facts_cache.remember("facts:cpu", facts)
+    props = torch.cuda.get_device_properties(torch.device(device).index or 0)
+    facts.update(gpu_facts(props, torch.version.cuda, torch.version.hip))
     return facts
+
+
+def measured_cpu_facts() -> dict[str, Any]:
+    """:func:`torch_facts` of the CPU, asked of this process's torch (never remembered
+    ones)."""
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "device": "cpu",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability().lower(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def confirm_facts(worker: dict[str, Any] | None) -> None:
+    """After a worker answered: remembered facts of the CPU that the worker's torch
+    contradicts (``worker``: what it said before any model code ran) are replaced by
+    what this process's torch says, with a warning (:func:`gatekeeper.facts_cache.confirm`)."""
+    facts_cache.confirm("facts:cpu", worker, _cpu_facts, measured_cpu_facts)
 
 
 def _cpu_facts(doc: Any) -> bool:
@@ -397,20 +414,24 @@ def load_aot(
 
 class VerifiedAot:
     """A target's installed package as verified: a private copy (a 0700 folder of this
-    process's) of the bytes whose sha256 was checked. :meth:`load` loads that copy, so
-    what runs is what was verified, whatever happens to the installed file meanwhile."""
+    process's, in its temp dir) of the bytes whose sha256 was checked, held open.
+    :meth:`load` loads that open file, so what runs is what was verified, whatever
+    happens to the installed file, or to the copy's name, meanwhile."""
 
-    def __init__(self, target: str, installed: Path, copy: Path, info: dict) -> None:
+    def __init__(self, target: str, installed: Path, copy: Path, info: dict, fd: int) -> None:
         self.target, self.installed, self.copy, self.info = target, installed, copy, info
+        self.sha256, self._fd = str(info.get("sha256")), fd
 
     def load(self, *, model: Any = None, weights: Mapping[str, Any] | None = None) -> AotModel:
         import shutil
 
         try:  # torch's loader extracts the archive: the copy is not needed afterwards
-            loaded = load_package(self.copy, self.info, model=model, weights=weights)
+            path = loadable(self.copy, self._fd, self.sha256)
+            loaded = load_package(path, self.info, model=model, weights=weights)
             loaded.path = self.installed
             return loaded
         finally:
+            os.close(self._fd)
             shutil.rmtree(self.copy.parent, ignore_errors=True)
 
 
@@ -440,8 +461,8 @@ def verified_aot(
         raise AotUnavailable(f"{wanted}: {where / INFO} is not this target's")
     if info.get("verified") is not True:
         raise AotUnavailable(f"{wanted}: the package installed in {where} is not verified")
-    copy = check_package(wanted, where, info)
-    return VerifiedAot(wanted, where / PACKAGE, copy, info)
+    copy, fd = check_package(wanted, where, info)
+    return VerifiedAot(wanted, where / PACKAGE, copy, info, fd)
 
 
 def _aot_target(config: Config | str | os.PathLike[str] | None, wanted: str) -> None:

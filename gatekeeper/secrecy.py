@@ -83,10 +83,50 @@ _SECRET_WORD = re.compile(
 )
 
 
+# a name that may hold a credential, whatever its spelling (PGPASSWORD, MYSQL_PWD,
+# DATABASE_URL, DEPLOY_KEY, SSH_KEY): never passed to a worker because a config names
+# it, only because the workflow does (PASS_SECRETS)
+MAY_BE_CREDENTIAL = re.compile(
+    r"PASS|PWD|SECRET|TOKEN|CRED|AUTH|COOKIE|SESSION|PRIVATE|(KEY|URL|URI|DSN)S?(_|$)"
+)
+# a value that holds a password: a URL's (scheme://user:password@host) or a DSN's
+# (password=...)
+_PASSWORD_IN_VALUE = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@|\b(password|passwd|pwd)\s*=\s*[^\s;&]",
+    re.IGNORECASE,
+)
+# the workflow's word (outside a pull request's config): the names that may pass even
+# though they may hold a credential, when pass_env names them too
+PASS_SECRETS = "GATEKEEPER_PASS_SECRETS"
+
+
+def let_through() -> frozenset[str]:
+    """The names ``GATEKEEPER_PASS_SECRETS`` lets through (comma- or space-separated)."""
+    raw = os.environ.get(PASS_SECRETS, "")
+    return frozenset(n for n in re.split(r"[\s,]+", raw.strip()) if n)
+
+
+def may_be_credential(name: str) -> bool:
+    """Whether the name ``name`` may hold a credential, in any spelling."""
+    return MAY_BE_CREDENTIAL.search(name.upper()) is not None
+
+
+def holds_password(value: str) -> bool:
+    """Whether ``value`` holds a password: a URL with one, a DSN's ``password=``."""
+    return _PASSWORD_IN_VALUE.search(value) is not None
+
+
 def passable(name: str) -> str:
-    """``name``, when a config's ``pass_env`` may name it; else ValueError."""
+    """``name``, when a config's ``pass_env`` may name it; else ValueError: never what
+    gatekeeper withholds (:data:`NEVER_PASSED`), and never a name that may hold a
+    credential unless the workflow lets it through (:data:`PASS_SECRETS`)."""
     if name.upper().startswith(NEVER_PASSED):
         raise ValueError(f"{name!r} is never passed to a worker (docs/hardening.md)")
+    if may_be_credential(name) and name not in let_through():
+        raise ValueError(
+            f"{name!r} may name a credential: a config never passes one to a worker; the "
+            f"workflow may let it through with {PASS_SECRETS}={name} (docs/hardening.md)"
+        )
     return name
 
 
@@ -149,6 +189,8 @@ def _dropped(name: str) -> bool:
     AWS variables botocore reads itself (container and web-identity settings)."""
     if name in HELD:
         return True
+    if name in let_through() and not name.upper().startswith(NEVER_PASSED):
+        return False  # the workflow lets it through to workers that name it
     return is_credential(name) and not name.upper().startswith("AWS_")
 
 

@@ -50,6 +50,8 @@ def merge_results(paths: list[Path], out_dir: Path) -> Results:
             "targets": sorted(targets, key=lambda t: t.target),
             "created_at": max(d.created_at for _, d in docs),
             "removed": sorted({t for _, d in docs for t in d.removed}),
+            # one shard's model code unconfined: the merged run's was
+            "unconfined": sorted({w for _, d in docs for w in d.unconfined or []}) or None,
         }
     )
 

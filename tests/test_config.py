@@ -699,3 +699,25 @@ def test_pass_env_never_names_what_gatekeeper_withholds(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_config(None, cwd=tmp_path)
         assert "pass_env" in str(e.value) and "\n" not in str(e.value), e.value
+
+
+def test_pass_env_never_names_a_credential_in_any_spelling(tmp_path, monkeypatch):
+    """Before: ``pass_env = ["PGPASSWORD", "DATABASE_URL", "DEPLOY_KEY", "SSH_KEY",
+    "MYSQL_PWD"]`` in a pull request's own config passed all five values to the worker
+    (the credential check wanted a separator before the word). Now a name that may hold
+    a credential is one line at load, naming the way out only the workflow has
+    (``GATEKEEPER_PASS_SECRETS``); a glob still loads (it never matches such a name)."""
+    monkeypatch.delenv("GATEKEEPER_PASS_SECRETS", raising=False)
+    names = ("PGPASSWORD", "DATABASE_URL", "DEPLOY_KEY", "SSH_KEY", "MYSQL_PWD", "HF_TOKEN")
+    for name in (*names, "MY_SECRET_THING", "DB_PASS*", "SENTRY_DSN"):
+        write(tmp_path, "gatekeeper.toml", f"pass_env = [{name!r}]\n" + MODEL)
+        with pytest.raises(ConfigError) as e:
+            load_config(None, cwd=tmp_path)
+        said = str(e.value)
+        assert "may name a credential" in said and "GATEKEEPER_PASS_SECRETS" in said, said
+        assert "\n" not in said
+    write(tmp_path, "gatekeeper.toml", 'pass_env = ["KEYBOARD_LAYOUT", "MY_*"]\n' + MODEL)
+    assert load_config(None, cwd=tmp_path).pass_env == ["KEYBOARD_LAYOUT", "MY_*"]
+    monkeypatch.setenv("GATEKEEPER_PASS_SECRETS", "PGPASSWORD,DEPLOY_KEY")
+    write(tmp_path, "gatekeeper.toml", 'pass_env = ["PGPASSWORD", "DEPLOY_KEY"]\n' + MODEL)
+    assert load_config(None, cwd=tmp_path).pass_env == ["PGPASSWORD", "DEPLOY_KEY"]

@@ -44,7 +44,8 @@ SECRETS = {
 
 
 def test_model_code_finds_no_secret_in_any_ancestor(tmp_path: Path) -> None:
-    project = snoop_project(tmp_path / "p", SECRETS, plant=[*parents_code(), str(tmp_path)])
+    plant = [*parents_code(), str(tmp_path), "$TMPDIR"]
+    project = snoop_project(tmp_path / "p", SECRETS, plant=plant)
     proc = gk("key", "--json", cwd=project, env=SECRETS)
     assert proc.returncode == 0, proc.stderr
     doc = snooped(project)
@@ -53,10 +54,12 @@ def test_model_code_finds_no_secret_in_any_ancestor(tmp_path: Path) -> None:
     assert_boxed(doc)
     assert_found_nothing(doc)
     assert_confined(doc["status"])
-    # no code planted where the parent (or a later step) imports from; elsewhere it can
+    # no code planted where the parent (or a later step) imports from, nor in the
+    # parent's temp dir (this test's folder in it); the worker's own folder takes it
     planted = doc["planted"]
-    assert planted.pop(str(tmp_path)) == "written"
-    assert planted == dict.fromkeys(parents_code(), "refused: Read-only file system"), planted
+    assert planted.pop("$TMPDIR") == "written"
+    refused = "refused: Read-only file system"
+    assert planted == dict.fromkeys([*parents_code(), str(tmp_path)], refused), planted
 
 
 def test_the_snoop_finds_a_secret_wherever_it_may_read(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import safefs
+
 SUFFIX = ".step"
 
 _path: Path | None = None
@@ -52,10 +54,8 @@ def enter(name: str) -> None:
         return
     torch = sys.modules.get("torch")
     doc = {"step": name, "torch": getattr(torch, "__version__", None)}
-    tmp = _path.with_name(_path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, _path)
+    try:  # a new file renamed over the name: never through what model code left there
+        safefs.write_new(_path, json.dumps(doc))
     except OSError:  # a breadcrumb is never worth failing the work for
         pass
 
@@ -83,9 +83,8 @@ class Death:
 def read(response: Path, returncode: int, log: str = "", base_dir: Path | None = None) -> Death:
     """What the breadcrumb and the log say about a worker that ended with ``returncode``
     and wrote no ``response``."""
-    try:
-        with open(breadcrumb(response), "rb") as f:
-            doc = json.loads(f.read(2**20))
+    try:  # a plain file only: the worker's folder is the model code's to write
+        doc = json.loads(safefs.read_regular(breadcrumb(response), 2**20))
     except (OSError, ValueError):
         doc = {}
     if not isinstance(doc, dict):

@@ -7,19 +7,23 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from .. import safefs
 from ..errors import WorkerError
 from ..git import resolve as resolve_git
 from ..scratch import scratch_dir
 from ..secrecy import seal
-from . import breadcrumbs, forks, headers
+from . import box, breadcrumbs, headers
 from .protocol import Build, Response
 from .spawn import (
+    answered,
     cache_env,
     configs_of,
+    devices_for,
     headers_worker,
     read_answer,
     read_tail,
     worker_command,
+    worker_folders,
     writable_for,
 )
 
@@ -58,40 +62,44 @@ def run_worker(
             env=env,
         )
     shared = headers.ensure(headers_worker)
+    timeout = box.max_timeout(timeout)
     with scratch_dir("gk-worker-") as tmp:
-        req_path, resp_path = Path(tmp, "request.json"), Path(tmp, "response.json")
-        log_path = Path(tmp, "worker.log")
-        req_path.write_text(request.model_dump_json())
-        writable = writable_for(cache_dir, request)
-        run_env = cache_env(cache_dir, env, request.pass_env) | {"TMPDIR": tmp}
-        headers.lend(shared, Path(tmp), run_env)
+        # the run's folder is the parent's (the request, the log); the worker writes in
+        # its own folder only (its temp dir, its answer), read back without following
+        # a link (docs/hardening.md, "The parent's files")
+        run, own = worker_folders(Path(tmp))
+        req_path, log_path = run / "request.json", run / "worker.log"
+        resp_path = own / "response.json"
+        safefs.write_new(req_path, request.model_dump_json())
+        writable = [*writable_for(cache_dir, request), own]
+        run_env = cache_env(cache_dir, env, request.pass_env) | {"TMPDIR": str(own)}
+        headers.lend(shared, own, run_env)
         cmd = worker_command(
             str(req_path),
             str(resp_path),
             writable=writable,
-            scratch=Path(tmp),
+            scratch=run,
             config_dirs=configs_of(request),
+            devices=devices_for(request.device),
         )
-        with open(log_path, "wb") as log:
-            proc = forks.start(cmd, run_env, None if verbose else log, forkable(request))
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                step = breadcrumbs.read(resp_path, 0).step
-                during = f" in {step}" if step else ""
-                raise WorkerError(
-                    f"{label}: worker timed out after {timeout:.0f} s{during}"
-                ) from None
-            except BaseException:  # interrupted: the box (and all in it) ends with us
-                proc.kill()
-                proc.wait()
-                raise
-        if resp_path.is_file():
-            return Response.model_validate_json(read_answer(resp_path, label or "worker"))
+        with safefs.new_file(log_path) as log:
+            started = box.start(
+                cmd,
+                env=run_env,
+                stdin=subprocess.DEVNULL,
+                stdout=None if verbose else log,
+                stderr=None if verbose else subprocess.STDOUT,
+                forkable=forkable(request),
+            )
+            _wait(started, timeout, resp_path, label)
+        if answered(resp_path):
+            resp = Response.model_validate_json(read_answer(resp_path, label or "worker"))
+            from ..runtime import confirm_facts
+
+            confirm_facts(resp.facts)  # what the parent remembered, against the worker's
+            return resp
         text = read_tail(log_path)  # empty when it went to the terminal
-        death = breadcrumbs.read(resp_path, proc.returncode, text, request.base_path)
+        death = breadcrumbs.read(resp_path, started.proc.returncode or 0, text, request.base_path)
         raise WorkerDied(label, death, text)
 
 
@@ -100,6 +108,28 @@ def forkable(request: Build) -> bool:
     (:mod:`gatekeeper.boundary.forks`): on the CPU, and not a probe (which times a new
     process's first call, its imports included)."""
     return request.device == "cpu" and getattr(request, "action", None) != "probe"
+
+
+def _wait(started: box.Boxed, timeout: float, resp_path: Path, label: str) -> None:
+    """Wait for the boxed worker; at the time limit kill it and raise naming its step;
+    raise where its box ended it (a limit)."""
+    proc = started.proc
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        started.close()
+        step = breadcrumbs.read(resp_path, 0).step
+        during = f" in {step}" if step else ""
+        raise WorkerError(f"{label}: worker timed out after {timeout:.0f} s{during}") from None
+    except BaseException:  # interrupted: the box (and all in it) ends with us
+        proc.kill()
+        proc.wait()
+        started.close()
+        raise
+    if (ended := started.ended()) is not None:
+        raise WorkerError(f"{label}: the box ended the worker: {ended}")
 
 
 class WorkerDied(WorkerError):

@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .. import safefs
+
 # what a rank reports when it only lost its peer (the root cause is elsewhere)
 PEER_LOST = ("Connection closed by peer", "Connection reset", "Read error", "Broken pipe")
 
@@ -121,7 +123,7 @@ def main(argv: list[str]) -> int:
         out = launch(spec)
     except Exception as e:  # the agent itself failed: say so in one line
         out = {"ok": False, "line": f"the launcher failed: {type(e).__name__}: {e}"}
-    Path(argv[1]).write_text(json.dumps(out))
+    safefs.write_new(argv[1], json.dumps(out))  # never through what a rank left there
     return 0 if out["ok"] else 1
 
 

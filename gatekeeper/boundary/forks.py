@@ -145,10 +145,11 @@ class Server:
         return "no output"
 
     def fork(
-        self, argv: list[str], env: Mapping[str, str], cwd: str, log_fd: int, box: list[str]
+        self, argv: list[str], env: Mapping[str, str], cwd: str, fds: list[int], box: list[str]
     ) -> Forked:
+        """Fork ``argv`` in ``box``; ``fds``: its log and the box's status pipe."""
         doc = {"argv": argv, "env": dict(env), "cwd": cwd, "box": box}
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [log_fd]))]
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self.lock:
             self.sock.sendmsg([json.dumps(doc).encode()], anc)
             got = _read(self.sock, _READY_TIMEOUT)
@@ -227,22 +228,24 @@ def close_all() -> None:
     _shared.clear()
 
 
-def start(cmd: list[str], env: Mapping[str, str], log_file, forkable: bool):
-    """The worker ``cmd`` (a box's command line: ``confine.py OPTIONS -- PROGRAM``)
-    forked from its environment's server when ``forkable`` and one can start, else a
-    fresh process; either way something to ``wait`` for and ``kill``. ``log_file``: its
-    output (None: this process's own stderr and stdout)."""
-    if forkable and enabled() and "--" in cmd and cmd[3].endswith("confine.py"):
-        split = cmd.index("--")  # python -I -S confine.py BOX... -- PROGRAM
-        box, program = cmd[4:split], cmd[split + 1 :]
-        box = ["{server}" if i and box[i - 1] == "--parent" else a for i, a in enumerate(box)]
-        server = _server(env)
-        if server is not None:
-            try:
-                out = log_file.fileno() if log_file is not None else sys.stderr.fileno()
-                return server.fork(program, env, os.getcwd(), out, box)
-            except OSError as e:
-                log.warning("%s: this worker starts a fresh process", e)
-    return subprocess.Popen(
-        cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
-    )
+def fork(cmd: list[str], env: Mapping[str, str], log_file, status_fd: int) -> Forked | None:
+    """The boxed worker ``cmd`` (``confine.py OPTIONS -- PROGRAM``, its ``--status-fd``
+    ``status_fd``) forked from its environment's server, or None where there is none
+    (``GATEKEEPER_FORKS=off``, a server that could not start): then the caller starts a
+    fresh process. ``log_file``: its output (None: this process's own stderr)."""
+    if not enabled() or "--" not in cmd or not cmd[3].endswith("confine.py"):
+        return None
+    split = cmd.index("--")  # python -I -S confine.py BOX... -- PROGRAM
+    box, program = cmd[4:split], cmd[split + 1 :]
+    # the box's --parent is the server in the child; its --status-fd the descriptor sent
+    box = ["{server}" if i and box[i - 1] == "--parent" else a for i, a in enumerate(box)]
+    box = ["{status}" if i and box[i - 1] == "--status-fd" else a for i, a in enumerate(box)]
+    server = _server(env)
+    if server is None:
+        return None
+    try:
+        out = log_file.fileno() if log_file is not None else sys.stderr.fileno()
+        return server.fork(program, env, os.getcwd(), [out, status_fd], box)
+    except OSError as e:
+        log.warning("%s: this worker starts a fresh process", e)
+        return None

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .. import facts_cache
 from ..scratch import scratch_dir
+from . import box
 
 log = logging.getLogger("gatekeeper.headers")
 _TIMEOUT = 900.0
@@ -167,15 +168,22 @@ def _build(where: Path, boxed: Boxed) -> str | None:
     or None."""
     with scratch_dir("gk-headers-") as tmp:
         cmd, env = boxed(where, Path(tmp))
+        # a box that cannot be made is no reason to build each worker's own: it ends
+        # the run here, in one line (BoxUnavailable), before any model code runs
+        started = box.start(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         try:
-            proc = subprocess.run(
-                cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=_TIMEOUT
-            )
+            _, err = started.popen.communicate(timeout=_TIMEOUT)
         except subprocess.TimeoutExpired:
+            started.popen.kill()
+            started.popen.wait()
             return f"timed out after {_TIMEOUT:.0f} s"
-        if proc.returncode != 0:
-            lines = proc.stderr.decode(errors="replace").strip().splitlines()
-            return f"exit {proc.returncode}: {lines[-1] if lines else 'no output'}"
+        finally:
+            started.close()
+        if started.popen.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            return f"exit {started.popen.returncode}: {lines[-1] if lines else 'no output'}"
     return None
 
 

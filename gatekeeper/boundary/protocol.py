@@ -304,6 +304,9 @@ class Response(_Msg):
     # call (probe, measure), or its verdict (verify)
     packages: dict[str, dict[str, Any]] = Field(default_factory=dict)
     pid: int | None = None
+    # the worker's torch's CPU facts, as torch said them before any model code ran: a
+    # fact the parent remembered that they contradict is replaced (gatekeeper.runtime)
+    facts: dict[str, Any] | None = None
     # a rank of a distributed target: its rank, and its CPU seconds per call of each
     # timed function, sample by sample (gatekeeper.worker.timing)
     rank: int | None = None

@@ -19,22 +19,27 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import safefs
 from ..errors import WorkerError
 from ..scratch import scratch_dir
-from . import breadcrumbs, headers
+from . import box, breadcrumbs, headers
 from .elastic import PEER_LOST
 from .merge import merge
 from .protocol import Build, Response
 from .spawn import (
+    answered,
     cache_env,
     configs_of,
+    devices_for,
     headers_worker,
     read_answer,
     read_tail,
     worker_command,
+    worker_folders,
     writable_for,
 )
 
@@ -119,39 +124,44 @@ def run_ranks(
     step each rank was in at the time limit."""
     assert how.launcher is not None
     shared = headers.ensure(headers_worker)
+    timeout = box.max_timeout(timeout)
     with scratch_dir("gk-ranks-") as tmp:
-        req_path, out_path = Path(tmp, "request.json"), Path(tmp, "launched.json")
-        req_path.write_text(request.model_dump_json())
+        # the run's folder is the parent's (request, spec, log); the launcher and its
+        # ranks write in their own folder only (answers, the agent's logs, temp files)
+        run, own = worker_folders(Path(tmp))
+        req_path, out_path = run / "request.json", own / "launched.json"
+        safefs.write_new(req_path, request.model_dump_json())
         spec = {
             "world_size": how.ranks,
             "backend": backend_of(request),
             "device": request.device,
             "request": str(req_path),
-            "responses": str(Path(tmp, "response.${local_rank}.json")),
-            "log_dir": str(Path(tmp, "logs")),
+            "responses": str(own / "response.${local_rank}.json"),
+            "log_dir": str(own / "logs"),
         }
-        spec_path = Path(tmp, "spec.json")
-        spec_path.write_text(json.dumps(spec))
+        spec_path = run / "spec.json"
+        safefs.write_new(spec_path, json.dumps(spec))
         marker = uuid.uuid4().hex
         run_env = cache_env(cache_dir, env, request.pass_env) | {
             MARKER: marker,
             # one hash seed in every rank: the same graph gives every rank the same key
             "PYTHONHASHSEED": "0",
-            "TMPDIR": tmp,  # what the ranks leave there goes with the run
+            "TMPDIR": str(own),  # what the ranks leave there goes with the run
         }
-        headers.lend(shared, Path(tmp), run_env)
-        writable = writable_for(cache_dir, request)
+        headers.lend(shared, own, run_env)
+        writable = [*writable_for(cache_dir, request), own]
         cmd = worker_command(
             str(spec_path),
             str(out_path),
             writable=writable,
-            scratch=Path(tmp),
+            scratch=run,
             config_dirs=configs_of(request),
             module=how.launcher,
             private_net=True,
+            devices=devices_for(request.device),
         )
-        with open(Path(tmp, "launcher.log"), "wb") as log:
-            proc = subprocess.Popen(
+        with safefs.new_file(run / "launcher.log") as log:
+            started = box.start(
                 cmd,
                 env=run_env,
                 stdin=subprocess.DEVNULL,
@@ -159,27 +169,38 @@ def run_ranks(
                 stderr=None if verbose else subprocess.STDOUT,
                 start_new_session=True,
             )
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                _stop(proc)
-                sweep(marker)
-                where = _steps(Path(tmp), how.ranks)
-                raise WorkerError(
-                    f"{label}: ranks timed out after {timeout:.0f} s ({where})"
-                ) from None
-            except BaseException:  # interrupted: the box (launcher, ranks) ends with us
-                _kill(proc)
-                raise
-        time.sleep(0.05)
-        sweep(marker)  # a rank the agent could not stop (it never should be there)
-        launched = json.loads(read_answer(out_path, label)) if out_path.is_file() else {}
+            _wait(started, timeout, marker, label, lambda: _steps(own, how.ranks))
+        launched = json.loads(read_answer(out_path, label)) if answered(out_path) else {}
         if launched.get("config"):
             return Response.failure("config", launched["config"])
-        answers = _answers(Path(tmp), how.ranks)
+        answers = _answers(own, how.ranks)
         if launched.get("ok") and all(a is not None and a.ok for a in answers):
             return merge([a for a in answers if a is not None])
-        return _failed(label, launched, answers, Path(tmp), proc.returncode)
+        code = started.proc.returncode
+        return _failed(label, launched, answers, own, code, request.base_path)
+
+
+def _wait(
+    started: box.Boxed, timeout: float, marker: str, label: str, steps: Callable[[], str]
+) -> None:
+    """Wait for the launcher; at the time limit stop it and raise naming each rank's
+    step (``steps``); afterwards sweep what is left, and raise where the box ended it."""
+    proc = started.popen
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        started.close()
+        sweep(marker)
+        raise WorkerError(f"{label}: ranks timed out after {timeout:.0f} s ({steps()})") from None
+    except BaseException:  # interrupted: the box (launcher, ranks) ends with us
+        _kill(proc)
+        started.close()
+        raise
+    time.sleep(0.05)
+    sweep(marker)  # a rank the agent could not stop (it never should be there)
+    if (ended := started.ended()) is not None:
+        raise WorkerError(f"{label}: the box ended the ranks: {ended}")
 
 
 def _log_tail(tmp: Path, rank: int) -> str:
@@ -188,14 +209,6 @@ def _log_tail(tmp: Path, rank: int) -> str:
         if text := read_tail(path, 20000):
             return text
     return ""
-
-
-def request_base(tmp: Path) -> str:
-    """The config folder of the request in ``tmp`` (model lines are shown from there)."""
-    try:
-        return json.loads(read_answer(tmp / "request.json", "request"))["base_dir"]
-    except (OSError, ValueError, KeyError, WorkerError):
-        return "."
 
 
 def _late(tmp: Path, answers: list[Response | None], root: int) -> str:
@@ -214,7 +227,7 @@ def _answers(tmp: Path, ranks: int) -> list[Response | None]:
     found: list[Response | None] = []
     for rank in range(ranks):
         path = tmp / f"response.{rank}.json"
-        text = read_answer(path, f"rank {rank}") if path.is_file() else None
+        text = read_answer(path, f"rank {rank}") if answered(path) else None
         found.append(Response.model_validate_json(text) if text is not None else None)
     return found
 
@@ -225,7 +238,12 @@ def _steps(tmp: Path, ranks: int) -> str:
 
 
 def _failed(
-    label: str, launched: dict, answers: list[Response | None], tmp: Path, code: int | None
+    label: str,
+    launched: dict,
+    answers: list[Response | None],
+    tmp: Path,
+    code: int | None,
+    base_dir: Path,
 ) -> Response:
     """The failing rank's answer, named; a rank that died without answering raises."""
     lines = launched.get("failures") or {}
@@ -253,7 +271,7 @@ def _failed(
         named += _late(tmp, answers, root)
     if fault is None:
         log = _log_tail(tmp, root)
-        death = breadcrumbs.read(tmp / f"response.{root}.json", 0, log, Path(request_base(tmp)))
+        death = breadcrumbs.read(tmp / f"response.{root}.json", 0, log, base_dir)
         step = f" (in {death.step})" if death.step else ""
         at = f" at {death.frame}" if death.frame else ""
         last = log.strip().splitlines()[-1][:200] if log.strip() else ""

@@ -6,18 +6,27 @@ environment (an allow-list) and its confined command line. No torch here.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
-import re
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from .. import safefs
 from ..scratch import held
-from ..secrecy import NEVER_PASSED, is_credential
+from ..secrecy import (
+    NEVER_PASSED,
+    PASS_SECRETS,
+    holds_password,
+    is_credential,
+    let_through,
+    may_be_credential,
+)
+from . import box
 from .headers import folder as headers_folder
 from .protocol import Build
 
+log = logging.getLogger("gatekeeper.worker")
 # What the worker's environment keeps of the parent's (docs/hardening.md, "The worker's
 # environment"): what Python, torch, inductor, Triton, CUDA/ROCm, NCCL and gloo, the
 # C++ compiler and the BLAS/OpenMP runtimes read. Anything else comes only through
@@ -43,33 +52,49 @@ ALLOWED_PREFIXES = (
 )  # fmt: skip
 
 
-_MAY_BE_CREDENTIAL = re.compile(
-    r"PASS|PWD|SECRET|TOKEN|CRED|AUTH|COOKIE|SESSION|(KEY|URL|URI|DSN)(_|$)"
-)
-
-
 def allowed(name: str, pass_env: Iterable[str] = ()) -> bool:
     """Whether the parent's variable ``name`` reaches the worker: on the allow-list, or
-    named by ``pass_env`` (a name, or a ``PREFIX*`` glob, which never matches a name that
-    may hold a credential: ``PGPASSWORD``, ``DATABASE_URL``), and never a credential by
-    its name nor one of :data:`gatekeeper.secrecy.NEVER_PASSED`."""
+    named by ``pass_env`` (a name, or a ``PREFIX*`` glob); never one of
+    :data:`gatekeeper.secrecy.NEVER_PASSED`, and never a name that may hold a credential
+    (``PGPASSWORD``, ``DATABASE_URL``, ``DEPLOY_KEY``) unless ``pass_env`` names it and
+    the workflow lets it through (``GATEKEEPER_PASS_SECRETS``)."""
     upper = name.upper()
-    if is_credential(upper) or upper.startswith(NEVER_PASSED):
+    if upper.startswith(NEVER_PASSED):
+        return False
+    patterns = list(pass_env)
+    if name in patterns and name in let_through():
+        return True
+    if is_credential(upper):
         return False
     if upper in ALLOWED_NAMES or upper.startswith(ALLOWED_PREFIXES):
         return True
-    patterns = list(pass_env)
-    if name in patterns:
-        return True
-    # a glob never passes a name that may hold a credential (PGPASSWORD, DATABASE_URL)
-    globbed = any(fnmatch.fnmatchcase(name, p) for p in patterns if p.endswith("*"))
-    return globbed and not _MAY_BE_CREDENTIAL.search(upper)
+    if may_be_credential(upper):
+        return False
+    return name in patterns or any(
+        fnmatch.fnmatchcase(name, p) for p in patterns if p.endswith("*")
+    )
 
 
 def worker_environ(environ: Mapping[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:
-    """What of ``environ`` a worker is given (:func:`allowed`)."""
-    names = list(pass_env)
-    return {k: v for k, v in environ.items() if allowed(k, names)}
+    """What of ``environ`` a worker is given (:func:`allowed`), less a value that holds
+    a password (a URL's, a DSN's) unless the workflow lets its name through: dropped,
+    with a warning."""
+    names, through = list(pass_env), let_through()
+    found = {k: v for k, v in environ.items() if allowed(k, names)}
+    for name in [k for k, v in found.items() if k not in through and holds_password(v)]:
+        del found[name]
+        if name not in _warned:
+            _warned.add(name)
+            log.warning(
+                "%s is not given to workers: its value holds a password (%s=%s lets it through)",
+                name,
+                PASS_SECRETS,
+                name,
+            )
+    return found
+
+
+_warned: set[str] = set()
 
 
 def cache_env(
@@ -155,9 +180,24 @@ def read_only_dirs(config_dirs: Iterable[Path] = (), headers: bool = True) -> li
 
 
 def writable_dirs(writable: Iterable[Path]) -> list[str]:
-    """The folders a worker writes in: its own (``writable``) and the temp dir."""
-    found = {str(Path(p).resolve()) for p in [*writable, Path(tempfile.gettempdir())]}
+    """The folders a worker writes in: its own (``writable``), nothing of the parent's
+    (its temp dir is read-only in the box, and ``/dev/shm`` the box's own)."""
+    found = {str(Path(p).resolve()) for p in writable}
     return sorted(p for p in found if Path(p).is_dir())
+
+
+# a GPU's device nodes (NVIDIA's, ROCm's, DRM's): bound into the box's /dev only where
+# the target runs on one
+GPU_NODES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri", "/dev/kfd")
+
+
+def devices_for(device: str) -> list[str]:
+    """The device nodes a worker of ``device`` needs in its box's ``/dev``."""
+    if device == "cpu":
+        return []
+    import glob
+
+    return sorted({p for pattern in GPU_NODES for p in glob.glob(pattern)})
 
 
 def worker_command(
@@ -168,14 +208,16 @@ def worker_command(
     module: str = "gatekeeper.worker",
     private_net: bool = False,
     writes_headers: bool = False,
+    devices: Iterable[str] = (),
 ) -> list[str]:
     """``python -m gatekeeper.worker ARGS``; on Linux started in its box (``confine.py``:
     no capability or namespace to read its ancestors' memory, a filesystem where it
-    writes only ``writable`` and the temp dir, a PID namespace that dies with this
-    process, ``scratch`` removed if this process dies first) before any code of the
-    model or of its site-packages runs. A distributed target's ``module`` is its
-    launcher: the ranks it starts are its children, in the same box (``private_net``:
-    with a network of their own)."""
+    writes only ``writable``, a ``/dev`` of its own with only ``devices`` besides the
+    usual nodes, a PID namespace that dies with this process, the workflow's limits,
+    ``scratch`` removed if this process dies first) before any code of the model or of
+    its site-packages runs (:func:`gatekeeper.boundary.box.start` starts it). A
+    distributed target's ``module`` is its launcher: the ranks it starts are its
+    children, in the same box (``private_net``: with a network of their own)."""
     cmd = [sys.executable, "-m", module, *args]
     if sys.platform != "linux":
         return cmd
@@ -185,24 +227,35 @@ def worker_command(
         confine += ["--scratch", str(folder)]
     for path in read_only_dirs(config_dirs, headers=not writes_headers):
         confine += ["--read-only", path]
-    for path in writable_dirs([*writable, scratch]):
+    for path in writable_dirs(writable):  # never ``scratch``: the run's folder is ours
         confine += ["--writable", path]
+    for node in devices:
+        confine += ["--device", node]
     if private_net:
         confine.append("--private-net")
-    return [*confine, "--", *cmd]
+    return [*confine, *box.confine_flags(), "--", *cmd]
+
+
+def worker_folders(run: Path) -> tuple[Path, Path]:
+    """A run's folder (the parent's: the request, the log) and, inside it, the worker's
+    own (``box/``: its temp dir, its answer), the one it writes."""
+    own = run / "box"
+    own.mkdir(mode=0o700)
+    return run, own
 
 
 def headers_worker(where: Path, scratch: Path) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of :mod:`gatekeeper.worker.headers` (no model
-    code), in its box: ``where`` and ``scratch`` its only writable folders."""
+    code), in its box: ``where`` and a folder of ``scratch`` its only writable ones."""
+    _, own = worker_folders(scratch)
     cmd = worker_command(
         str(where),
-        writable=[where],
+        writable=[where, own],
         scratch=scratch,
         module="gatekeeper.worker.headers",
         writes_headers=True,
     )
-    return cmd, cache_env(scratch / "cache") | {"TMPDIR": str(scratch)}
+    return cmd, cache_env(own / "cache") | {"TMPDIR": str(own)}
 
 
 # what a worker's answer may weigh (a response with every shape set's timings and
@@ -211,17 +264,27 @@ ANSWER_CAP = 64 * 2**20
 LOG_TAIL = 64 * 2**10
 
 
+def answered(path: Path) -> bool:
+    """Whether anything is at ``path`` (a worker's answer: read by :func:`read_answer`,
+    which refuses what is not a plain file)."""
+    return os.path.lexists(path)
+
+
 def read_answer(path: Path, what: str, cap: int = ANSWER_CAP) -> str:
     """The text of an answer a worker or rank wrote, refused unread (WorkerError, one
-    line) when it is over ``cap`` bytes, or not a plain file."""
+    line) when it is over ``cap`` bytes, or not a plain file (a link, a FIFO: never
+    followed, never waited on)."""
     from ..errors import WorkerError
 
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data = f.read(cap + 1) if size <= cap else b""
+        fd = safefs.open_regular(path)
+    except safefs.NotPlain as e:
+        raise WorkerError(f"{what}: {path.name} refused unread: {e.strerror}") from None
     except OSError as e:
         raise WorkerError(f"{what}: cannot read {path.name}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(cap + 1) if size <= cap else b""
     if size > cap or len(data) > cap:
         raise WorkerError(
             f"{what}: {path.name} refused unread: {size} bytes, more than the {cap} bytes "
@@ -231,9 +294,10 @@ def read_answer(path: Path, what: str, cap: int = ANSWER_CAP) -> str:
 
 
 def read_tail(path: Path, size: int = LOG_TAIL) -> str:
-    """The last ``size`` bytes of a log ('' when it cannot be read)."""
+    """The last ``size`` bytes of a log ('' when it cannot be read, or is not a plain
+    file)."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefs.open_regular(path), "rb") as f:
             end = f.seek(0, os.SEEK_END)
             f.seek(max(0, end - size))
             return f.read(size).decode(errors="replace")

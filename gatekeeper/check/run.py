@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from .. import __version__, distributed
+from ..boundary import box
 from ..bundle import now_iso
 from ..config import Config
 from ..errors import ConfigError
@@ -110,4 +111,5 @@ def _check_all(
         creator=creator(),
         base_ref=plan.base_ref,
         targets=results,
+        unconfined=box.unconfined() or None,  # what the runner's owner let run without one
     )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import kinds
+from .. import kinds, safefs
 from ..boundary.client import run_or_fail
 from ..boundary.protocol import BaseSide, MeasureRequest, PackageRef, Response
 from ..bundle import now_iso, signing_key
@@ -31,6 +31,7 @@ from ..hashing import sha256_bytes
 from ..key import CacheKey, target_key
 from ..project import definition, expand
 from ..results import (
+    MAX_RESULTS_BYTES,
     Baseline,
     BaseTarget,
     CacheStatus,
@@ -49,6 +50,7 @@ from .paired import Mode, PairedBase
 from .verify import Restored, verify_packages
 
 log = logging.getLogger("gatekeeper.check")
+TRACE_CAP = MAX_RESULTS_BYTES  # what merge copies of a trace, at most
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def check_target(
         # the base's rules judge the change: their parity tolerances too
         rules = config.gate_for(target.model)
         tolerance = governing(rules, recorded, baseline).rules.parity
-        resp = measure(check, tolerance, base_reference, paired, Path(tmp, "cache"))
+        resp = measure(check, tolerance, base_reference, paired, Path(tmp))
     if not resp.ok and resp.fault == "memory":  # refused before any compile
         raise WontFit(f"{target.id}: {resp.error}")
     if resp.ok:
@@ -212,12 +214,14 @@ def measure(
     tolerance: ParityTolerance,
     base_reference: Path | None,
     paired: PairedBase | None,
-    cache_dir: Path,
+    tmp: Path,
 ) -> Response:
-    """One worker measures the target (and, paired, the base version beside it)."""
+    """One worker measures the target (and, paired, the base version beside it), its
+    outputs written in its own folder (``tmp/out``), then copied where the results
+    name them (:func:`collect`)."""
     head, base = check.head, check.base
-    for path in (check.reference, check.trace):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    out = tmp / "out"
+    out.mkdir()
     kind, config = kinds.of(head.target), head.config
     request = MeasureRequest.of(
         head.target,
@@ -227,11 +231,11 @@ def measure(
         budget=config.measure,
         parity=tolerance,
         baseline_reference=str(base_reference) if base_reference else None,
-        reference_out=str(check.reference),
+        reference_out=str(out / "reference.pt"),
         paired_base=BaseSide.of(base.target, paired.base_dir, base.package())
         if paired is not None and base is not None
         else None,
-        trace_out=str(check.trace),
+        trace_out=str(out / TRACE),
         # paired: the base's rules judge the change (gate.governing); the rounds go on
         # while they cannot decide it
         decide_at=base.config.gate_for(base.target.model).latency_regression
@@ -241,13 +245,37 @@ def measure(
         sweep=config.measure.shape_sweep and kinds.ships_cache(kind),
         load=head.package(),
     )
-    return run_or_fail(
+    resp = run_or_fail(
         request,
-        cache_dir=cache_dir,
+        cache_dir=tmp / "cache",
         timeout=config.measure.timeout,
         verbose=check.verbose,
         label=head.target.id,
     )
+    return collect(check, resp, out) if resp.ok else resp
+
+
+TRACE = "trace.json.gz"
+BASE_TRACE = "trace.base.json.gz"
+
+
+def collect(check: Check, resp: Response, out: Path) -> Response:
+    """The worker's outputs (plain files of its folder, never through a link) copied
+    to the run's ``--out``: its reference outputs, and its traces where it wrote them;
+    a failure naming what it left instead."""
+    base_trace = check.trace.with_name(check.trace.name.replace(".json.gz", ".base.json.gz"))
+    wanted: list[tuple[Path, Path, int | None]] = [(out / "reference.pt", check.reference, None)]
+    wanted += [(out / TRACE, check.trace, TRACE_CAP), (out / BASE_TRACE, base_trace, TRACE_CAP)]
+    for src, dest, cap in wanted:
+        if src != out / "reference.pt" and not os.path.lexists(src):
+            continue
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            safefs.copy_new(src, dest, cap)
+        except OSError as e:
+            why = e.strerror or str(e)
+            return Response.failure("compile", f"{check.head.target.id}: {src.name}: {why}")
+    return resp
 
 
 # -- 4. verify ------------------------------------------------------------------------------

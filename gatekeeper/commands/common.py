@@ -48,6 +48,13 @@ def common_flags() -> argparse.ArgumentParser:
     g.add_argument("--read-only", action="store_true", help="never write to the store")
     g.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     g.add_argument("-v", "--verbose", action="store_true", help="more logs on stderr")
+    g.add_argument(
+        "--unconfined",
+        action="store_true",
+        help="where the worker's box cannot be made, run model code without it instead "
+        "of refusing (the runner owner's choice, as GATEKEEPER_UNCONFINED=1; every "
+        "report then says unconfined: docs/hardening.md#getting-a-box)",
+    )
     return p
 
 

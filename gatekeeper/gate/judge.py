@@ -68,6 +68,7 @@ def judge(
         accepted=lambda t: any(fnmatch.fnmatchcase(t, g) for g in accept or []),
     )
     report.mode_reason = results.mode_reason
+    report.unconfined = list(results.unconfined or [])
     for row in report.rows:  # the base branch's trend, for the report's sparkline
         if row.baseline is not None:
             try:

@@ -352,6 +352,8 @@ class GateReport:
     creator: dict = field(default_factory=dict)
     mode_reason: str | None = None  # how the run chose paired or stored mode
     profile_all: bool = False  # show every target's profile diff, not only the slower ones
+    # why the run's model code ran without its whole box (results.unconfined)
+    unconfined: list[str] = field(default_factory=list)
 
 
 def gate_row(

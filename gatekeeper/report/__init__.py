@@ -7,6 +7,7 @@ from __future__ import annotations
 import json as _json
 from pathlib import Path
 
+from .. import safefs
 from ..errors import GatekeeperError
 from ..gate import GateReport
 from .json import report_json
@@ -20,10 +21,10 @@ def write_report(report: GateReport, path: Path) -> tuple[str, dict]:
     """Write ``path`` (markdown) and the JSON report beside it; return both."""
     markdown = render_markdown(report)
     doc = report_json(report)
-    try:
+    try:  # new files renamed over the names: a link planted there is never written through
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(markdown)
-        path.with_suffix(".json").write_text(_json.dumps(doc, indent=2))
+        safefs.write_new(path, markdown)
+        safefs.write_new(path.with_suffix(".json"), _json.dumps(doc, indent=2))
     except (OSError, ValueError) as e:
         raise GatekeeperError(
             f"cannot write the report {path}: {getattr(e, 'strerror', None) or e}"

@@ -182,6 +182,7 @@ def report_json(report: GateReport) -> dict:
         "exit_code": report.exit_code,
         "base_ref": report.base_ref,
         "mode_reason": report.mode_reason,
+        **({"unconfined": list(report.unconfined)} if report.unconfined else {}),
         "summary": summary_line(report),
         "counts": counts(report),
         "creator": dict(report.creator or {}),

@@ -64,6 +64,8 @@ from .trend import sparkline
 from .which_mode import mode_advice
 
 MAX_MARKDOWN_CHARS = 60_000
+# the runner's owner let model code run where no box could be made (GATEKEEPER_UNCONFINED)
+UNCONFINED = "⚠️ **unconfined**"
 STORED = " †"  # a paired row's figure compared with the stored baseline
 
 
@@ -244,6 +246,9 @@ def _headline(report: GateReport, title: str) -> str:
         lines += ["", " · ".join(extra)]
     if report.mode_reason:
         lines += ["", f"Timing: {md_text(report.mode_reason)}."]
+    if report.unconfined:
+        why = "; ".join(md_text(w) for w in report.unconfined)
+        lines += ["", f"{UNCONFINED}: the model code ran without its box ({why})."]
     return "\n".join(lines)
 
 

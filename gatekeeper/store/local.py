@@ -130,7 +130,8 @@ class LocalBackend(Backend):
                 size = os.fstat(src.fileno()).st_size
                 if max_bytes is not None and size > max_bytes:
                     raise too_large(str(path), max_bytes, size)
-                with open(tmp, "wb") as out:
+                tmp.unlink(missing_ok=True)  # a new file: never through what is at its name
+                with open(tmp, "xb") as out:
                     copied = 0
                     while chunk := src.read(1 << 20):
                         copied += len(chunk)

@@ -280,7 +280,8 @@ class S3Backend(Backend):
         part = dest.with_name(dest.name + ".part")
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with open(part, "wb") as f, self._translated("download", key):
+            part.unlink(missing_ok=True)  # a new file: never through what is at its name
+            with open(part, "xb") as f, self._translated("download", key):
 
                 def restart() -> None:
                     f.seek(0)

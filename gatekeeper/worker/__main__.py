@@ -17,6 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from .. import safefs
 from ..boundary import breadcrumbs
 from ..boundary.protocol import (
     REQUEST,
@@ -162,7 +163,12 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # the model's own failure: report it, let other targets run
         traceback.print_exc(file=sys.stderr)
         resp = failed(e, req.base_path)
-    response_path.write_text(resp.model_dump_json())
+    if resp.facts is None and req.model.distributed is None:
+        from .model import FACTS
+
+        resp.facts = FACTS or None
+    # a new file renamed over the name: whatever model code left there is replaced
+    safefs.write_new(response_path, resp.model_dump_json())
     if req.model.distributed is None:
         return 0
     if not resp.ok:  # the agent stops the other ranks at once, not at their timeout

@@ -30,7 +30,16 @@ CALL_KWARGS: dict[str, Any] = {}
 ADDED_KWARGS: dict[str, Any] = {}
 
 
+# this worker's torch's CPU facts, taken before the first model code is imported (the
+# parent checks what it remembered against them: gatekeeper.runtime.confirm_facts)
+FACTS: dict[str, Any] = {}
+
+
 def load_callable(ref: str, base_dir: Path) -> Callable[..., Any]:
+    if not FACTS and "torch" in sys.modules:
+        from ..runtime import measured_cpu_facts
+
+        FACTS.update(measured_cpu_facts())
     module_name, _, attr = ref.partition(":")
     if str(base_dir) not in sys.path:
         sys.path.insert(0, str(base_dir))

@@ -74,10 +74,11 @@ def _answer(sock: socket.socket, doc: dict[str, Any], fds: list[int] = ()) -> No
     sock.sendmsg([json.dumps(doc).encode() + b"\n"], anc)
 
 
-def child(req: dict[str, Any], log: int, channel: socket.socket) -> None:
+def child(req: dict[str, Any], log: int, status: int, channel: socket.socket) -> None:
     """In the forked child: the request's environment, working directory and log, then
-    the box (``confine.main``, this process its supervisor) around the worker's main,
-    called in the box's worker process. Never returns: the worker's end is a
+    the box (``confine.enter``, this process its supervisor, ``status`` the pipe it says
+    ``held`` or ``refused`` on) around the worker's main, called in the box's worker
+    process (``confine.run``). Never returns: the worker's end is a
     ``SystemExit`` that ends this process as an interpreter ends (its ``atexit``
     functions run, as a fresh worker's would); the box's other processes end by
     ``os._exit``."""
@@ -96,8 +97,13 @@ def child(req: dict[str, Any], log: int, channel: socket.socket) -> None:
         from ..boundary import confine
 
         # the box's --parent is the process this one must die with: the server
-        box = [str(os.getppid()) if a == "{server}" else a for a in req["box"]]
-        confine.main([*box, "--", *req["argv"]], run=_worker)
+        fill = {"{server}": str(os.getppid()), "{status}": str(status)}
+        opts, program = confine.parse([*(fill.get(a, a) for a in req["box"]), "--", *req["argv"]])
+        try:
+            box = confine.enter(opts)
+        except confine.Refused as e:
+            confine._refuse(confine.Box(opts), str(e))
+        confine.run(box, lambda: _run(program))
     except SystemExit:
         raise  # the worker's exit: out through the server's frames, as an interpreter exits
     except BaseException as e:  # never back into the server's loop
@@ -117,6 +123,10 @@ def _this_processes_temp_dir() -> None:
     if hasattr(codecache, "_HEADER_DIR"):
         codecache._HEADER_DIR = os.path.join(default_cache_dir(), "precompiled_headers")
         codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+
+
+def _run(argv: list[str]) -> None:
+    raise SystemExit(_worker(argv))
 
 
 def _worker(argv: list[str]) -> int:
@@ -208,8 +218,8 @@ class Server:
             return
         req, fds = got
         why = forkable()
-        if why is not None or len(fds) != 1:
-            _answer(client, {"refused": why or "one log descriptor expected"})
+        if why is not None or len(fds) != 2:
+            _answer(client, {"refused": why or "a log and a status descriptor expected"})
             for fd in fds:
                 os.close(fd)
             return
@@ -224,8 +234,9 @@ class Server:
             if self.listener is not None:
                 self.listener.close()
             theirs.close()
-            child(req, fds[0], ours)
-        os.close(fds[0])
+            child(req, fds[0], fds[1], ours)
+        for fd in fds:
+            os.close(fd)
         _answer(client, {"forked": True}, [theirs.fileno()])
         theirs.close()
         scratch = [b for a, b in zip(req["box"], req["box"][1:], strict=False) if a == "--scratch"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.helpers import TINY_CONFIG, TINY_MODEL, git, gk, write_project
+from support.outbox import Outbox
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the box is Linux's")
 
@@ -70,7 +71,9 @@ ESCAPES = textwrap.dedent("""
         done["hooksPath"] = _try("hooksPath", lambda: subprocess.run(
             ["git", "-C", str(here), "config", "core.hooksPath", plan["hooks"]],
             check=True, capture_output=True))
-        _write(pathlib.Path(plan["hooks"], "post-checkout"), hook, 0o755)
+        # the hook itself, outside the checkout (this test wrote it too: the box now
+        # leaves the temp dir read-only)
+        _try("hook file", lambda: _write(pathlib.Path(plan["hooks"], "post-checkout"), hook, 0o755))
         hooks = git_dir / "hooks" / "post-checkout"
         done["hook"] = _try("hook", lambda: _write(hooks, hook, 0o755))
         driver = f"[filter \\"evil\\"]\\n\\tclean = sh -c 'echo ran >> {marker}; cat'\\n"
@@ -97,12 +100,53 @@ ESCAPES = textwrap.dedent("""
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         done["daemon"] = daemon.pid
         # at exit, after the worker wrote its answer: a 2 GiB answer (sparse: no disk)
+        done.update(_parents_files(plan), dev=_root_over_the_host(), status=_status())
+        # at exit, after the worker wrote its answer: a 2 GiB answer (sparse: no disk)
         atexit.register(lambda: os.truncate(sys.argv[2], 2**31 + 1))
-        pathlib.Path(plan["report"]).write_text(json.dumps(done))
+        with open(plan["outbox"], "w") as f:  # a FIFO: the box leaves nothing else to write
+            f.write(json.dumps(done) + "\\n")
+
+    def _parents_files(plan):
+        # where the parent writes or reads: its temp dir (the run's folder above the
+        # worker's own, the cache dir's parent where a compile packs its bundle), the
+        # machine's /tmp, and /dev/shm
+        own = os.environ["TMPDIR"]
+        run = os.path.dirname(own)
+        victim = plan["victim"]
+        done = {}
+        for name in ("request.json.part", "results.json.part", "bundle.tar.zst.part"):
+            done[f"run:{name}"] = _try(name, lambda: os.symlink(victim, os.path.join(run, name)))
+        cache = os.path.dirname(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        part = os.path.join(cache, "bundle.tar.zst.part")
+        done["cache_parent:link"] = _try("link", lambda: os.symlink(victim, part + ".l"))
+        done["cache_parent:hard"] = _try("hard", lambda: os.link(victim, part + ".h"))
+        done["cache_parent:fifo"] = _try("fifo", lambda: os.mkfifo(part + ".f"))
+        done["tmp"] = _try("tmp", lambda: _write(f"/tmp/{plan['tag']}", "x"))
+        done["shm"] = _try("shm", lambda: _write(f"/dev/shm/{plan['tag']}", "x"))
+        done["own"] = _try("own", lambda: _write(os.path.join(own, "mine.txt"), "x"))
+        with open(victim) as f:  # what the box leaves open: reading what its user may
+            done["read"] = f.read()
+        return done
+
+    def _root_over_the_host():
+        import stat
+        found = {"listing": sorted(os.listdir("/dev"))}
+        found["create"] = _try("create", lambda: _write("/dev/gk-planted", "x"))
+        node = os.path.join(os.environ["TMPDIR"], "blk")
+        block = 0o600 | stat.S_IFBLK
+        found["mknod"] = _try("mknod", lambda: os.mknod(node, block, os.makedev(7, 0)))
+        disks = sorted(os.listdir("/sys/class/block")) or ["vda"]  # the host's, by name
+        found["block"] = _try("block", lambda: os.close(os.open(f"/dev/{disks[0]}", os.O_RDWR)))
+        return found
+
+    def _status():
+        lines = pathlib.Path("/proc/self/status").read_text().splitlines()
+        wanted = ("CapEff", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs")
+        return {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines) if k in wanted}
 """)
 
 
-def _escaping_project(root: Path, tmp: Path) -> dict:
+def _escaping_project(root: Path, tmp: Path, outbox: Outbox) -> dict:
     """A committed project whose factory tries every escape; what it aims at."""
     model = TINY_MODEL.replace("def make():\n", "def make():\n    escape()\n") + ESCAPES
     config = TINY_CONFIG.replace('store = "store"', 'store = "store"\npass_env = ["MY_*"]')
@@ -114,15 +158,22 @@ def _escaping_project(root: Path, tmp: Path) -> dict:
     runner_temp = tmp / "runner-temp"
     plan = {
         "marker": str(tmp / "ran-outside.txt"),
+        "outbox": str(outbox.path),
         "hooks": str(tmp / "hooks"),
         "path_dir": str(tmp / "bin"),
         "github_env": str(runner_temp / "_runner_file_commands" / "set_env_1"),
         "file_command": str(runner_temp / "_runner_file_commands" / "add_path_1"),
-        "report": str(tmp / "report" / "escaped.json"),
         "daemon": f"gk-daemon-{time.time_ns()}",
+        "tag": f"gk-planted-{time.time_ns()}",
+        "victim": str(tmp / "victim.txt"),
         "runner_temp": str(runner_temp),
     }
-    for folder in ("bin", "report", "runner-temp/_runner_file_commands"):
+    Path(plan["victim"]).write_text("the parent's\n")
+    hook = Path(plan["hooks"], "post-checkout")
+    hook.parent.mkdir()
+    hook.write_text(f"#!/bin/sh\necho ran >> {plan['marker']}\n")
+    hook.chmod(0o755)
+    for folder in ("bin", "runner-temp/_runner_file_commands"):
         (tmp / folder).mkdir(parents=True)
     for name in ("github_env", "file_command"):
         Path(plan[name]).write_text("")
@@ -147,7 +198,8 @@ def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path,
     runs it; what the factory did, the plan, the project, and the checkout's status."""
     tmp = tmp_path_factory.mktemp("box")
     root = tmp / "p"
-    plan = _escaping_project(root, tmp)
+    outbox = Outbox()
+    plan = _escaping_project(root, tmp, outbox)
     env = {
         **CREDENTIALS,
         "PATH": f"{plan['path_dir']}{os.pathsep}{os.environ['PATH']}",
@@ -156,6 +208,7 @@ def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path,
         "MY_MODEL_SETTING": "passed",
     }
     proc = gk("key", "--json", cwd=root, env=env)
+    (report,) = outbox.docs()
     # its answer was 2 GiB: one line, refused unread (it used to be read whole)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -165,7 +218,6 @@ def escaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path,
 
     parents_git(root, "worktree", "add", "--detach", str(tmp / "base"), "HEAD")
     status = parents_git(root, "status", "--porcelain")
-    report = json.loads(Path(plan["report"]).read_text())
     return report, plan, root, status
 
 
@@ -319,3 +371,112 @@ def test_the_box_holds_for_an_unprivileged_user() -> None:
     time.sleep(0.3)
     assert _daemons(tag) == []
     shutil.rmtree(tmp_path)
+
+
+REFUSED = ("Read-only file system", "Invalid cross-device link")
+
+
+def test_the_parents_files_are_out_of_the_boxs_reach(escaped) -> None:
+    """Before: the box left the parent's temp dir writable, and a model symlinked
+    ``bundle.tar.zst.part`` (beside its cache dir) to a tracked file, which ``compile``
+    then overwrote with the bundle. Now the run's folder above the worker's own, the
+    cache dir's parent and the machine's ``/tmp`` refuse every link, hard link and FIFO;
+    ``/dev/shm`` is the box's own (gone with it); the worker's own folder is its to
+    write."""
+    report, plan = escaped[0], escaped[1]
+    planted = ("run:request.json.part", "run:results.json.part", "run:bundle.tar.zst.part", "tmp")
+    planted += ("cache_parent:link", "cache_parent:hard", "cache_parent:fifo")
+    for way in planted:
+        assert any(why in report[way] for why in REFUSED), (way, report[way])
+    assert report["own"] == "done" and report["shm"] == "done", report
+    assert not Path("/dev/shm", plan["tag"]).exists()
+    assert not Path("/tmp", plan["tag"]).exists()
+    assert Path(plan["victim"]).read_text() == "the parent's\n"
+
+
+def test_root_in_the_box_is_not_root_over_the_host(escaped) -> None:
+    """Before: ``/dev`` was the host's and writable, and ``CAP_MKNOD`` kept: a root
+    worker created a file in ``/dev`` and made a block device node. Now ``/dev`` is the
+    box's own, read-only, with the usual nodes only (no disk to open), and the worker
+    holds no capability at all, with ``no_new_privs``."""
+    dev, status = escaped[0]["dev"], escaped[0]["status"]
+    usual = {"null", "zero", "full", "random", "urandom", "tty", "shm"}
+    assert set(dev["listing"]) == usual | {"fd", "stdin", "stdout", "stderr"}, dev["listing"]
+    assert "Read-only file system" in dev["create"], dev
+    assert "Operation not permitted" in dev["mknod"], dev
+    assert "No such file or directory" in dev["block"], dev
+    for caps in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
+        assert int(status[caps], 16) == 0, status
+    assert status["NoNewPrivs"] == "1", status
+
+
+def test_a_config_naming_a_credential_in_pass_env_is_one_line_before_any_worker(
+    tmp_path: Path,
+) -> None:
+    """Before: these five names in the pull request's own ``pass_env`` passed their
+    values to the worker. Now the config is refused as it loads: one line naming the
+    first and the workflow's way to let it through, exit 2, no worker started."""
+    names = json.dumps(list(CREDENTIALS))
+    config = TINY_CONFIG.replace('store = "store"', f'store = "store"\npass_env = {names}')
+    root = write_project(tmp_path / "p", TINY_MODEL, config)
+    proc = gk("key", "--json", cwd=root, env=CREDENTIALS)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "'PGPASSWORD' may name a credential" in proc.stderr, proc.stderr
+    assert "GATEKEEPER_PASS_SECRETS=PGPASSWORD" in proc.stderr, proc.stderr
+    assert not any(v in proc.stderr + proc.stdout for v in CREDENTIALS.values())
+
+
+def test_what_the_box_leaves_open(escaped) -> None:
+    """The box is about writing and processes, not reading: model code reads what its
+    user may read (docs/hardening.md, "What it cannot promise"), here a file of this
+    test's in the parent's temp dir."""
+    assert escaped[0]["read"] == "the parent's\n"
+
+
+PLANTER = textwrap.dedent("""
+    def plant():
+        # links, hard links and FIFOs in the cache dir the parent packs, and at the
+        # name beside it where the bundle used to be packed
+        import json, os, pathlib
+        victim = json.loads((pathlib.Path(__file__).parent / "victim.json").read_text())
+        cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        zz = os.path.join(cache, "zz")
+        os.makedirs(zz, exist_ok=True)
+        for make in (
+            lambda: os.symlink(victim, os.path.join(zz, "link")),
+            lambda: os.mkfifo(os.path.join(zz, "fifo")),
+            lambda: os.link(victim, os.path.join(zz, "hard")),
+            lambda: os.symlink(os.path.dirname(victim), os.path.join(cache, "zz-folder")),
+            lambda: os.symlink(victim, os.path.join(cache, "..", "bundle.tar.zst.part")),
+            lambda: os.mkfifo(os.path.join(cache, "..", "bundle.tar.zst.part")),
+        ):
+            try:
+                make()
+            except OSError:
+                pass
+""")
+
+
+def test_a_compile_packs_only_the_plain_files_its_worker_left(tmp_path: Path) -> None:
+    """Before: the box left the compile's scratch writable, and ``bundle.pack`` opened
+    ``bundle.tar.zst.part`` beside the cache dir as it was: a link planted there had
+    ``compile`` write the archive into a tracked file. Now nothing beside the cache dir
+    is the worker's, and of the cache dir only plain files are packed: the bundle is
+    published, verifies, and holds none of what was planted; the victim is untouched."""
+    root = tmp_path / "p"
+    model = TINY_MODEL.replace("def make():\n", "def make():\n    plant()\n") + PLANTER
+    write_project(root, model)
+    victim = tmp_path / "victim.py"
+    victim.write_text("the checkout's\n")
+    (root / "victim.json").write_text(json.dumps(str(victim)))
+    proc = gk("compile", "--json", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    (target,) = json.loads(proc.stdout)["targets"]
+    assert target["status"] == "published", target
+    assert victim.read_text() == "the checkout's\n"
+    (manifest,) = (root / "store").rglob("manifest.json")
+    files = json.loads(manifest.read_text())["files"]
+    assert files and not [f for f in files if "/zz" in f], sorted(files)
+    verified = gk("store", "verify", cwd=root)
+    assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -250,7 +250,7 @@ def _box_of(tmp: Path) -> list[int]:
 
 def _measuring(tmp: Path) -> bool:
     try:  # the run's folders come and go meanwhile
-        crumbs = list(tmp.glob("gk-ranks-*/response.*.json.step"))
+        crumbs = list(tmp.glob("gk-ranks-*/box/response.*.json.step"))  # the ranks' own folder
         return len(crumbs) == 2 and all(
             json.loads(c.read_text())["step"] == "measure" for c in crumbs
         )

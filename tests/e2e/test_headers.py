@@ -16,6 +16,7 @@ import sys
 
 import pytest
 from support.helpers import gk, gk_json, write_project
+from support.outbox import Outbox
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="CPU kernels built by g++")
 
@@ -32,21 +33,20 @@ def steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("headers")
     service_tmp = tmp / "service-tmp"  # the temp dir of the deploy (and its service)
     service_tmp.mkdir()
-    # in a temp dir of every step's: a box lets its worker write there, and nowhere else
-    log, recorder = service_tmp / "cxx.log", tmp / "bin" / "g++"
+    # a FIFO this test reads: a box leaves its worker nothing else to write that outlives it
+    log, recorder = Outbox(), tmp / "bin" / "g++"
     recorder.parent.mkdir()
-    recorder.write_text(RECORDER.format(log=log, gxx=gxx))
+    recorder.write_text(RECORDER.format(log=log.path, gxx=gxx))
     recorder.chmod(0o755)
     root = write_project(tmp / "p")
     env = {"CXX": str(recorder), "GATEKEEPER_PCH_DIR": str(tmp / "shared")}
     gk("compile", cwd=root, env=env, check=True)
-    compiled = log.read_text().splitlines()
-    log.write_text("")
+    compiled = log.take()
     env["TMPDIR"] = str(service_tmp)
     warm = gk_json("warm", "--probe", "--cache-dir", str(tmp / "deploy"), cwd=root, env=env)
     return {
         "compile": compiled,
-        "warm": log.read_text().splitlines(),
+        "warm": log.close(),
         "doc": warm,
         "shared": tmp / "shared",
         "service_tmp": service_tmp,

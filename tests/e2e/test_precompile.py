@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.helpers import TINY_MODEL, gk, gk_json, parity_only_config, write_project
+from support.outbox import Outbox
 
 from gatekeeper import bundle, kinds
 from gatekeeper.boundary.client import run_or_fail
@@ -63,8 +64,9 @@ CONFIG = parity_only_config("[{ batch = 4 }]", precompile=True).replace(
 def compiled(tmp_path_factory) -> Path:
     """The project with its bundle (and package) published; compiled once."""
     root = write_project(tmp_path_factory.mktemp("precompile"), MODEL, CONFIG)
-    alive = root.parent / "alive.txt"
-    (out,) = gk_json("compile", cwd=root, env={**SIGNING, "GK_ALIVE": str(alive)})["targets"]
+    alive = Outbox()  # the box leaves the factory nowhere else to write that outlives it
+    (out,) = gk_json("compile", cwd=root, env={**SIGNING, "GK_ALIVE": str(alive.path)})["targets"]
+    (root.parent / "alive.txt").write_text("\n".join(alive.close()))
     assert out["status"] == "published", out
     assert out["precompile"]["status"] == "recorded", out
     return root
@@ -275,7 +277,7 @@ def test_a_paired_check_never_loads_the_base_commits_package(verified, tmp_path:
     verified package must stay out of it too (the head's factory lists what is there)."""
     root, _ = verified
     project = copy_of(root, tmp_path)
-    (project / ".gitignore").write_text("store/\nout/\npaired/\npackages.json\n")
+    (project / ".gitignore").write_text("store/\nout/\npaired/\noutbox.txt\n")
     git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t"]
     for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-qm", "base"]):
         subprocess.run([*git, *args], check=True, capture_output=True)
@@ -290,10 +292,13 @@ def test_a_paired_check_never_loads_the_base_commits_package(verified, tmp_path:
         "    import json, os, pathlib\n"
         "    cache = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
         "    found = sorted(p.parent.name for p in cache.glob('dynamo/*/entry'))\n"
-        "    out = pathlib.Path(__file__).parent.parent / 'packages.json'\n"  # beside the project
-        "    out.write_text(json.dumps(found))\n",
+        "    out = (pathlib.Path(__file__).parent / 'outbox.txt').read_text()\n"  # a FIFO
+        "    with open(out, 'w') as f:\n"
+        "        f.write(json.dumps(found) + '\\n')\n",
     )
     (project / "tinymodel.py").write_text(spy)  # the pull request: uncommitted
+    outbox = Outbox()
+    (project / "outbox.txt").write_text(str(outbox.path))
     proc = gk(
         "check", "--mode", "paired", "--base-ref", "main", "--out", "paired",
         cwd=project, env=SIGNING,
@@ -301,4 +306,4 @@ def test_a_paired_check_never_loads_the_base_commits_package(verified, tmp_path:
     assert proc.returncode == 0, proc.stderr
     (target,) = json.loads((project / "paired" / "results.json").read_text())["targets"]
     assert target["paired"], target  # measured beside the base commit's model
-    assert json.loads((project.parent / "packages.json").read_text()) == []
+    assert outbox.docs() == [[]]

@@ -304,6 +304,20 @@ def test_check_of_an_aot_target_without_a_bundle_exports_and_builds_its_own(tmp_
     assert aot["export"]["seconds"] > 0 and aot["aot"]["from"] == "compiled", aot
 
 
+# a service's check that what it loaded is the tiny model: its outputs are eager's
+MATCHES_EAGER = textwrap.dedent("""
+    def matches_eager(model):
+        import torch
+        import tinymodel
+
+        x = torch.randn(4, 16)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            eager = tinymodel.make().eval()(x)
+        return torch.allclose(model(x), eager, atol=1e-5)
+""")
+
+
 def test_load_aot_loads_the_bytes_it_verified_not_what_the_path_holds_later(
     shipped: Path, tmp_path: Path
 ):
@@ -313,23 +327,15 @@ def test_load_aot_loads_the_bytes_it_verified_not_what_the_path_holds_later(
     deploy = tmp_path / "deploy"
     gk("warm", "--cache-dir", str(deploy), "--target", AOT, cwd=shipped, check=True)
     installed = package_dir(deploy, AOT) / "model.pt2"
-    service = textwrap.dedent(f"""
+    service = MATCHES_EAGER + textwrap.dedent(f"""
         import os
-        import torch
         import gatekeeper.runtime as runtime
 
         verified = runtime.verified_aot("gatekeeper.toml", {AOT!r}, cache_dir={str(deploy)!r})
         installed = {str(installed)!r}
         with open(installed, "wb") as f:  # swapped after verification, before the load
             f.write(b"not the package warm verified")
-        model = verified.load()
-        x = torch.randn(4, 16)
-        import tinymodel
-
-        torch.manual_seed(0)
-        with torch.no_grad():
-            eager = tinymodel.make().eval()(x)
-        assert torch.allclose(model(x), eager, atol=1e-5)
+        assert matches_eager(verified.load())
         assert not any(p.startswith(".gk-load-") for p in os.listdir(os.path.dirname(installed)))
         os.unlink(installed)
         os.symlink({str(tmp_path / "elsewhere.pt2")!r}, installed)
@@ -344,6 +350,40 @@ def test_load_aot_loads_the_bytes_it_verified_not_what_the_path_holds_later(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "model.pt2 unreadable" in proc.stdout, proc.stdout
+
+
+def test_load_aot_loads_its_own_copy_not_what_the_copys_name_holds_later(
+    shipped: Path, tmp_path: Path
+):
+    """Before: load_aot made its private copy (``.gk-load-*``) inside the package's
+    folder, so another user who can write that folder swapped the copy after the check
+    (renamed its folder, put a package of theirs in its place) and theirs was loaded.
+    Now the copy lives in a new 0700 folder of the process's temp dir, and what loads is
+    the open file that was hashed: even the copy's own name swapped for bytes that are no
+    package (which only its owner could do) loads the package warm verified."""
+    deploy = tmp_path / "deploy"
+    gk("warm", "--cache-dir", str(deploy), "--target", AOT, cwd=shipped, check=True)
+    installed = package_dir(deploy, AOT) / "model.pt2"
+    service = MATCHES_EAGER + textwrap.dedent(f"""
+        import os
+        import gatekeeper.runtime as runtime
+
+        verified = runtime.verified_aot("gatekeeper.toml", {AOT!r}, cache_dir={str(deploy)!r})
+        copy = verified.copy
+        assert not copy.is_relative_to({str(installed.parent)!r}), copy
+        assert os.stat(copy.parent).st_mode & 0o777 == 0o700, oct(os.stat(copy.parent).st_mode)
+        fake = copy.with_name("fake.pt2")  # the copy's name, swapped after the check
+        fake.write_bytes(b"not the package warm verified")
+        os.replace(fake, copy)
+        assert matches_eager(verified.load())
+        assert not copy.parent.exists()
+        print("loaded the verified package")
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", service], cwd=shipped, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loaded the verified package" in proc.stdout
 
 
 UNCALLED = """

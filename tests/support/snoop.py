@@ -155,9 +155,10 @@ def report(folder: Path) -> dict:
     plant_in = folder / "plant.json"
     if plant_in.is_file():
         doc["planted"] = plant(json.loads(plant_in.read_text()))
-    report_to = folder / "report_to.txt"
-    out = Path(report_to.read_text().strip()) if report_to.is_file() else folder
-    (out / "snooped.json").write_text(json.dumps(doc, indent=2))
+    report_to = folder / "report_to.txt"  # a FIFO the test reads (support/outbox.py)
+    out = Path(report_to.read_text().strip()) if report_to.is_file() else folder / "snooped.json"
+    with open(out, "w") as f:
+        f.write(json.dumps(doc) + "\n")
     return doc
 
 
@@ -165,8 +166,8 @@ def plant(dirs: list[str]) -> dict[str, str]:
     """Try to leave a ``.pth`` file (code every later Python there runs) in each folder:
     ``written`` (and removed again) or why not."""
     done = {}
-    for folder in dirs:
-        path = Path(folder, f"zz-planted-{os.getpid()}.pth")
+    for folder in dirs:  # $TMPDIR: the worker's own folder
+        path = Path(os.path.expandvars(folder), f"zz-planted-{os.getpid()}.pth")
         try:
             path.write_text("import os  # planted by a model\n")
         except OSError as e:

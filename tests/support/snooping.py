@@ -7,13 +7,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from support import snoop
 from support.helpers import TINY_CONFIG, TINY_MODEL, write_project
+from support.outbox import Outbox
 
 CAP_BITS = {"CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
 
@@ -39,15 +39,19 @@ def snoop_project(
     shutil.copy(snoop.__file__, root / "snoop.py")
     (root / "needles.json").write_text(json.dumps(needles))
     (root / "plant.json").write_text(json.dumps(list(plant)))
-    # the model's own folder is read-only in its box: the findings go to the temp dir
-    (root / "report_to.txt").write_text(tempfile.mkdtemp(prefix="snooped-"))
+    # the box leaves the model nowhere to write that outlives it: the findings go to a
+    # FIFO this test reads
+    _outboxes[root] = Outbox()
+    (root / "report_to.txt").write_text(str(_outboxes[root].path))
     return root
 
 
+_outboxes: dict[Path, Outbox] = {}
+
+
 def snooped(project: Path) -> dict:
-    """What the snoop of ``project`` found."""
-    out = Path((project / "report_to.txt").read_text().strip())
-    return json.loads((out / "snooped.json").read_text())
+    """What the snoop of ``project`` found (its last report)."""
+    return _outboxes.pop(project).docs()[-1]
 
 
 def assert_boxed(doc: dict) -> None:

@@ -11,18 +11,20 @@ from pathlib import Path
 
 import pytest
 from support.helpers import TINY_CONFIG, TINY_MODEL, gk, write_project
+from support.outbox import Outbox
 
 SPY_MODEL = TINY_MODEL.replace(
     "def make():\n",
     textwrap.dedent("""
         def make():
             import json, os, pathlib
-            # the model's folder is read-only in its box: beside it, in the temp dir
-            seen = pathlib.Path(__file__).parent.parent / "seen.json"
-            seen.write_text(json.dumps(dict(os.environ)))
+            # the box leaves nothing to write that outlives it: a FIFO the test reads
+            outbox = (pathlib.Path(__file__).parent / "outbox.txt").read_text()
+            with open(outbox, "w") as f:
+                f.write(json.dumps(dict(os.environ)) + "\\n")
     """).lstrip("\n"),
 )
-assert "seen.json" in SPY_MODEL
+assert "outbox.txt" in SPY_MODEL
 
 SECRETS = {
     "GATEKEEPER_SIGNING_KEY": "sk-signing",
@@ -63,9 +65,11 @@ KEPT = {
 def test_a_factory_cannot_see_the_secrets(tmp_path: Path) -> None:
     config = TINY_CONFIG.replace('store = "store"', 'store = "store"\npass_env = ["MY_*"]')
     project = write_project(tmp_path / "p", SPY_MODEL, config)
+    outbox = Outbox()
+    (project / "outbox.txt").write_text(str(outbox.path))
     proc = gk("key", "--json", cwd=project, env={**SECRETS, **KEPT, **PASSED})
     assert proc.returncode == 0, proc.stderr
-    seen = json.loads((tmp_path / "seen.json").read_text())
+    (seen,) = outbox.docs()
     assert not set(SECRETS) & set(seen)
     assert not any(v in json.dumps(seen) for v in SECRETS.values())
     for name, value in {**KEPT, "MY_MODEL_SETTING": "42"}.items():
@@ -89,3 +93,29 @@ def test_the_scrubbed_environment_is_the_one_every_worker_gets(tmp_path: Path, m
     assert not any(
         is_secret(k) for k in ("PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
     )
+
+
+def test_a_credential_reaches_a_worker_only_when_the_workflow_lets_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Before: a name a config's ``pass_env`` listed reached the worker whatever it
+    held (``PGPASSWORD``, ``DATABASE_URL``, ``DEPLOY_KEY``, ``SSH_KEY``, ``MYSQL_PWD``).
+    Now none does unless the workflow lets it through (``GATEKEEPER_PASS_SECRETS``),
+    and a value holding a password under a name that does not say so is dropped."""
+    from gatekeeper.boundary.client import cache_env
+
+    five = ("PGPASSWORD", "DATABASE_URL", "DEPLOY_KEY", "SSH_KEY", "MYSQL_PWD")
+    for name in five:
+        monkeypatch.setenv(name, SECRETS[name])
+    monkeypatch.setenv("MY_DB", "postgres://u:db-secret@h/d")
+    monkeypatch.setenv("MY_DB_DSN_TEXT", "host=h password=pw dbname=d")
+    monkeypatch.setenv("MY_ENDPOINT", "https://models.example/v1")
+    monkeypatch.delenv("GATEKEEPER_PASS_SECRETS", raising=False)
+    env = cache_env(tmp_path, None, [*five, "MY_*"])
+    assert not set(five) & set(env), env
+    assert "MY_DB" not in env and "MY_DB_DSN_TEXT" not in env
+    assert env["MY_ENDPOINT"] == "https://models.example/v1"  # no password in it
+    monkeypatch.setenv("GATEKEEPER_PASS_SECRETS", "PGPASSWORD DATABASE_URL")
+    env = cache_env(tmp_path, None, list(five))
+    assert {n for n in five if n in env} == {"PGPASSWORD", "DATABASE_URL"}
+    assert env["DATABASE_URL"] == SECRETS["DATABASE_URL"]

@@ -17,14 +17,14 @@ without its weights (``export.weights``) says so in its document (``weights``:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import units
+from ... import safefs, units
 from ...runtime import AOT_MEMBER, INFO, MANIFEST, PACKAGE, package_dir
 from ..base import Kind, Package, Serve, Warming, deploy_gate
 
@@ -95,26 +95,27 @@ class AotPackage(Package):
         elif refused is not None:
             state.status, state.reason = refused
         else:
-            dest.mkdir(parents=True, exist_ok=True)
-            (dest / INFO).unlink(missing_ok=True)  # never a verdict beside another package
-            fd, tmp = tempfile.mkstemp(prefix=".gk-", dir=dest)
-            os.close(fd)
+            # a worker may have written this cache dir (warm's probe): its folders are
+            # walked, and its files written, never through a link (gatekeeper.safefs)
+            fd = safefs.folder_fd(cache_dir, dest.relative_to(cache_dir))
             try:
-                shutil.copyfile(package, tmp)
-                os.replace(tmp, dest / package.name)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-            doc = {
-                "target": result.target,
-                "code_hash": manifest.code_hash,
-                "env_key": manifest.env_key,
-                "sha256": manifest.files[AOT_MEMBER].sha256,
-                "verified": True,
-                "check": info.get("check") or {},
-            }
-            (dest / MANIFEST).write_bytes(manifest.to_bytes())  # its signature, for load_aot
-            (dest / INFO).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+                with contextlib.suppress(FileNotFoundError):  # no verdict beside another one
+                    os.unlink(INFO, dir_fd=fd)
+                safefs.copy_new(package, package.name, dir_fd=fd)
+                doc = {
+                    "target": result.target,
+                    "code_hash": manifest.code_hash,
+                    "env_key": manifest.env_key,
+                    "sha256": manifest.files[AOT_MEMBER].sha256,
+                    "verified": True,
+                    "check": info.get("check") or {},
+                }
+                with safefs.new_file(MANIFEST, dir_fd=fd) as f:  # its signature, for load_aot
+                    f.write(manifest.to_bytes())
+                with safefs.new_file(INFO, dir_fd=fd) as f:
+                    f.write((json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+            finally:
+                os.close(fd)
             state.status = "served"
             return
         shutil.rmtree(dest, ignore_errors=True)
