@@ -1,17 +1,21 @@
 """gatekeeper's own overheads, this checkout paired against another commit.
 
     python benchmarks/overhead.py --against REF [--rounds 5] [--warmup 1] [--quickstart]
+    python benchmarks/overhead.py --against env:GATEKEEPER_FORKS=off
 
 Checks REF out beside this checkout (a detached ``git worktree`` in a temporary folder,
 run with this interpreter and its installed dependencies: ``PYTHONPATH`` names each
-side's own ``gatekeeper`` package), then measures both in one run, interleaved (each
+side's own ``gatekeeper`` package), or, with ``env:NAME=VALUE``, pairs this checkout
+with itself run with that variable set; then measures both in one run, interleaved (each
 round runs both sides, their order alternating), on the quick start's model
 (``examples/quickstart/``), each command in a fresh scratch git repository and store:
 
 - ``cli``: ``gatekeeper --help``, the CLI's start;
 - ``key``: ``gatekeeper key``, which starts one worker in its box to build the model;
 - ``compile``: a cold ``gatekeeper compile`` (wall and CPU seconds of the process tree);
-- ``check``: ``gatekeeper check`` after it (stored mode: no base commit to pair with);
+- ``check``: ``gatekeeper check`` after it (stored mode: no base commit to pair with),
+  and from its ``results.json`` the compile seconds it reports and its worker's peak
+  resident set (``peak MiB``: n/a where a side does not record it);
 - ``warm``: ``gatekeeper warm --probe`` into an empty cache dir, and ``first call``,
   the first compiled call of a fresh process on it (the probe's own figure);
 - ``quickstart`` (``--quickstart``): each side's ``examples/quickstart.py``, whole.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -85,7 +90,7 @@ def scratch_project(work: Path) -> Path:
 class Side:
     """One gatekeeper: its source tree, run with this interpreter."""
 
-    def __init__(self, name: str, tree: Path, work: Path) -> None:
+    def __init__(self, name: str, tree: Path, work: Path, extra: dict[str, str]) -> None:
         self.name, self.tree, self.work = name, tree, work
         self.env = {
             k: v
@@ -93,6 +98,7 @@ class Side:
             if not k.startswith(("GITHUB_", "GATEKEEPER_")) and k != "PYTHONPATH"
         }
         self.env["PYTHONPATH"] = str(tree)
+        self.env.update(extra)
 
     def gk(self, repo: Path, *args: str) -> tuple[float, float, str]:
         return run([sys.executable, "-m", "gatekeeper", *args], repo, self.env)
@@ -106,6 +112,10 @@ class Side:
         out["check"], out["check CPU"], _ = self.gk(
             repo, "check", "--mode", "stored", "--json", "--out", "main"
         )
+        result = json.loads((repo / "main" / "results.json").read_text())["targets"][0]
+        out["check compile s"] = float((result.get("compile") or {}).get("seconds", "nan"))
+        peak = (result.get("memory") or {}).get("process_peak_bytes")
+        out["check peak MiB"] = peak / 2**20 if peak else float("nan")
         wall, _, text = self.gk(repo, "warm", "--probe", "--cache-dir", "deploy", "--json")
         out["warm"] = wall
         first = json.loads(text)["targets"][0].get("first_call_seconds")
@@ -142,12 +152,16 @@ def table(ref: str, rows: dict[str, list[Figures]], above: float | None) -> tupl
     for name in names:
         a = [r[name] for r in rows["ref"]]
         b = [r[name] for r in rows["head"]]
+        if any(math.isnan(x) for x in a + b):
+            lines.append(f"| {name} | n/a | n/a | n/a |")
+            continue
         ratios = [y / x for x, y in zip(a, b, strict=True)]
         lo, hi = interval(ratios)
+        unit = "" if name.endswith("MiB") else " s"
         if above is not None and lo > above:
             slower.append(f"{name} {statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}]")
         lines.append(
-            f"| {name} | {statistics.median(a):.2f} s | {statistics.median(b):.2f} s "
+            f"| {name} | {statistics.median(a):.2f}{unit} | {statistics.median(b):.2f}{unit} "
             f"| {statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] |"
         )
     return "\n".join(lines), slower
@@ -178,7 +192,12 @@ def rounds(sides: dict[str, Side], n: int, quickstart: bool, say: Callable[[str]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--against", required=True, metavar="REF", help="the commit to pair with")
+    ap.add_argument(
+        "--against",
+        required=True,
+        metavar="REF",
+        help="the commit to pair with, or env:NAME=VALUE (this checkout with that variable)",
+    )
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="rounds not counted (default 1)")
     ap.add_argument("--quickstart", action="store_true", help="also the whole quick start")
@@ -191,9 +210,17 @@ def main() -> None:
     )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gk-overhead-"))
-    ref_tree = worktree(args.against, work)
+    extra: dict[str, str] = {}
+    if args.against.startswith("env:"):
+        name, _, value = args.against[4:].partition("=")
+        ref_tree, extra = ROOT, {name: value}
+    else:
+        ref_tree = worktree(args.against, work)
     try:
-        sides = {"ref": Side(args.against, ref_tree, work), "head": Side("head", ROOT, work)}
+        sides = {
+            "ref": Side(args.against, ref_tree, work, extra),
+            "head": Side("head", ROOT, work, {}),
+        }
         say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
         if args.warmup:
             rounds(sides, args.warmup, args.quickstart, lambda t: say("warm-up " + t))
@@ -213,10 +240,11 @@ def main() -> None:
             print(f"\nslower than {args.fail_above}x {args.against}: {'; '.join(slower)}")
             sys.exit(1)
     finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_tree)],
-            capture_output=True,
-        )
+        if ref_tree != ROOT:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_tree)],
+                capture_output=True,
+            )
         shutil.rmtree(work, ignore_errors=True)
 
 
