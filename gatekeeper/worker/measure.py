@@ -131,6 +131,7 @@ class _Side:
     same_inputs: bool = True  # the base's inputs are the head's (outputs comparable)
     compiled: Callable[..., Any] | None = None
     checked: Callable[[], None] | None = None  # its build's check after the first calls
+    moved: Callable[[], None] | None = None  # its build's, once its weights moved (Built)
 
     def call(self) -> Any:
         assert self.compiled is not None
@@ -193,7 +194,7 @@ def measure(req: MeasureRequest) -> Response:
         )
     prepared = time.perf_counter() - start  # aot: export, build and load the package
     head.compiled = under_autocast(made, device, req.precision)
-    head.checked = built.after_first_calls
+    head.checked, head.moved = built.after_first_calls, built.moved
     baked = bakes_tf32(req.mode, req.model.options)
     with torch.no_grad():
         resp = _measured(kind, head, base, eager, tol, baked, prepared, before_compile)
@@ -278,9 +279,7 @@ def _measured(
         base_fn=base.call if timed and base is not None else None,
         paired=paired,
         held=held,
-        place_base_first=(lambda: same_placement(base.model, head.model))
-        if timed and base is not None
-        else None,
+        place_base_first=(lambda: _placed_again(base, head)) if timed and base else None,
     )
     return Response(
         ok=True,
@@ -300,6 +299,17 @@ def _measured(
         deps=head.deps,
         quantization=quant.figures(head.model),
     )
+
+
+def _placed_again(first: _Side, second: _Side) -> None:
+    """Halfway through the paired rounds: both sides' weights placed again
+    (:func:`same_placement`), then each side's ``moved``: an AOTInductor package bound to
+    the weights reads each at the address it had when bound, so it is bound again, or
+    it reads the freed copies (a weight unmapped when freed: SIGSEGV in measure)."""
+    same_placement(first.model, second.model)
+    for side in (first, second):
+        if side.moved is not None:
+            side.moved()
 
 
 def _work(kind: Builder, eager_call: Callable[[], Any], call: Callable[[], Any]) -> dict:
@@ -322,12 +332,12 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     give_back()  # what the head's compile freed
     breadcrumbs.enter("base compile")
     try:
-        made, _ = kind.compiled(
+        made, built = kind.compiled(
             Job(base.model, base.inputs, req, keep_eager=True, load=base.load())
         )
     except Refused:
         return None, None
-    base.compiled = under_autocast(made, device, req.precision)
+    base.compiled, base.moved = under_autocast(made, device, req.precision), built.moved
     with accuracy_settings(device, baked):
         first, seconds = first_call(base.compiled, base.inputs, device, f"base {kind.first_step}")
     out = Outputs.of(first).cloned()
