@@ -118,10 +118,16 @@ def _first_calls(
             ins.call(cstep)
 
         return resp.model_copy(update={"megacache_load_seconds": megacache_load}), run_step
+    planned = isinstance(req, CompileRequest)
     model, inputs, found = build_recorded(
-        req.model, req.shapes, req.base_path, req.device, req.quantize
+        req.model,
+        req.shapes,
+        req.base_path,
+        req.device,
+        req.quantize,
+        plan=(lambda meta: fits(meta, req, built=False)) if planned else None,
     )
-    if isinstance(req, CompileRequest):
+    if planned:
         fits(model, req)
     check_precision(req.device, req.precision)
     imports = import_inductor()

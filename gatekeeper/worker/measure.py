@@ -153,10 +153,17 @@ def measure(req: MeasureRequest) -> Response:
     device, kind = req.device, builder(req)
     tol = parity_tolerance(req.parity, req.precision)
     check_precision(device, req.precision)
+    paired = req.paired_base is not None
     model, inputs, deps = build_recorded(
-        req.model, req.shapes, req.base_path, device, req.quantize, judged=True
+        req.model,
+        req.shapes,
+        req.base_path,
+        device,
+        req.quantize,
+        judged=True,
+        plan=lambda meta: fits(meta, req, paired=paired, built=False),
     )
-    fits(model, req, paired=req.paired_base is not None)
+    fits(model, req, paired=paired)
     head = _Side(req, model, inputs, deps)
     base_req = req.for_base() if req.paired_base is not None else None
     # the precision's autocast around every forward (none for fp32); fp64 runs without

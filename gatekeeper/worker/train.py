@@ -59,8 +59,15 @@ def compile_steps(req: CompileRequest | ProbeRequest) -> tuple[Response, Callabl
     entry is written only once the backward has run), forward, backward and optimizer.
     Also returns the compiled step."""
     cfg, device = req.model, req.device
-    model, inputs, deps = build_recorded(cfg, req.shapes, req.base_path, device)
-    if isinstance(req, CompileRequest):
+    planned = isinstance(req, CompileRequest)
+    model, inputs, deps = build_recorded(
+        cfg,
+        req.shapes,
+        req.base_path,
+        device,
+        plan=(lambda meta: fits(meta, req, trainers=1, built=False)) if planned else None,
+    )
+    if planned:
         fits(model, req, trainers=1)
     loss_fn = prepare(req, req.base_path, model, inputs)
     record_inductor_metrics()
@@ -81,8 +88,15 @@ def measure_train(req: MeasureRequest) -> Response:
     cfg, base_dir, device = req.model, req.base_path, req.device
     tol = parity_tolerance(req.parity, req.precision)
     steps = cfg.training.steps
-    model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
-    fits(model, req, paired=req.paired_base is not None, trainers=2)
+    two = req.paired_base is not None
+    model, inputs, deps = build_recorded(
+        cfg,
+        req.shapes,
+        base_dir,
+        device,
+        plan=lambda meta: fits(meta, req, paired=two, trainers=2, built=False),
+    )
+    fits(model, req, paired=two, trainers=2)
     loss_fn = prepare(req, base_dir, model, inputs)
 
     def new(m):
