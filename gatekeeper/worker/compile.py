@@ -18,7 +18,7 @@ from .counters import record_inductor_metrics
 from .deps import watching_cache
 from .kinds import Job, Refused, builder, package_half
 from .model import build_recorded
-from .plan import fits
+from .plan import before_build, fits
 from .precision import check_precision, under_autocast
 from .sweep import shape_sweep
 from .timing import first_call
@@ -125,7 +125,7 @@ def _first_calls(
         req.base_path,
         req.device,
         req.quantize,
-        plan=(lambda meta: fits(meta, req, built=False)) if planned else None,
+        plan=before_build(req) if planned else None,
     )
     if planned:
         fits(model, req)

@@ -33,7 +33,7 @@ from .kinds import Builder, Job, Refused, builder
 from .memory import allocated, footprint, give_back, last_level_cache
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
-from .plan import fits
+from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance, under_autocast
 from .recompiles import start_counting
 from .task import fresh_frames, measure_calls
@@ -161,7 +161,7 @@ def measure(req: MeasureRequest) -> Response:
         device,
         req.quantize,
         judged=True,
-        plan=lambda meta: fits(meta, req, paired=paired, built=False),
+        plan=before_build(req, paired=paired),
     )
     fits(model, req, paired=paired)
     head = _Side(req, model, inputs, deps)

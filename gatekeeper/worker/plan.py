@@ -20,8 +20,10 @@ on what the model costs)."""
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +34,7 @@ from ..boundary.protocol import Build
 from .fp64 import running_bytes, weight_bytes
 from .memory import last_level_cache
 
-__all__ = ["Estimate", "WontFit", "check_fits", "estimate", "fits"]
+__all__ = ["Estimate", "WontFit", "before_build", "check_fits", "estimate", "fits"]
 
 # optimizer state per parameter byte, by torch.optim class (the rest: Adam's)
 _STATE = {"SGD": 1.0, "Adagrad": 1.0, "RMSprop": 1.0, "Adam": 2.0, "AdamW": 2.0}
@@ -98,6 +100,12 @@ def fits(
         optimizer = req.model.training.optimizer
         est = estimate(model, req.device, paired=paired, trainers=trainers, optimizer=optimizer)
     check_fits(est, req.device, req.memory_limit, paired=paired, built=built)
+
+
+def before_build(req: Build, *, paired: bool = False, trainers: int = 0) -> Callable[[Any], None]:
+    """:func:`fits` of the model the factory builds on the meta device, for
+    :func:`gatekeeper.worker.model.build_recorded`'s ``plan``."""
+    return lambda meta: fits(meta, req, paired=paired, trainers=trainers, built=False)
 
 
 def available(device: str) -> tuple[int, str] | None:

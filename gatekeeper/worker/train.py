@@ -37,7 +37,7 @@ from .graphs import graph_breaks
 from .memory import footprint
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
-from .plan import fits
+from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance
 from .recompiles import start_counting
 from .task import fresh_frames, measure_calls
@@ -60,13 +60,8 @@ def compile_steps(req: CompileRequest | ProbeRequest) -> tuple[Response, Callabl
     Also returns the compiled step."""
     cfg, device = req.model, req.device
     planned = isinstance(req, CompileRequest)
-    model, inputs, deps = build_recorded(
-        cfg,
-        req.shapes,
-        req.base_path,
-        device,
-        plan=(lambda meta: fits(meta, req, trainers=1, built=False)) if planned else None,
-    )
+    plan = before_build(req, trainers=1) if planned else None
+    model, inputs, deps = build_recorded(cfg, req.shapes, req.base_path, device, plan=plan)
     if planned:
         fits(model, req, trainers=1)
     loss_fn = prepare(req, req.base_path, model, inputs)
@@ -89,13 +84,8 @@ def measure_train(req: MeasureRequest) -> Response:
     tol = parity_tolerance(req.parity, req.precision)
     steps = cfg.training.steps
     two = req.paired_base is not None
-    model, inputs, deps = build_recorded(
-        cfg,
-        req.shapes,
-        base_dir,
-        device,
-        plan=lambda meta: fits(meta, req, paired=two, trainers=2, built=False),
-    )
+    plan = before_build(req, paired=two, trainers=2)
+    model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device, plan=plan)
     fits(model, req, paired=two, trainers=2)
     loss_fn = prepare(req, base_dir, model, inputs)
 
