@@ -71,6 +71,10 @@ def next_device(model: torch.nn.Module) -> str:
 # same_placement hands freed pages back after every this many bytes copied: a 1B model's
 # second placement (halfway through the timed rounds) left 0.9 GiB more resident without
 _GIVE_BACK_EVERY = 256 << 20
+# a CPU tensor this large is its own mapping, whatever the allocator's state: glibc
+# serves every request of its mmap threshold or more by mmap, and that threshold never
+# rises past 32 MiB on a 64-bit machine (DEFAULT_MMAP_THRESHOLD_MAX)
+_OWN_MAPPING = 32 << 20
 
 
 def same_placement(first: object, second: object) -> None:
@@ -86,7 +90,9 @@ def same_placement(first: object, second: object) -> None:
     again halfway through the timed rounds, so that neither side is always placed
     first), so both draw on the same allocator state. Only tensors that own their whole
     storage move (a tied weight keeps its tie; a view keeps its base); the model's own
-    objects are kept."""
+    objects are kept. A CPU tensor of :data:`_OWN_MAPPING` or more stays: it is a fresh
+    mapping on either side, placed alike already, and its copy would add its own size to
+    the peak (a 152k-word vocabulary's embedding: 0.28x of a Qwen2-0.5B's weights)."""
     if not isinstance(first, torch.nn.Module) or not isinstance(second, torch.nn.Module):
         return
 
@@ -102,6 +108,9 @@ def same_placement(first: object, second: object) -> None:
             if len(ts) == 1
             and ts[0].storage_offset() == 0
             and ts[0].untyped_storage().nbytes() == ts[0].numel() * ts[0].element_size()
+            and not (
+                ts[0].device.type == "cpu" and ts[0].untyped_storage().nbytes() >= _OWN_MAPPING
+            )
         ]
 
     with torch.no_grad():
@@ -271,10 +280,12 @@ def _measured(
     breadcrumbs.enter("work counters")
     work = _work(kind, lambda: head.inputs.call(eager), head.call)
     paired, base_out = _compile_base(kind, base, baked) if base is not None else (None, None)
-    parity, ref64 = _parity(head, eager, cand, base_out, tol, baked, paired)
+    vs_base = _vs_base(cand, base_out, paired, tol)
+    del base_out
+    parity, ref64 = _parity(head, eager, cand, vs_base, tol, baked)
     save_reference(req.reference_out, cand, ref64)
     outputs = cand.summary()
-    del cand, ref64, base_out  # not held through the timed rounds (logits: vocab x tokens)
+    del cand, ref64  # not held through the timed rounds (logits: vocabulary x tokens)
     give_back()  # what the compiles and the float64 reference freed
     start_counting()  # recompiles from here on: the measured calls
     breadcrumbs.enter("measure")
@@ -364,27 +375,37 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     return paired, out
 
 
+def _vs_base(
+    cand: Outputs, base_out: Outputs | None, paired: dict | None, tol: ParityTolerance
+) -> dict | None:
+    """Paired: compiled vs the base commit's compiled outputs (same inputs: other inputs,
+    other outputs), compared before eager's and the float64 reference's are made, so
+    the base's are not held beside them (a vocabulary's logits each); None unpaired."""
+    if paired is None:
+        return None
+    if base_out is not None and paired["same_inputs"]:
+        return {"vs_baseline": check_parity(cand, base_out, None, tol)}
+    return {}
+
+
 def _parity(
     head: _Side,
     eager: Callable[..., Any],
     cand: Outputs,
-    base_out: Outputs | None,
+    vs_base: dict | None,
     tol: ParityTolerance,
     baked: bool,
-    paired: dict | None,
 ) -> tuple[dict, Outputs | None]:
-    """Compiled vs eager, and vs the base commit's outputs (paired, same inputs) or the
-    baseline's stored reference outputs; and the float64 reference it computed."""
+    """Compiled vs eager, and vs the base commit's outputs (paired: ``vs_base``, from
+    :func:`_vs_base`) or the baseline's stored reference outputs; and the float64
+    reference it computed."""
     req = head.req
     breadcrumbs.enter("parity")
     vs, ref64 = vs_eager(
         cand, eager, head.model, head.inputs, req.model.call, req.device, tol, baked
     )
-    parity = {"vs_eager": vs}
-    if paired is not None:
-        if base_out is not None and paired["same_inputs"]:  # other inputs, other outputs
-            parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
-    elif req.baseline_reference:
+    parity = {"vs_eager": vs, **(vs_base or {})}
+    if vs_base is None and req.baseline_reference:
         loaded = read_reference(req.baseline_reference)
         if loaded is not None:
             parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
