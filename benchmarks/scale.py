@@ -118,6 +118,7 @@ store = "store"
 
 [tool.gatekeeper.measure]
 min_time = {min_time}
+timeout = 7200  # a real-size worker on a shared 2-core machine outlasts the default 1800 s
 
 [[tool.gatekeeper.models]]
 name = "lm"
