@@ -18,7 +18,7 @@ from .counters import record_inductor_metrics
 from .deps import watching_cache
 from .kinds import Job, Refused, builder, package_half
 from .model import build_recorded
-from .plan import fits
+from .plan import before_build, fits
 from .precision import check_precision, under_autocast
 from .sweep import shape_sweep
 from .timing import first_call
@@ -118,10 +118,16 @@ def _first_calls(
             ins.call(cstep)
 
         return resp.model_copy(update={"megacache_load_seconds": megacache_load}), run_step
+    planned = isinstance(req, CompileRequest)
     model, inputs, found = build_recorded(
-        req.model, req.shapes, req.base_path, req.device, req.quantize
+        req.model,
+        req.shapes,
+        req.base_path,
+        req.device,
+        req.quantize,
+        plan=before_build(req) if planned else None,
     )
-    if isinstance(req, CompileRequest):
+    if planned:
         fits(model, req)
     check_precision(req.device, req.precision)
     imports = import_inductor()
