@@ -98,6 +98,8 @@ def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
         "remeasured": r.target in remeasured,
         "latency": v.latency.to_dict() if v.latency else None,
         "speedup_comparison": v.speedup.to_dict() if v.speedup else None,
+        # the other timed metrics' comparisons (a generate target's TTFT, TPOT, tokens/s)
+        "timings": {k: c.to_dict() for k, c in v.timings.items()},
         "p50_s": _fig(row, "latency"),  # as compared: paired, the base commit's
         "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
         "speedup": _fig(row, "speedup"),
