@@ -167,7 +167,15 @@ def hash_pins(path: Path) -> dict[str, tuple[str, list[str]]]:
     return pins
 
 
-TIMING_REASONS = ("latency ", "speedup vs eager ")  # the timing rules' reasons
+def _timing_reasons() -> tuple[str, ...]:
+    """How the timing rules' reasons start: each timed metric's label (latency, speedup
+    vs eager, a generate target's TTFT, TPOT and tokens/s)."""
+    from gatekeeper import metrics
+
+    return tuple(f"{m.label} " for m in metrics.registry() if m.timing)
+
+
+TIMING_REASONS = _timing_reasons()
 
 
 def unchanged_passes(t: dict) -> bool:
