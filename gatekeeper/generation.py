@@ -13,6 +13,7 @@ No torch here: the schema (imported by :mod:`gatekeeper.config`) and the documen
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -128,3 +129,22 @@ class Generation(_Doc):
     bytes_per_step: int | None = None  # weights and KV cache a decode step reads
     bandwidth_gbs: float | None = None
     peak_fraction: float | None = None
+
+
+def merged(a: Generation, b: Generation) -> Generation:
+    """Two measurements of one generate target pooled (a re-measured borderline
+    result): the per-round samples joined, the compiled side's medians taken again."""
+    samples = {k: a.samples.get(k, []) + b.samples.get(k, []) for k in a.samples}
+    if a.compiled is None or b.compiled is None or not samples.get("per_token"):
+        return a
+    tpot = statistics.median(samples["per_token"])
+    compiled = a.compiled.model_copy(
+        update={
+            "ttft_s": statistics.median(samples.get("first_token") or [a.compiled.ttft_s]),
+            "tpot_s": tpot,
+            "tpot_p95_s": max(a.compiled.tpot_p95_s, b.compiled.tpot_p95_s),
+            "tokens_per_s": a.batch / tpot,
+            "e2e_s": statistics.median([a.compiled.e2e_s, b.compiled.e2e_s]),
+        }
+    )
+    return a.model_copy(update={"samples": samples, "compiled": compiled})

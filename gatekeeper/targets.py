@@ -142,9 +142,9 @@ class Target:
 
 def quantizations(model: ModelConfig, task: str, precision: str) -> list[str]:
     """The model's ``quantize`` values of a (task, precision): every one for inference
-    in float32 (torchao quantizes float32 weights; its kernels set their own activation
-    dtypes), only the float model for the others."""
-    if task == "infer" and precision == "fp32":
+    and generation in float32 (torchao quantizes float32 weights; its kernels set their
+    own activation dtypes), only the float model for the others."""
+    if task in ("infer", "generate") and precision == "fp32":
         return list(model.quantize)
     return [quantize.NONE] if quantize.NONE in model.quantize else []
 

@@ -33,6 +33,7 @@ SLOWEST = (  # CI's --durations (2 workers, PR 42's run) and single-file runs, l
     "e2e/test_base_as_it_was.py",
     "e2e/test_zoo.py",
     "e2e/test_aot_causal_lm.py",  # ~5 min alone
+    "e2e/test_generate.py",  # ~6 min alone under load (5 paired or cold LM compiles)
     "e2e/test_bisect.py",
     "e2e/test_call_forms.py",
     "e2e/test_paired.py",

@@ -734,6 +734,11 @@ def test_generate_defaults_and_settings(tmp_path):
         ),
         ('tasks = ["generate"]\ngenerate = { prefill = "m:f" }', "models[0]", "both"),
         ('tasks = ["generate"]\ndynamic = true', "models[0]", "drop dynamic"),
+        (
+            'tasks = ["generate"]\nstrategies = ["whole", "regional"]',
+            "models[0]",
+            "a generation is compiled whole; regional applies to inference targets only",
+        ),
         ('tasks = ["generate"]\ngenerate = { top_k = 3 }', "generate.top_k", "unknown field"),
     ],
 )

@@ -29,7 +29,7 @@ from .compiler import compile_kwargs, import_inductor, snapshot_counters
 from .counters import record_inductor_metrics
 from .model import build_recorded, load_callable
 from .plan import fits
-from .precision import autocast, check_precision
+from .precision import check_precision
 from .timing import sync
 
 
@@ -187,7 +187,7 @@ class HFLoop(Loop):
         req = self.req
         clock = Clock(req.device, at)
         kw = {**self.generate_kwargs(compiled, scores), "streamer": clock}
-        with self._forward(compiled), autocast(req.device, req.precision), torch.no_grad():
+        with self._forward(compiled), torch.no_grad():
             sync(req.device)
             start = time.perf_counter()
             out = inputs.call(lambda *a, **k: self.model.generate(*a, **k, **kw))
@@ -231,7 +231,7 @@ class OwnLoop(Loop):
         decode = self.extra["cdecode" if compiled else "decode"]
         length = cfg.cache_length or ids.shape[1] + cfg.new_tokens
         steps, times = [], []
-        with autocast(req.device, req.precision), torch.no_grad():
+        with torch.no_grad():
             sync(req.device)
             start = time.perf_counter()
             logits = prefill(self.model, ids, length)
@@ -254,9 +254,16 @@ class OwnLoop(Loop):
         return run
 
 
+# a generate target's precision is its weights' dtype (as a service loads a model in
+# bf16), not autocast: a static KV cache is allocated in the model's dtype
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def loop_of(model: Any, req: Build, inputs: Inputs) -> Loop:
     """The target's generation: its own loop when the config gives one, else
-    ``generate()``."""
+    ``generate()``; the model in the target's precision."""
+    if req.precision in DTYPES:
+        model.to(DTYPES[req.precision])
     ids = prompt_of(inputs)
     kind = OwnLoop if req.model.generation.prefill is not None else HFLoop
     return kind(model, req, prompt=(ids.shape[0], ids.shape[1]))

@@ -23,6 +23,7 @@ from ..boundary import breadcrumbs
 from ..boundary.protocol import MeasureRequest, Response
 from ..config import ParityTolerance
 from ..generation import Side
+from . import quant
 from .compiler import snapshot_counters
 from .counters import (
     flops,
@@ -32,9 +33,10 @@ from .counters import (
     reset_inductor_metrics,
 )
 from .fp64 import weight_bytes
-from .generate import Loop, Run, describe, loop_of
+from .generate import HFLoop, Loop, Run, describe, loop_of
 from .generate_parity import Generated, check, prefill_fp64
 from .generate_timing import PER_ROUND, generation_rounds, side_figures
+from .graphs import _reason
 from .measure import same_placement
 from .memory import footprint, give_back, peak_memory
 from .model import build_base, build_recorded, make_inputs, same_inputs
@@ -56,7 +58,7 @@ def _graphs(before: dict[str, int] | None = None) -> dict[str, Any]:
     reasons as torch counts them."""
     now = snapshot_counters()
     was = before or {}
-    reasons = [{"reason": str(r)[:300]} for r in counters["graph_break"]]
+    reasons = [{"reason": _reason(str(r))} for r in counters["graph_break"]]
     return {
         "count": now["graphs"] - was.get("graphs", 0),
         "breaks": now["graph_breaks"] - was.get("graph_breaks", 0),
@@ -66,10 +68,13 @@ def _graphs(before: dict[str, int] | None = None) -> dict[str, Any]:
 
 def _first(loop: Loop, inputs: Any) -> Run:
     """The first compiled generation, with its scores; from the end of its first decode
-    step (its second token), every compile is counted (:func:`recompiles`)."""
+    step (its second token), every compile is counted (:func:`recompiles`). A dynamic
+    cache grows every step: its second decode step compiles the graph of any length
+    (automatic dynamic shapes), and counting starts after it."""
+    settled = 3 if isinstance(loop, HFLoop) and loop.req.model.generation.cache == "dynamic" else 2
 
     def at(tokens: int) -> None:
-        if tokens == 2:
+        if tokens == settled:
             start_counting()
 
     breadcrumbs.enter("first generation")
@@ -131,6 +136,7 @@ class _Base:
             "deps": self.deps,
             "same_inputs": self.same,
             "work": work,
+            "quantization": quant.figures(self.model),
         }
         return paired, first
 
@@ -211,6 +217,7 @@ def measure_generate(req: MeasureRequest) -> Response:
         torch=torch.__version__,
         deps=deps,
         generation=generation,
+        quantization=quant.figures(model),
     )
 
 

@@ -125,3 +125,13 @@ def test_the_report_shows_each_figure_with_its_comparison():
         GateReport("pass", 0, "main", [rules.gate_row(other, None, RULES)])
     )
     assert "ms/token" not in plain and "TTFT" not in plain  # no column without the figure
+
+
+def test_a_remeasured_generation_pools_its_rounds():
+    from gatekeeper.generation import merged
+
+    a, b = make_generation(seed=1, n=10), make_generation(seed=2, n=30, tpot_s=24e-3)
+    both = merged(a, b)
+    assert len(both.samples["per_token"]) == 40 and len(both.samples["first_token"]) == 40
+    assert both.compiled is not None and both.compiled.tpot_s > 20e-3  # most rounds: b's
+    assert both.compiled.tokens_per_s == pytest.approx(1 / both.compiled.tpot_s)
