@@ -80,14 +80,17 @@ class Loop:
     model: Any
     req: Build
     prompt: tuple[int, int] = (1, 1)  # batch, tokens
-    compiled: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def new_tokens(self) -> int:
-        return self.req.model.generation.new_tokens
-
     def compile(self) -> None:
+        raise NotImplementedError
+
+    def generate(
+        self, inputs: Inputs, compiled: bool, scores: bool, clock: Clock
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """One generation, each token handed to ``clock`` (the prompt first); with
+        ``scores``, its tokens ``[batch, new]``, each step's scores ``[batch, new,
+        vocab]`` and the prefill's raw logits ``[batch, vocab]``."""
         raise NotImplementedError
 
     def run(
@@ -98,7 +101,22 @@ class Loop:
         scores: bool = False,
         at: Callable[[int], None] | None = None,
     ) -> Run:
-        raise NotImplementedError
+        """One generation timed token by token (``at``: called with the count of tokens
+        so far after each one)."""
+        clock = Clock(self.req.device, at)
+        with torch.no_grad():
+            sync(self.req.device)
+            start = time.perf_counter()
+            made = self.generate(inputs, compiled, scores, clock)
+            sync(self.req.device)
+            end = time.perf_counter()
+        times = clock.times[1:]  # the first is the prompt, handed over before prefill
+        run = Run(times[0] - start, [b - a for a, b in itertools.pairwise(times)], end - start)
+        if made is not None:
+            run.tokens = made[0].cpu()
+            run.top_idx, run.top_val = _top(made[1])
+            run.logits = made[2].detach().float().cpu()
+        return run
 
     def kwargs(self, dynamic: bool = False) -> dict[str, Any]:
         """``torch.compile``'s arguments as configured; a dynamic cache's decode steps
@@ -176,31 +194,16 @@ class HFLoop(Loop):
             if own is not None:
                 self.model.forward = own
 
-    def run(
-        self,
-        inputs: Inputs,
-        *,
-        compiled: bool = True,
-        scores: bool = False,
-        at: Callable[[int], None] | None = None,
-    ) -> Run:
-        req = self.req
-        clock = Clock(req.device, at)
+    def generate(
+        self, inputs: Inputs, compiled: bool, scores: bool, clock: Clock
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         kw = {**self.generate_kwargs(compiled, scores), "streamer": clock}
-        with self._forward(compiled), torch.no_grad():
-            sync(req.device)
-            start = time.perf_counter()
+        with self._forward(compiled):
             out = inputs.call(lambda *a, **k: self.model.generate(*a, **k, **kw))
-            sync(req.device)
-            end = time.perf_counter()
-        times = clock.times[1:]  # the first is the prompt, handed over before prefill
-        run = Run(times[0] - start, [b - a for a, b in itertools.pairwise(times)], end - start)
-        if scores:
-            prompt = prompt_of(inputs).shape[1]
-            run.tokens = out.sequences[:, prompt:].cpu()
-            run.top_idx, run.top_val = _top(torch.stack(out.scores, dim=1))
-            run.logits = out.logits[0].detach().float().cpu()
-        return run
+        if not scores:
+            return None
+        prompt = prompt_of(inputs).shape[1]
+        return out.sequences[:, prompt:], torch.stack(out.scores, dim=1), out.logits[0]
 
 
 class OwnLoop(Loop):
@@ -217,41 +220,26 @@ class OwnLoop(Loop):
         self.extra["cprefill"] = torch.compile(prefill, **self.kwargs())
         self.extra["cdecode"] = torch.compile(decode, **self.kwargs())
 
-    def run(
-        self,
-        inputs: Inputs,
-        *,
-        compiled: bool = True,
-        scores: bool = False,
-        at: Callable[[int], None] | None = None,
-    ) -> Run:
-        req, ids = self.req, prompt_of(inputs)
-        cfg = req.model.generation
+    def generate(
+        self, inputs: Inputs, compiled: bool, scores: bool, clock: Clock
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        ids, cfg = prompt_of(inputs), self.req.model.generation
         prefill = self.extra["cprefill" if compiled else "prefill"]
         decode = self.extra["cdecode" if compiled else "decode"]
-        length = cfg.cache_length or ids.shape[1] + cfg.new_tokens
-        steps, times = [], []
-        with torch.no_grad():
-            sync(req.device)
-            start = time.perf_counter()
-            logits = prefill(self.model, ids, length)
-            for n in range(cfg.new_tokens):
-                token = logits.argmax(dim=-1, keepdim=True)
-                steps.append((token, logits))
-                sync(req.device)
-                times.append(time.perf_counter())
-                if at is not None:
-                    at(n + 1)
-                if n + 1 < cfg.new_tokens:
-                    position = torch.tensor([ids.shape[1] + n], device=ids.device)
-                    logits = decode(self.model, token, position)
-            end = time.perf_counter()
-        run = Run(times[0] - start, [b - a for a, b in itertools.pairwise(times)], end - start)
-        if scores:
-            run.tokens = torch.cat([t for t, _ in steps], dim=1).cpu()
-            run.top_idx, run.top_val = _top(torch.stack([s for _, s in steps], dim=1))
-            run.logits = steps[0][1].detach().float().cpu()
-        return run
+        clock.put(ids)  # the prompt, as generate() hands it over first
+        steps = []
+        logits = prefill(self.model, ids, cfg.cache_length or ids.shape[1] + cfg.new_tokens)
+        for n in range(cfg.new_tokens):
+            token = logits.argmax(dim=-1, keepdim=True)
+            steps.append((token, logits))
+            clock.put(token)
+            if n + 1 < cfg.new_tokens:
+                position = torch.tensor([ids.shape[1] + n], device=ids.device)
+                logits = decode(self.model, token, position)
+        if not scores:
+            return None
+        stacked = torch.stack([s for _, s in steps], dim=1)
+        return torch.cat([t for t, _ in steps], dim=1), stacked, steps[0][1]
 
 
 # a generate target's precision is its weights' dtype (as a service loads a model in

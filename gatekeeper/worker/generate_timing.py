@@ -9,7 +9,6 @@ that the paired gate compares TTFT and TPOT with the base's as it compares laten
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,9 +16,18 @@ from typing import Any
 import numpy as np
 
 from ..config import MeasureConfig
-from ..gate import rounds, stats
+from ..gate import rounds
 from .generate import Run
-from .timing import CpuWatch, DriftReference, _enough, _loops, _round_order, _timed, time_limit
+from .timing import (
+    CpuWatch,
+    DriftReference,
+    _enough,
+    _loops,
+    _round_order,
+    _timed,
+    latency_doc,
+    time_limit,
+)
 
 # what each round records of a generation, besides its end-to-end seconds
 PER_ROUND = ("first_token", "per_token")
@@ -94,23 +102,8 @@ def generation_rounds(
             else:
                 _side(runs, name, samples, per, gaps)
     watch.stop()
-    e, c = stats.summary_doc(samples["eager"]), stats.summary_doc(samples["compiled"])
-    latency = {
-        "eager": e,
-        "compiled": c,
-        "reference": stats.summary_doc(samples["reference"]),
-        "speedup": e["p50"] / c["p50"],
-        "throughput": 1.0 / c["p50"],
-        "inner_loops": 1,
-        "samples": samples,
-        "disturbance": {
-            "others_cores": watch.others,
-            "own_cores": watch.own,
-            "cores": os.cpu_count() or 1,
-            "reference_noise": stats.noise(samples["reference"]),
-            "seconds": time.perf_counter() - start,
-        },
-    }
+    latency = latency_doc(samples, 1, watch, start)
+    latency.pop("cpu")  # a distributed target's only
     return latency, {**per, "gaps": gaps, "e2e": {n: samples[n] for n in runs}}
 
 

@@ -22,29 +22,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.helpers import git, gk, unchanged_passes
+from support.helpers import git, gk, tiny_llama, unchanged_passes
 
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "lm/fixed/default+generate"
-LM = '''
-from transformers import LlamaConfig, LlamaForCausalLM
-
-
-def make_lm():
-    """A stock LlamaForCausalLM, one layer, random weights."""
-    config = LlamaConfig(
-        vocab_size=2048,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config)
-'''
+LM = tiny_llama()
 CONFIG = """
 store = "store"
 precompile = "off"

@@ -9,33 +9,20 @@ import json
 from pathlib import Path
 
 import pytest
-from support.helpers import git, gk
+from support.helpers import git, gk, tiny_llama
 from support.projects import QUIET
 
 pytest.importorskip("transformers")
 
 # the MLP a large part of a decode step (hidden 256, intermediate 2048): doubling it made
 # the compiled decode ~40% slower on the 2-core CPU this was written on
-LM = """
+LM = tiny_llama(hidden=256, intermediate=2048)
+DOUBLED = '''
+
 import copy
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-
-def make_lm():
-    config = LlamaConfig(
-        vocab_size=2048,
-        hidden_size=256,
-        intermediate_size=2048,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config)
-"""
-DOUBLED = '''
 
 class Twice(torch.nn.Module):
     """The MLP computed twice (the copy's weights are the same) and averaged."""
