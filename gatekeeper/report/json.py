@@ -61,6 +61,8 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
     """One target; each registered metric's two sides under its ``json`` key (those of
     the built-in metrics in their places below, any other after them)."""
     out = _fixed_json(row, remeasured)
+    # the other timed metrics' comparisons (a generate target's TTFT, TPOT, tokens/s)
+    out["timings"] = {k: c.to_dict() for k, c in row.verdict.timings.items()}
     for m in metrics.registry():
         if m.json_key is not None and m.json_key not in out:
             out[m.json_key] = _side(*figures(row, m))
@@ -98,8 +100,6 @@ def _fixed_json(row: GateRow, remeasured: set[str]) -> dict:
         "remeasured": r.target in remeasured,
         "latency": v.latency.to_dict() if v.latency else None,
         "speedup_comparison": v.speedup.to_dict() if v.speedup else None,
-        # the other timed metrics' comparisons (a generate target's TTFT, TPOT, tokens/s)
-        "timings": {k: c.to_dict() for k, c in v.timings.items()},
         "p50_s": _fig(row, "latency"),  # as compared: paired, the base commit's
         "latency_summary": _side(_latency_summaries(base), _latency_summaries(r)),
         "speedup": _fig(row, "speedup"),
