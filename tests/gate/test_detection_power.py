@@ -49,11 +49,13 @@ def recorded() -> list[tuple[np.ndarray, np.ndarray]]:
     return runs
 
 
-def draws(scale: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """TRIALS bootstraps of the recorded trials (in turn), the head's samples x scale;
-    the same draws at every scale."""
+def draws(
+    scale: float, runs: list[tuple[np.ndarray, np.ndarray]] | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """TRIALS bootstraps of the recorded trials (in turn; ``runs``, else latency's), the
+    head's samples x scale; the same draws at every scale."""
     rng = np.random.default_rng(SEED)
-    runs = recorded()
+    runs = recorded() if runs is None else runs
     for i in range(TRIALS):
         base, head = runs[i % len(runs)]
         pick = rng.integers(0, len(base), len(base))
@@ -186,14 +188,11 @@ def tpot_verdicts(scale: float, runs: list[tuple[np.ndarray, np.ndarray]]) -> li
             samples={"per_token": tpot.tolist(), "first_token": [0.01] * len(tpot)},
         )
 
-    rng = np.random.default_rng(SEED)
     out = []
-    for i in range(TRIALS):
-        base, head = runs[i % len(runs)]
-        pick = rng.integers(0, len(base), len(base))
-        r = make_result("lm/fixed/default+generate", n=len(pick), others_cores=None)
+    for base, head in draws(scale, runs):
+        r = make_result("lm/fixed/default+generate", n=len(base), others_cores=None)
         assert r.latency is not None and r.graphs is not None
-        r.generation = gen(head[pick] * scale)
+        r.generation = gen(head)
         r.paired = Paired(
             base_ref="main",
             base_commit="a" * 40,
@@ -201,7 +200,7 @@ def tpot_verdicts(scale: float, runs: list[tuple[np.ndarray, np.ndarray]]) -> li
             compile_seconds=3.0,
             graphs=r.graphs,
             samples=r.latency.samples["compiled"],
-            generation=gen(base[pick]),
+            generation=gen(base),
         )
         out.append(rules.gate_target(r, None, GateConfig()))
     return out
