@@ -108,6 +108,11 @@ def _first_calls(
         start = time.perf_counter()
         torch.compiler.load_cache_artifacts(Path(req.megacache_in).read_bytes())
         megacache_load = time.perf_counter() - start
+    if req.task == "generate":  # the prefill and decode graphs of a generation
+        from .generate import first_generations
+
+        resp, gen = first_generations(req)
+        return resp.model_copy(update={"megacache_load_seconds": megacache_load}), gen
     record_inductor_metrics()  # so the bundle's FX entries replay bytes accessed on hits
     if req.task == "train":
         from .train import compile_steps
