@@ -35,6 +35,31 @@ def llama():
     return AutoModelForCausalLM.from_config(LlamaConfig(**_tiny_text(num_key_value_heads=2)))
 
 
+def qwen2():
+    """Qwen2: grouped-query attention with biased q/k/v projections."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    return AutoModelForCausalLM.from_config(Qwen2Config(**_tiny_text(num_key_value_heads=2)))
+
+
+def mistral():
+    """Mistral: grouped-query attention, a sliding window."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    return AutoModelForCausalLM.from_config(
+        MistralConfig(**_tiny_text(num_key_value_heads=2, sliding_window=64))
+    )
+
+
+def gpt2():
+    """GPT-2: learned positions, Conv1D projections, a tied LM head."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    return AutoModelForCausalLM.from_config(
+        GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    )
+
+
 def mixtral():
     """A mixture-of-experts causal LM: 4 experts, 2 per token."""
     from transformers import AutoModelForCausalLM, MixtralConfig
@@ -53,6 +78,30 @@ def mamba():
     return AutoModelForCausalLM.from_config(
         MambaConfig(vocab_size=VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2)
     )
+
+
+# -- a causal LM's own generation loop, gpt-fast style (docs/generation.md) -------------
+@torch.compiler.disable
+def _new_cache(model, length):
+    from transformers import StaticCache
+
+    model.loop_cache = StaticCache(config=model.config, max_cache_len=length)
+    return model.loop_cache
+
+
+def prefill(model, input_ids, cache_length):
+    """The prompt through the model on a new StaticCache it keeps: the first token's
+    logits [batch, vocab] (``generate.prefill``)."""
+    cache = _new_cache(model, cache_length)
+    position = torch.arange(input_ids.shape[1], device=input_ids.device)
+    out = model(input_ids, past_key_values=cache, cache_position=position, use_cache=True)
+    return out.logits[:, -1]
+
+
+def decode(model, token, position):
+    """One token [batch, 1] at ``position``: the next token's logits (``generate.decode``)."""
+    out = model(token, past_key_values=model.loop_cache, cache_position=position, use_cache=True)
+    return out.logits[:, -1]
 
 
 # -- encoders, encoder-decoders --------------------------------------------------------

@@ -28,8 +28,9 @@ from pydantic import (
     model_validator,
 )
 
-from . import quantize
+from . import generation, quantize
 from .errors import ConfigError
+from .generation import GenerateConfig
 from .inputs import INPUT_TAGS, Inputs, InputSpec, Strict
 from .quantize import SQNR_FLOOR, Quantize, Quantized
 from .secrecy import passable
@@ -39,7 +40,7 @@ DEFAULT_STORE = ".gatekeeper/store"
 # leave it implicit
 DEFAULT_STRATEGY = "whole"
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-Task = Literal["infer", "train"]
+Task = Literal["infer", "train", "generate"]  # generate: docs/generation.md
 # record torch's caching-precompile package with each bundle
 Precompile = Literal["auto", "off"]
 Precision = Literal["fp32", "bf16", "fp16"]  # fp32: no autocast; bf16/fp16: torch.autocast
@@ -99,6 +100,10 @@ class GateConfig(Strict):
 
     latency_regression: float = Field(0.05, ge=0, lt=1)
     speedup_regression: float = Field(0.05, ge=0, lt=1)
+    # generate targets (docs/generation.md): paired like latency, the same default
+    ttft_regression: float = Field(0.05, ge=0, lt=1)
+    tpot_regression: float = Field(0.05, ge=0, lt=1)
+    tokens_per_s_regression: float = Field(0.05, ge=0, lt=0.5)  # a drop: 1 / (1 - t) x TPOT
     compile_time_regression: float = Field(0.15, ge=0)
     memory_regression: float = Field(0.05, ge=0)
     work_regression: float = Field(0.05, ge=0)  # FLOPs or bytes accessed per call
@@ -220,6 +225,7 @@ class ModelConfig(Strict):
     regions: list[str] | None = None
     export: ExportConfig | None = None  # aot: how torch.export runs (export_settings)
     train: TrainConfig | None = None
+    generate: GenerateConfig | None = None  # tasks "generate": how it generates
     dynamic: bool = False
     fullgraph: bool = False
     backend: str = "inductor"
@@ -236,6 +242,11 @@ class ModelConfig(Strict):
     def training(self) -> TrainConfig:
         """The training step's settings (the defaults when ``train`` is not given)."""
         return self.train or TrainConfig()
+
+    @property
+    def generation(self) -> GenerateConfig:
+        """The generation's settings (the defaults when ``generate`` is not given)."""
+        return self.generate or GenerateConfig()
 
     @property
     def export_settings(self) -> ExportConfig:
@@ -300,6 +311,8 @@ class ModelConfig(Strict):
                 '\'train\' is set but \'tasks\' has no "train" (add it: tasks = ["infer", "train"])'
             )
         if why := quantize.check_model(self):
+            raise ValueError(why)
+        if why := generation.refusal(self):
             raise ValueError(why)
         if self.options and self.modes != ["default"]:
             raise ValueError(

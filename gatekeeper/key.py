@@ -204,7 +204,10 @@ def compile_spec(target: Target) -> dict:
     # only when not the default: the keys of inference float32 targets stay what they were
     if target.task != "infer":
         spec_doc["task"] = target.task
+    if target.task == "train":
         spec_doc["train"] = m.training.spec()
+    if target.task == "generate":  # new tokens and the cache shape what is compiled
+        spec_doc["generate"] = m.generation.spec()
     if target.precision != "fp32":
         spec_doc["precision"] = target.precision
     if target.quantized:  # the config, its arguments, the modules and torchao's version

@@ -63,6 +63,9 @@ class Metric:
     bound: str | None = None  # a GateConfig setting the value must not cross (sqnr_floor)
     policy: str | None = None  # a GateConfig setting that turns its rule on or off
     timing: bool = False  # timed round by round and judged by statistics (gate.stats)
+    # a generate target's per-round samples it is compared on, paired (seconds: lower is
+    # better; gate.generation): ``Generation.samples``' key
+    samples: str | None = None
     sources: Mapping[str, str] = field(default_factory=dict)  # what each source measures
     source: Callable[[TargetResult], str | None] | None = None  # which one a result used
     group: str | None = None  # a details table and one bisect --metric for its members
@@ -182,6 +185,22 @@ def _sqnr(r: TargetResult) -> Value:
 def _base_sqnr(pair: Paired) -> Value:
     q = getattr(pair, "quantization", None)
     return q.sqnr_db if q is not None else None
+
+
+def _generated(field: str) -> tuple[Callable[[TargetResult], Value], Callable[[Paired], Value]]:
+    """A generate target's figure (its compiled side's median), this run's and the base
+    commit's measured beside it."""
+
+    def of(doc: Any) -> Value:
+        gen = getattr(doc, "generation", None)  # not in every schema version
+        return getattr(gen.compiled, field) if gen is not None and gen.compiled else None
+
+    return of, of
+
+
+def _decode_recompiles(doc: Any) -> Value:
+    gen = getattr(doc, "generation", None)
+    return gen.decode_recompiles if gen is not None and gen.compiled else None
 
 
 def counter(
@@ -321,6 +340,71 @@ BUILTIN: tuple[Metric, ...] = (
         column="SQNR vs float",
         json=None,  # the report's "quantization" holds it, the base's and the twin ratios
         doc="SQNR (quantized targets)",
+    ),
+    # generate targets (docs/generation.md; their rules: gate/generation.py)
+    Metric(
+        "ttft",
+        "time to first token",
+        *_generated("ttft_s"),
+        fmt=units.seconds,
+        unit="s",
+        rule="own",
+        threshold="ttft_regression",
+        timing=True,
+        samples="first_token",
+        column="TTFT",
+        json="ttft_s",
+        chart=Chart("ttft", "Time to first token", "generate: prefill, compiled", "s"),
+        bisect=True,
+        doc="time to first token",
+    ),
+    Metric(
+        "tpot",
+        "decode",
+        *_generated("tpot_s"),
+        fmt=units.per_token,
+        unit="s/token",
+        rule="own",
+        threshold="tpot_regression",
+        timing=True,
+        samples="per_token",
+        column="decode",
+        json="tpot_s",
+        chart=Chart("tpot", "Time per output token", "generate: decode, compiled", "s/token"),
+        bisect=True,
+        doc="time per output token",
+    ),
+    Metric(
+        "tokens-per-s",
+        "decode tokens/s",
+        *_generated("tokens_per_s"),
+        fmt=units.rate,
+        unit="tokens/s",
+        better="higher",
+        rule="own",
+        threshold="tokens_per_s_regression",
+        timing=True,
+        samples="per_token",  # tokens/s is the batch over it
+        column="tokens/s",
+        json="tokens_per_s",
+        chart=Chart("tokens-per-s", "Decode tokens/s", "generate: compiled", "tokens/s"),
+        bisect=True,
+        doc="decode tokens/s",
+    ),
+    Metric(
+        "decode-recompiles",
+        "recompiles during decode",
+        _decode_recompiles,
+        _decode_recompiles,
+        rule="own",
+        relative=False,
+        policy="recompiles",
+        json="decode_recompiles",
+        chart=Chart(
+            "decode-recompiles", "Recompiles during decode", "generate: steady decode", "compiles"
+        ),
+        bisect=True,
+        doc="recompiles during decode",
     ),
     counter(
         "flops",

@@ -18,6 +18,7 @@ from .gate import GateReport, GateRow
 from .gate.baseline import publish_results
 from .gate.drift import merge_latency
 from .gate.judge import judge
+from .generation import merged
 from .inside import contained
 from .results import Results, TargetResult, write_results
 from .scratch import scratch_dir
@@ -107,8 +108,13 @@ def _remeasure(
             results.targets[results.targets.index(row.result)] = row.result = again
             return
     row.result.latency = merge_latency(first, again.latency)
+    if row.result.generation and again.generation:  # a generate target's TTFT and TPOT
+        row.result.generation = merged(row.result.generation, again.generation)
     if row.result.paired and again.paired:
         row.result.paired.samples += again.paired.samples
+        pair, more = row.result.paired.generation, again.paired.generation
+        if pair is not None and more is not None:
+            row.result.paired.generation = merged(pair, more)
 
 
 def _keep_files(result: TargetResult, scratch: Path, out_dir: Path) -> None:

@@ -64,5 +64,6 @@ def definition(target: Target) -> dict[str, Any]:
     )
     skip |= kinds.foreign(target.strategy)  # another kind's fields (regions, export)
     skip |= {"train"} if target.task != "train" else set()
+    skip |= {"generate"} if target.task != "generate" else set()
     model = target.model.model_dump(mode="json", exclude=skip)
     return {**model, "shape_set": target.shape_set}

@@ -27,6 +27,7 @@ from pydantic import (
 from . import safefs
 from .config import GateConfig
 from .errors import GatekeeperError
+from .generation import Generation
 
 RESULTS_SCHEMA = "gatekeeper.results/1"
 BASELINE_SCHEMA = "gatekeeper.baseline/1"
@@ -38,8 +39,7 @@ MAX_RESULTS_BYTES = 256 << 20
 PACKAGE_FIELDS = ("precompile", "aot")
 
 
-def reference_name(target_id: str) -> str:
-    """Where a target's reference outputs go, relative to its results.json."""
+def reference_name(target_id: str) -> str:  # relative to its results.json
     return "references/" + target_id.replace("/", "__") + ".pt"
 
 
@@ -236,9 +236,7 @@ class Parity(_Doc):
     outputs: OutputsSummary | None = None  # inference targets
 
 
-class ReferenceOutputs(_Doc):
-    """Outputs of this compiled model on the fixed seeded inputs (torch.save file)."""
-
+class ReferenceOutputs(_Doc):  # outputs of the compiled model on the seeded inputs
     file: str  # path relative to the results file
     sha256: str
     size: int
@@ -274,6 +272,7 @@ class Paired(_Doc):
     # False: the base commit's config builds other inputs, so outputs were not compared
     same_inputs: bool = True
     quantization: Quantization | None = None  # a quantized target: the base version's
+    generation: Generation | None = None  # a generate target: the base version's
 
 
 class BaseTarget(_Doc):
@@ -358,6 +357,7 @@ class TargetResult(_Doc):
     base_target: BaseTarget | None = None  # paired: the base commit's definition of it
     ranks: list[RankResult] | None = None  # a distributed target's ranks
     quantization: Quantization | None = None  # a quantized target's SQNR and weights
+    generation: Generation | None = None  # a generate target's TTFT, TPOT, tokens/s
 
     @model_validator(mode="before")
     @classmethod

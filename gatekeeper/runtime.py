@@ -23,10 +23,11 @@ the store, the report) never imports torch.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -213,6 +214,7 @@ class AotModel:
         self.info = info or {}
         self.weights = "bundled"
         self._bound: dict[str, Any] = {}
+        self._rebind: Callable[[], dict[str, Any]] | None = None
         in_spec, out_spec = loader.get_call_spec()
         self._in_spec = pytree.treespec_loads(in_spec)
         self._out_spec = _output_spec(out_spec, path)
@@ -227,6 +229,17 @@ class AotModel:
         flat = pytree.tree_leaves((args, kwargs))
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         return pytree.tree_unflatten(self._loader.run(tensors), self._out_spec)
+
+    def rebind(self) -> None:
+        """Bind a package built without its weights to them again, read anew from the
+        model (or the mapping) it was loaded with: after their memory moved
+        (``param.data = ...``, a module's ``to()`` that copies, a parameter replaced).
+        The package's kernels read each weight at the address it had when bound (torch's
+        AOTInductor keeps that address: no copy), so until then they read the weights'
+        old memory, freed once nothing else holds it. Nothing for a package that holds
+        its own weights."""
+        if self._rebind is not None:
+            self._bound = self._rebind()
 
     def __repr__(self) -> str:
         return f"AotModel({str(self.path)!r}, weights={self.weights!r})"
@@ -325,27 +338,26 @@ def load_package(
         loader = package_loader(path)
     loaded = AotModel(loader, Path(path), info)
     if record is not None:
+        import io
+
         shown = (info or {}).get("target") or str(path)
-        stored = package_member(path, STORED_CONSTANTS)
-        loaded._bound = _bind(loader, json.loads(record), stored, shown, model, weights)
+        blob = package_member(path, STORED_CONSTANTS)
+        stored = {} if blob is None else torch.load(io.BytesIO(blob), weights_only=True)
+        wanted = json.loads(record)["constants"]
+        loaded._rebind = functools.partial(_bind, loader, wanted, stored, shown, model, weights)
+        loaded.rebind()
         loaded.weights = "bound"
     return loaded
 
 
 def _bind(
-    loader: Any, record: dict, blob: bytes | None, path: str, model: Any, weights: Any
+    loader: Any, wanted: dict, stored: dict, path: str, model: Any, weights: Any
 ) -> dict[str, Any]:
     """The package's constants, each the deploy's tensor (checked against the shape,
     stride, dtype and device it was built with), bound without a copy; those it stores
-    itself (``blob``) from there."""
-    import io
-
+    itself (``stored``, on the CPU) from there."""
     import torch
 
-    wanted = record["constants"]
-    stored: dict[str, Any] = {}
-    if blob is not None:
-        stored = torch.load(io.BytesIO(blob), weights_only=True)
     if model is None and weights is None and any(c.get("name") for c in wanted.values()):
         raise UsageError(
             f"{path}: the package holds no weights (built with export.weights = "

@@ -3,9 +3,10 @@ each, with a stable readable id.
 
 The id has exactly three '/'-separated parts — ``<model>/<shapes>/<variant>`` — e.g.
 ``mlp/b8/default``, ``gpt-block/b2-s64/max-autotune+dynamic``,
-``gpt2/b4/default+train+bf16``, ``gpt12/b1-s128/default+regional``,
-``mlp/b8/default+int8wo+regional`` or ``mlp/b8/default+train+ws2``: the training task,
-an autocast precision, a torchao quantization (``+int8wo``, ``+int8dq``, ``+fp8dq``,
+``gpt2/b4/default+train+bf16``, ``lm/b1-s32/default+generate``,
+``gpt12/b1-s128/default+regional``, ``mlp/b8/default+int8wo+regional`` or
+``mlp/b8/default+train+ws2``: the training task, a generation (docs/generation.md), an
+autocast precision, a torchao quantization (``+int8wo``, ``+int8dq``, ``+fp8dq``,
 ``+int4wo``: :mod:`gatekeeper.quantize`), a distributed model's world size and a compile
 strategy (an artifact kind, :mod:`gatekeeper.kinds`) join the third part with ``+`` so
 every store path keeps its depth. Inference, float32, the float model and the default
@@ -64,7 +65,7 @@ class Target:
         return (
             self.mode
             + ("+dynamic" if self.dynamic else "")
-            + ("+train" if self.task == "train" else "")
+            + (f"+{self.task}" if self.task != "infer" else "")
             + (f"+{self.precision}" if self.precision != "fp32" else "")
             + (f"+{quantize.SUFFIX[self.quantize]}" if self.quantized else "")
             + (f"+ws{self.world_size}" if self.world_size else "")
@@ -126,6 +127,8 @@ class Target:
             d["call"] = self.model.call
         if self.task != "infer":
             d["task"] = self.task
+        if self.task == "generate":
+            d["generate"] = self.model.generation.spec()
         if self.precision != "fp32":
             d["precision"] = self.precision
         if self.strategy != DEFAULT_STRATEGY:
@@ -139,9 +142,9 @@ class Target:
 
 def quantizations(model: ModelConfig, task: str, precision: str) -> list[str]:
     """The model's ``quantize`` values of a (task, precision): every one for inference
-    in float32 (torchao quantizes float32 weights; its kernels set their own activation
-    dtypes), only the float model for the others."""
-    if task == "infer" and precision == "fp32":
+    and generation in float32 (torchao quantizes float32 weights; its kernels set their
+    own activation dtypes), only the float model for the others."""
+    if task in ("infer", "generate") and precision == "fp32":
         return list(model.quantize)
     return [quantize.NONE] if quantize.NONE in model.quantize else []
 

@@ -17,7 +17,7 @@ Unknown values (None) are :data:`DASH`. No I/O, no dependencies.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 DASH = "–"
 
@@ -49,6 +49,26 @@ def seconds(x: float | None) -> str:
         if abs(x) / scale < 999.5:
             return f"{_sig3(x / scale)} {unit}"
     return f"{_sig3(x)} s"
+
+
+def per_token(x: float | None) -> str:
+    """Seconds per generated token: ``12.3 ms/token``."""
+    return DASH if x is None else f"{seconds(x)}/token"
+
+
+def rate(x: float | None) -> str:
+    """Tokens per second: ``81.3 tokens/s``."""
+    return DASH if x is None else f"{_sig3(x) if abs(x) < 999.5 else count(x)} tokens/s"
+
+
+def span(fmt: Callable[[float | None], str], a: float, b: float) -> str:
+    """Two figures of one format, the unit said once when they share it: ``12.3 ->
+    13.9 ms/token``."""
+    left, right = fmt(a), fmt(b)
+    unit = right.split(" ", 1)[1] if " " in right else ""
+    if unit and left.endswith(" " + unit):
+        return f"{left.removesuffix(' ' + unit)} -> {right}"
+    return f"{left} -> {right}"
 
 
 def size(n: float | None) -> str:

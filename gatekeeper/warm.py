@@ -210,6 +210,8 @@ class Probe:
     ran (only a loaded package skips it); or why it failed."""
 
     first_call_seconds: float | None = None
+    # a generate target: its first generation's first token (the call is the generation)
+    first_token_seconds: float | None = None
     call_seconds: list[float] | None = None
     import_torch_seconds: float | None = None  # a package loaded alone: import torch apart
     speedup: float | None = None
@@ -301,8 +303,11 @@ def _read_probe(result: WarmResult, resp: Any) -> Probe:
     for package in kinds.packages():
         package.probed(result, dynamo)
     stale = ", stale: every FX graph missed" if result.status == "stale" else ""
+    token = resp.generation.first_token_s if resp.generation is not None else None
+    said = f"first token {token:.2f} s, generation {first:.2f} s" if token else f"{first:.2f} s"
     return Probe(
         first_call_seconds=first,
+        first_token_seconds=token,
         call_seconds=resp.call_seconds,
         speedup=speedup,
         fxgraph_cache_hit=c["fxgraph_cache_hit"],
@@ -321,7 +326,7 @@ def _read_probe(result: WarmResult, resp: Any) -> Probe:
         ]
         if resp.ranks
         else None,
-        note=f"{first:.2f} s, dynamo {dynamo}{stale}{split}{_all_ranks(resp)}",
+        note=f"{said}, dynamo {dynamo}{stale}{split}{_all_ranks(resp)}",
     )
 
 

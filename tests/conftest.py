@@ -37,6 +37,7 @@ SLOWEST = (  # CI's --durations (2 workers, PR 42's run) and single-file runs, l
     "e2e/test_example_config_2.py",
     "e2e/test_example_config_3.py",
     "e2e/test_example_config_4.py",
+    "e2e/test_generate.py",  # ~6 min alone under load (5 paired or cold LM compiles)
     "e2e/test_bisect.py",
     "e2e/test_call_forms.py",
     "e2e/test_paired.py",

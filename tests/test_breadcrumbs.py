@@ -5,7 +5,10 @@ model's line from faulthandler's stack. The real crashes: tests/e2e/test_crash.p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 from gatekeeper import kinds
 from gatekeeper.boundary import breadcrumbs
@@ -86,3 +89,85 @@ def test_no_faulthandler_stack_no_frame(tmp_path):
         breadcrumbs.crash_frame('Traceback (most recent call last):\n  File "x.py", line 1') is None
     )
     assert breadcrumbs.read(tmp_path / "r.json", 1, "").frame is None
+
+
+# torch's fatal signal handler (c10::FatalSignalHandler) after faulthandler's stack, as
+# the worker of issue 53's crash wrote it (trimmed): the crashing thread (the one in
+# fatalSignalHandler), then another; faulthandler re-raised the signal (gsignal)
+NATIVE = Path(__file__).parent / "data" / "native_crash.log"  # {torch}: its folder
+
+
+def test_the_native_frame_is_the_crashing_threads_innermost_outside_libc():
+    import torch
+
+    log = NATIVE.read_text().format(torch=Path(torch.__file__).parent)
+    assert breadcrumbs.native_frame(log) == (
+        "ctxqsd2q....wrapper.so+0x7f011 in cpp_fused_add_embedding_mean_mul_pow_rsqrt_0 "
+        "(ctxqsd2q....wrapper.so)"
+    )
+    death = breadcrumbs.read(Path("none.json"), -11, log)
+    assert breadcrumbs.describe(breadcrumbs.Death(-11, "measure", native=death.native), "") == (
+        "worker died by SIGSEGV (segmentation fault) in measure; native frame: "
+        "ctxqsd2q....wrapper.so+0x7f011 in cpp_fused_add_embedding_mean_mul_pow_rsqrt_0 "
+        "(ctxqsd2q....wrapper.so)"
+    )
+    # a named frame: its function without parameters, template arguments or return type
+    named = log.replace(
+        "<unknown function> + 0x7f011",
+        "void at::native::copy_<float, std::vector<int>>(at::Tensor&, bool) const + 0x1f",
+    )
+    assert breadcrumbs.native_frame(named) == "at::native::copy_<...> (ctxqsd2q....wrapper.so)"
+    # Python code that crashed (a ctypes call): the interpreter's frames only, none named
+    python = "\n".join(ln for ln in log.splitlines() if "#6:" not in ln and "#7:" not in ln)
+    python = python.replace("frame #8:", "<omitting python frames>\nframe #8:")
+    assert breadcrumbs.native_frame(python) is None
+    assert breadcrumbs.native_frame("Fatal Python error: Segmentation fault\n") is None
+
+
+CRASH = """\
+import ctypes, os, sys
+from pathlib import Path
+
+import pytest
+from gatekeeper.boundary import breadcrumbs
+import faulthandler
+faulthandler.enable(all_threads=False)  # as the worker does, before it imports torch
+breadcrumbs.begin(Path(sys.argv[1]))
+import torch
+breadcrumbs.enter("measure")  # torch imported: its handler armed
+if sys.argv[2] == "abort":
+    os.abort()
+torch.set_num_threads(1)  # one thread reads it: two crashing at once race their handlers
+t = torch.ones(1 << 24)  # 64 MiB: its own mapping, unmapped behind torch's back
+ctypes.CDLL(None).munmap(ctypes.c_void_p(t.data_ptr() & ~4095), ctypes.c_size_t(1 << 26))
+print(t.sum())
+"""
+
+
+@pytest.mark.parametrize("how", ["segv", "abort"])
+def test_a_worker_that_crashed_in_torchs_cpp_names_the_native_frame(tmp_path, how):
+    """A real crash in torch's C++ (a sum over memory unmapped under it) in a process
+    that armed torch's handler as a worker does: it still dies by the signal, and its
+    line names the native frame; an abort stays faulthandler's alone (torch's handler
+    could hang on a heap glibc aborted on)."""
+    import subprocess
+    import sys
+
+    response = tmp_path / "response.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH, str(response), how],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    death = breadcrumbs.read(response, proc.returncode, proc.stderr)
+    assert death.step == "measure", proc.stderr[-3000:]
+    line = breadcrumbs.describe(death, "")
+    if how == "abort":
+        assert death.signal == "SIGABRT" and "FatalSignalHandler" not in proc.stderr, line
+        assert death.native is None and "Fatal Python error: Aborted" in proc.stderr
+        return
+    assert death.signal == "SIGSEGV", proc.stderr[-3000:]
+    assert "Fatal Python error: Segmentation fault" in proc.stderr  # faulthandler's first
+    assert re.search(r"; native frame: .*libtorch_cpu\.so", line), (line, proc.stderr[-3000:])
+    assert "\n" not in line

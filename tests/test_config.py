@@ -721,3 +721,54 @@ def test_pass_env_never_names_a_credential_in_any_spelling(tmp_path, monkeypatch
     monkeypatch.setenv("GATEKEEPER_PASS_SECRETS", "PGPASSWORD,DEPLOY_KEY")
     write(tmp_path, "gatekeeper.toml", 'pass_env = ["PGPASSWORD", "DEPLOY_KEY"]\n' + MODEL)
     assert load_config(None, cwd=tmp_path).pass_env == ["PGPASSWORD", "DEPLOY_KEY"]
+
+
+# -- generation (issue 50) ------------------------------------------------------------------
+LM = """
+[[models]]
+name = "lm"
+factory = "lm:make_lm"
+inputs = { input_ids = { shape = [1, 32], dtype = "int64", high = 2048 } }
+"""
+
+
+def test_generate_defaults_and_settings(tmp_path):
+    cfg = load_config(write(tmp_path, "gatekeeper.toml", LM + 'tasks = ["generate"]\n'))
+    m = cfg.models[0]
+    assert m.tasks == ["generate"] and m.generate is None
+    assert m.generation.spec() == {"new_tokens": 16, "cache": "static"}
+    full = LM + 'tasks = ["infer", "generate"]\n'
+    full += 'generate = { new_tokens = 8, cache = "static", cache_length = 64 }\n'
+    g = load_config(write(tmp_path, "full.toml", full)).models[0].generation
+    assert g.spec() == {"new_tokens": 8, "cache": "static", "cache_length": 64}
+
+
+@pytest.mark.parametrize(
+    "extra, field, words",
+    [
+        ("generate = { new_tokens = 8 }", "models[0]", "'tasks' has no \"generate\""),
+        ('tasks = ["generate"]\ngenerate = { new_tokens = 1 }', "generate.new_tokens", "greater"),
+        ('tasks = ["generate"]\ngenerate = { cache = "paged" }', "generate.cache", "'static'"),
+        (
+            'tasks = ["generate"]\ngenerate = { new_tokens = 16, cache_length = 16 }',
+            "models[0]",
+            "must hold the prompt",
+        ),
+        ('tasks = ["generate"]\ngenerate = { prefill = "m:f" }', "models[0]", "both"),
+        ('tasks = ["generate"]\ndynamic = true', "models[0]", "drop dynamic"),
+        (
+            'tasks = ["generate"]\nstrategies = ["whole", "regional"]',
+            "models[0]",
+            "a generation is compiled whole; regional applies to inference targets only",
+        ),
+        ('tasks = ["generate"]\ngenerate = { top_k = 3 }', "generate.top_k", "unknown field"),
+    ],
+)
+def test_generate_errors_name_the_field(tmp_path, extra, field, words):
+    msg = config_error(tmp_path, LM + extra + "\n")
+    assert field in msg and words in msg, msg
+
+
+def test_generate_needs_the_prompt_as_input_ids(tmp_path):
+    msg = config_error(tmp_path, MODEL + 'tasks = ["generate"]\n')
+    assert "input_ids" in msg, msg

@@ -474,3 +474,28 @@ def test_strategy_is_in_the_spec_and_whole_keeps_the_old_one():
     )
     specs = [compile_spec(t) for t in (whole, regional, aot, named[0], strict[0])]
     assert len({json.dumps(s, sort_keys=True) for s in specs}) == 5  # each its own key
+
+
+# -- generation (issue 50) -------------------------------------------------------------------
+def test_generate_is_in_the_spec_and_infer_keeps_its_key():
+    import json
+
+    from gatekeeper.config import Config
+    from gatekeeper.key import compile_spec
+    from gatekeeper.project import definition, expand
+
+    m = {
+        "name": "lm",
+        "factory": "mod:make",
+        "inputs": {"input_ids": {"shape": [1, 32], "dtype": "int64", "high": 2048}},
+    }
+    plain = compile_spec(expand(Config.model_validate({"models": [m]}))[0])
+    both = expand(Config.model_validate({"models": [{**m, "tasks": ["infer", "generate"]}]}))
+    assert compile_spec(both[0]) == plain  # the infer target's key is what it was
+    gen = compile_spec(both[1])
+    assert gen["task"] == "generate" and "train" not in gen
+    assert gen["generate"] == {"new_tokens": 16, "cache": "static"}
+    longer = {**m, "tasks": ["generate"], "generate": {"new_tokens": 32}}
+    other = compile_spec(expand(Config.model_validate({"models": [longer]}))[0])
+    assert json.dumps(other, sort_keys=True) != json.dumps(gen, sort_keys=True)
+    assert "generate" not in definition(both[0]) and "generate" in definition(both[1])

@@ -350,3 +350,18 @@ def test_strategy_joins_the_variant_whole_implicit_and_training_stays_whole():
     assert by_id["gpt/b1/default+aot"].describe()["strategy"] == "aot"
     assert "strategy" not in by_id["gpt/b1/default"].describe()  # old manifests unchanged
     assert select(expand(cfg), ["*+aot"]) == [by_id["gpt/b1/default+aot"]]
+
+
+# -- generation (issue 50) --------------------------------------------------------------------
+def test_generate_joins_the_variant_and_infer_keeps_its_id():
+    lm = model(
+        "lm",
+        [{"batch": 1}],
+        inputs={"input_ids": {"shape": ["batch", 32], "dtype": "int64"}},
+        tasks=["infer", "generate"],
+        generate={"new_tokens": 8},
+    )
+    assert ids(config(lm)) == ["lm/b1/default", "lm/b1/default+generate"]
+    infer, gen = expand(config(lm))
+    assert gen.task == "generate" and gen.describe()["generate"]["new_tokens"] == 8
+    assert "generate" not in infer.describe() and "task" not in infer.describe()

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from .. import units
 from ..config import Config, MeasureConfig, ModelConfig, ParityTolerance, Precision, Task
 from ..errors import ConfigError
+from ..generation import Generation
 from ..quantize import Quantize
 from ..results import (
     Graphs,
@@ -253,6 +254,7 @@ class BaseMeasured(_Msg):
     profile: Profile | None = None
     same_inputs: bool = True  # false: its inputs differ, outputs were not compared
     quantization: Quantization | None = None
+    generation: Generation | None = None
 
 
 class PackageParity(_Msg):
@@ -313,6 +315,8 @@ class Response(_Msg):
     cpu_samples: dict[str, list[float]] | None = None
     ranks: list[RankResult] | None = None  # the merged answer of a distributed target
     quantization: Quantization | None = None  # measure: a quantized target's SQNR, weights
+    # measure: a generate target's figures; compile and probe: its first generation's
+    generation: Generation | None = None
 
     @classmethod
     def failure(cls, fault: str, error: str) -> Response:

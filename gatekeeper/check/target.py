@@ -351,6 +351,7 @@ def _pair(check: Check, paired: PairedBase | None, resp: Response) -> Paired | N
         profile=measured.profile,
         same_inputs=measured.same_inputs,
         quantization=measured.quantization,
+        generation=measured.generation,
     )
 
 
@@ -402,6 +403,7 @@ def _measured(check: Check, resp: Response, ident: dict, pair: Paired | None) ->
         else None,
         ranks=resp.ranks,
         quantization=resp.quantization,
+        generation=resp.generation,
         reference=ReferenceOutputs(
             file=os.path.relpath(check.reference, out_dir),
             sha256=sha256_bytes(data),

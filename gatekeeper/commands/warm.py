@@ -74,6 +74,12 @@ def run(ctx: Context) -> int:
             "status": "status",
             "cold_compile_seconds": "cold compile s",
             "first_call_seconds": "warm first call s",
+            # a generate target's probe: its first generation's first token
+            **(
+                {"first_token_seconds": "first token s"}
+                if any(d.get("first_token_seconds") is not None for d in docs)
+                else {}
+            ),
             "speedup": "speedup",
             "size": "bundle",
             "fxgraph_cache_hit": "fx hits",

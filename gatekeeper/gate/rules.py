@@ -12,7 +12,8 @@ Each rule, its setting and its default: docs/gate.md ("Gate rules"); each metric
 threshold, floor and direction: :mod:`gatekeeper.metrics`; the statistics of the timing
 rules: :mod:`.stats` and docs/statistics.md; an ``+aot`` target not exportable or
 ``unavailable``: docs/strategies.md ("Not exportable") and docs/gpu.md ("AOTInductor on
-CUDA")."""
+CUDA"); a generate target's TTFT, TPOT, tokens/s and recompiles during decode:
+:mod:`.generation`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from .. import metrics, units
 from ..config import GateConfig
 from ..results import Baseline, GraphBreak, Graphs, TargetResult
-from . import quantized, rounds, stats
+from . import generation, quantized, rounds, stats
 from .drift import disturbance
 from .governing import definition_changes, governing, notes, rule_changes
 from .timing import gate_runs, name_rank, timing
@@ -77,6 +78,7 @@ def gate_target(
     if result.paired is not None:
         _gate_paired(v, result, base, rules, found)
     quantized.sqnr(v, found, result, base_q, rules)
+    generation.gate_generation(v, found, result, base, rules)  # TTFT, TPOT, tokens/s
     if baseline is None:
         if result.paired is None:
             _counted(v, found, result, None, rules)

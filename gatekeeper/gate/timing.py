@@ -83,25 +83,40 @@ def name_rank(v: TargetVerdict, result: TargetResult, base: TargetResult | None 
             v.reasons[i] = f"{reason} on {which}"
 
 
-def timing(v: TargetVerdict, found: set[Verdict], name: str, comp: stats.Comparison) -> None:
+def timing(
+    v: TargetVerdict,
+    found: set[Verdict],
+    name: str,
+    comp: stats.Comparison,
+    said: str | None = None,
+    threshold: float | None = None,
+) -> None:
     """Record one timing comparison: its verdict, reason or note, and its numbers.
 
     A slowdown past the threshold but not decided (not significant, or the interval
     reaches back inside it) is ``inconclusive`` (and ``run`` measures it again); an
     undecided speed-up is a note. A disturbed run decides nothing: any change past the
-    threshold, or an interval that reaches past it, is ``inconclusive``."""
+    threshold, or an interval that reaches past it, is ``inconclusive``. ``said``: the
+    change in words (default: ``name`` and its delta), ``threshold`` the one said
+    (default: the comparison's)."""
     if name == "latency":
         v.latency = comp
     elif name == "speedup vs eager":
         v.speedup = comp
     limit = 1.0 + comp.threshold
+    said = said or f"{name} {comp.delta:+.1%}"
+    shown = comp.threshold if threshold is None else threshold
     if comp.verdict == "regressed" and not v.disturbed:
         found.add("regressed")
-        v.reasons.append(f"{name} {comp.delta:+.1%} (significant, threshold {comp.threshold:.0%})")
+        v.reasons.append(
+            f"{said} (significant, threshold {shown:.0%})"
+            if said.endswith("%")
+            else f"{said.removesuffix(')')}, threshold {shown:.0%})"
+        )
         return
     if comp.verdict == "improved" and not v.disturbed:
         found.add("improved")
-        v.notes.append(f"{name} {comp.delta:+.1%} (significant)")
+        v.notes.append(f"{said} (significant)" if said.endswith("%") else said)
         return
     if comp.verdict == "borderline":
         v.borderline = True
@@ -121,14 +136,15 @@ def timing(v: TargetVerdict, found: set[Verdict], name: str, comp: stats.Compari
         why = "the run was disturbed" if v.disturbed else "this run cannot tell it from drift"
         if comp.paired and not v.disturbed:
             why = f"{comp.n_pr} rounds do not decide it"
+        interval = f" (CI {comp.ci_lo - 1:+.1%}..{comp.ci_hi - 1:+.1%})"
         v.reasons.append(
-            f"{name} {comp.delta:+.1%} (CI {comp.ci_lo - 1:+.1%}.."
-            f"{comp.ci_hi - 1:+.1%}) {'is' if comp.ratio > limit else 'reaches'} past the "
-            f"{comp.threshold:.0%} threshold but {why}{detect}: " + how_to_decide(v)
+            f"{said}{interval if said.endswith('%') else ''} "
+            f"{'is' if comp.ratio > limit else 'reaches'} past the "
+            f"{shown:.0%} threshold but {why}{detect}: " + how_to_decide(v)
         )
     elif comp.verdict in ("borderline", "improved", "regressed"):
         v.notes.append(
-            f"{name} {comp.delta:+.1%} is not a clear change beyond the "
+            f"{said} is not a clear change beyond the "
             "threshold" + (" (the run was disturbed)" if v.disturbed else "")
         )
 

@@ -47,6 +47,9 @@ class TargetVerdict:
     notes: list[str] = field(default_factory=list)  # worth saying, not failing
     latency: stats.Comparison | None = None  # the latency test
     speedup: stats.Comparison | None = None  # compiled/eager round ratios
+    # the other timed metrics' comparisons by metric name (a generate target's TTFT,
+    # TPOT and tokens/s: gate.generation), each in its metric's own direction
+    timings: dict[str, stats.Comparison] = field(default_factory=dict)
     new_breaks: list[GraphBreak] = field(default_factory=list)
     borderline: bool = False  # a timing result to re-measure before believing it
     disturbed: str | None = None  # how disturbed the run was, when it was
@@ -67,6 +70,7 @@ class TargetVerdict:
         d = dict(self.__dict__)
         d["latency"] = self.latency.to_dict() if self.latency else None
         d["speedup"] = self.speedup.to_dict() if self.speedup else None
+        d["timings"] = {k: c.to_dict() for k, c in self.timings.items()}
         d["new_breaks"] = [b.model_dump() for b in self.new_breaks]
         d["rules"] = self.rules.model_dump(mode="json") if self.rules else None
         d["rule_changes"] = [c.to_dict() for c in self.rule_changes]

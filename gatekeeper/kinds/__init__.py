@@ -152,11 +152,16 @@ def check(model: ModelConfig) -> str | None:
                 f"'strategies': a distributed model is compiled {DEFAULT} in each rank; "
                 f'"{name}" does not run as ranks (drop it, or drop distributed)'
             )
-    if model.tasks == ["train"]:
-        other = [s for s in model.strategies if not _kinds[s].applies(model, "train", "fp32")]
+    if "infer" not in model.tasks:  # a training step, a generation: compiled whole
+        other = [
+            s
+            for s in model.strategies
+            if not any(_kinds[s].applies(model, t, "fp32") for t in model.tasks)
+        ]
+        what = "a training step" if "train" in model.tasks else "a generation"
         if other:
             return (
-                f"'strategies': a training step is compiled whole; {', '.join(other)} "
+                f"'strategies': {what} is compiled whole; {', '.join(other)} "
                 'applies to inference targets only (add "infer" to tasks, or drop it)'
             )
     return None

@@ -61,6 +61,8 @@ def _target_json(row: GateRow, remeasured: set[str]) -> dict:
     """One target; each registered metric's two sides under its ``json`` key (those of
     the built-in metrics in their places below, any other after them)."""
     out = _fixed_json(row, remeasured)
+    # the other timed metrics' comparisons (a generate target's TTFT, TPOT, tokens/s)
+    out["timings"] = {k: c.to_dict() for k, c in row.verdict.timings.items()}
     for m in metrics.registry():
         if m.json_key is not None and m.json_key not in out:
             out[m.json_key] = _side(*figures(row, m))

@@ -204,9 +204,16 @@ def _parity_cell(row: GateRow) -> str:
 
 
 def _figure_cell(row: GateRow, m: metrics.Metric) -> str:
-    """A metric without a cell of its own: both sides in its format."""
+    """A metric without a cell of its own: both sides in its format, and the
+    comparison that judged a timed one (its change, interval and rounds)."""
     b, p = figures(row, m)
     cell = sides(m.fmt(b), m.fmt(p))
+    comp = row.verdict.timings.get(m.name)
+    if comp is not None and b is not None:
+        delta = units.change(comp.delta)
+        interval = f"[{units.change(comp.ci_lo - 1)}, {units.change(comp.ci_hi - 1)}]"
+        n = f"{comp.n_pr} rounds" if comp.paired else "stored"
+        cell += f", {f'**{delta}**' if comp.verdict == 'regressed' else delta} {interval}, {n}"
     from_stored = row.result.paired is not None and m.beside is None
     return _stored(row, cell) if from_stored else cell
 

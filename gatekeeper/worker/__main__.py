@@ -44,6 +44,10 @@ def handle(req: Request) -> Response:
         from .model import CALL_KWARGS
 
         CALL_KWARGS.update(builder(req).call_kwargs)
+    if isinstance(req, MeasureRequest) and req.task == "generate":
+        from .generate_measure import measure_generate
+
+        return measure_generate(req)
     if isinstance(req, MeasureRequest):
         from .measure import measure
 

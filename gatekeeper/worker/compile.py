@@ -18,7 +18,7 @@ from .counters import record_inductor_metrics
 from .deps import watching_cache
 from .kinds import Job, Refused, builder, package_half
 from .model import build_recorded
-from .plan import fits
+from .plan import before_build, fits
 from .precision import check_precision, under_autocast
 from .sweep import shape_sweep
 from .timing import first_call
@@ -108,6 +108,11 @@ def _first_calls(
         start = time.perf_counter()
         torch.compiler.load_cache_artifacts(Path(req.megacache_in).read_bytes())
         megacache_load = time.perf_counter() - start
+    if req.task == "generate":  # the prefill and decode graphs of a generation
+        from .generate import first_generations
+
+        resp, gen = first_generations(req)
+        return resp.model_copy(update={"megacache_load_seconds": megacache_load}), gen
     record_inductor_metrics()  # so the bundle's FX entries replay bytes accessed on hits
     if req.task == "train":
         from .train import compile_steps
@@ -118,10 +123,16 @@ def _first_calls(
             ins.call(cstep)
 
         return resp.model_copy(update={"megacache_load_seconds": megacache_load}), run_step
+    planned = isinstance(req, CompileRequest)
     model, inputs, found = build_recorded(
-        req.model, req.shapes, req.base_path, req.device, req.quantize
+        req.model,
+        req.shapes,
+        req.base_path,
+        req.device,
+        req.quantize,
+        plan=before_build(req) if planned else None,
     )
-    if isinstance(req, CompileRequest):
+    if planned:
         fits(model, req)
     check_precision(req.device, req.precision)
     imports = import_inductor()

@@ -46,7 +46,9 @@ def weight_bytes(model: object) -> int:
         data = t.data if isinstance(t, nn.Parameter) else t
         data = getattr(data, "_local_tensor", data)  # a DTensor: this rank's shard
         try:
-            key = (data.untyped_storage().data_ptr(), int(data.storage_offset()))
+            storage = data.untyped_storage()
+            # a storage by its address; one without (the meta device's: all at 0) by itself
+            key = (storage.data_ptr() or storage._cdata, int(data.storage_offset()))
         except Exception:  # a subclass without a storage of its own here
             key = (id(t), 0)
         if key in seen:

@@ -33,7 +33,7 @@ from .kinds import Builder, Job, Refused, builder
 from .memory import allocated, footprint, give_back, last_level_cache
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
-from .plan import fits
+from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance, under_autocast
 from .recompiles import start_counting
 from .task import fresh_frames, measure_calls
@@ -71,6 +71,10 @@ def next_device(model: torch.nn.Module) -> str:
 # same_placement hands freed pages back after every this many bytes copied: a 1B model's
 # second placement (halfway through the timed rounds) left 0.9 GiB more resident without
 _GIVE_BACK_EVERY = 256 << 20
+# a CPU tensor this large is its own mapping, whatever the allocator's state: glibc
+# serves every request of its mmap threshold or more by mmap, and that threshold never
+# rises past 32 MiB on a 64-bit machine (DEFAULT_MMAP_THRESHOLD_MAX)
+_OWN_MAPPING = 32 << 20
 
 
 def same_placement(first: object, second: object) -> None:
@@ -86,7 +90,9 @@ def same_placement(first: object, second: object) -> None:
     again halfway through the timed rounds, so that neither side is always placed
     first), so both draw on the same allocator state. Only tensors that own their whole
     storage move (a tied weight keeps its tie; a view keeps its base); the model's own
-    objects are kept."""
+    objects are kept. A CPU tensor of :data:`_OWN_MAPPING` or more stays: it is a fresh
+    mapping on either side, placed alike already, and its copy would add its own size to
+    the peak (a 152k-word vocabulary's embedding: 0.28x of a Qwen2-0.5B's weights)."""
     if not isinstance(first, torch.nn.Module) or not isinstance(second, torch.nn.Module):
         return
 
@@ -102,6 +108,9 @@ def same_placement(first: object, second: object) -> None:
             if len(ts) == 1
             and ts[0].storage_offset() == 0
             and ts[0].untyped_storage().nbytes() == ts[0].numel() * ts[0].element_size()
+            and not (
+                ts[0].device.type == "cpu" and ts[0].untyped_storage().nbytes() >= _OWN_MAPPING
+            )
         ]
 
     with torch.no_grad():
@@ -131,6 +140,7 @@ class _Side:
     same_inputs: bool = True  # the base's inputs are the head's (outputs comparable)
     compiled: Callable[..., Any] | None = None
     checked: Callable[[], None] | None = None  # its build's check after the first calls
+    moved: Callable[[], None] | None = None  # its build's, once its weights moved (Built)
 
     def call(self) -> Any:
         assert self.compiled is not None
@@ -152,10 +162,17 @@ def measure(req: MeasureRequest) -> Response:
     device, kind = req.device, builder(req)
     tol = parity_tolerance(req.parity, req.precision)
     check_precision(device, req.precision)
+    paired = req.paired_base is not None
     model, inputs, deps = build_recorded(
-        req.model, req.shapes, req.base_path, device, req.quantize, judged=True
+        req.model,
+        req.shapes,
+        req.base_path,
+        device,
+        req.quantize,
+        judged=True,
+        plan=before_build(req, paired=paired),
     )
-    fits(model, req, paired=req.paired_base is not None)
+    fits(model, req, paired=paired)
     head = _Side(req, model, inputs, deps)
     base_req = req.for_base() if req.paired_base is not None else None
     # the precision's autocast around every forward (none for fp32); fp64 runs without
@@ -193,7 +210,7 @@ def measure(req: MeasureRequest) -> Response:
         )
     prepared = time.perf_counter() - start  # aot: export, build and load the package
     head.compiled = under_autocast(made, device, req.precision)
-    head.checked = built.after_first_calls
+    head.checked, head.moved = built.after_first_calls, built.moved
     baked = bakes_tf32(req.mode, req.model.options)
     with torch.no_grad():
         resp = _measured(kind, head, base, eager, tol, baked, prepared, before_compile)
@@ -263,8 +280,12 @@ def _measured(
     breadcrumbs.enter("work counters")
     work = _work(kind, lambda: head.inputs.call(eager), head.call)
     paired, base_out = _compile_base(kind, base, baked) if base is not None else (None, None)
-    parity, ref64 = _parity(head, eager, cand, base_out, tol, baked, paired)
+    vs_base = _vs_base(cand, base_out, paired, tol)
+    del base_out
+    parity, ref64 = _parity(head, eager, cand, vs_base, tol, baked)
     save_reference(req.reference_out, cand, ref64)
+    outputs = cand.summary()
+    del cand, ref64  # not held through the timed rounds (logits: vocabulary x tokens)
     give_back()  # what the compiles and the float64 reference freed
     start_counting()  # recompiles from here on: the measured calls
     breadcrumbs.enter("measure")
@@ -278,9 +299,7 @@ def _measured(
         base_fn=base.call if timed and base is not None else None,
         paired=paired,
         held=held,
-        place_base_first=(lambda: same_placement(base.model, head.model))
-        if timed and base is not None
-        else None,
+        place_base_first=(lambda: _placed_again(base, head)) if timed and base else None,
     )
     return Response(
         ok=True,
@@ -288,7 +307,7 @@ def _measured(
         counters=cache,
         graphs=head.graphs,
         parity=parity,
-        outputs=cand.summary(),
+        outputs=outputs,
         memory=footprint(memory, head.model, device),
         latency=lat,
         cpu_samples=lat.pop("cpu", None),
@@ -300,6 +319,17 @@ def _measured(
         deps=head.deps,
         quantization=quant.figures(head.model),
     )
+
+
+def _placed_again(first: _Side, second: _Side) -> None:
+    """Halfway through the paired rounds: both sides' weights placed again
+    (:func:`same_placement`), then each side's ``moved``: an AOTInductor package bound to
+    the weights reads each at the address it had when bound, so it is bound again, or
+    it reads the freed copies (a weight unmapped when freed: SIGSEGV in measure)."""
+    same_placement(first.model, second.model)
+    for side in (first, second):
+        if side.moved is not None:
+            side.moved()
 
 
 def _work(kind: Builder, eager_call: Callable[[], Any], call: Callable[[], Any]) -> dict:
@@ -322,12 +352,12 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     give_back()  # what the head's compile freed
     breadcrumbs.enter("base compile")
     try:
-        made, _ = kind.compiled(
+        made, built = kind.compiled(
             Job(base.model, base.inputs, req, keep_eager=True, load=base.load())
         )
     except Refused:
         return None, None
-    base.compiled = under_autocast(made, device, req.precision)
+    base.compiled, base.moved = under_autocast(made, device, req.precision), built.moved
     with accuracy_settings(device, baked):
         first, seconds = first_call(base.compiled, base.inputs, device, f"base {kind.first_step}")
     out = Outputs.of(first).cloned()
@@ -345,27 +375,37 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     return paired, out
 
 
+def _vs_base(
+    cand: Outputs, base_out: Outputs | None, paired: dict | None, tol: ParityTolerance
+) -> dict | None:
+    """Paired: compiled vs the base commit's compiled outputs (same inputs: other inputs,
+    other outputs), compared before eager's and the float64 reference's are made, so
+    the base's are not held beside them (a vocabulary's logits each); None unpaired."""
+    if paired is None:
+        return None
+    if base_out is not None and paired["same_inputs"]:
+        return {"vs_baseline": check_parity(cand, base_out, None, tol)}
+    return {}
+
+
 def _parity(
     head: _Side,
     eager: Callable[..., Any],
     cand: Outputs,
-    base_out: Outputs | None,
+    vs_base: dict | None,
     tol: ParityTolerance,
     baked: bool,
-    paired: dict | None,
 ) -> tuple[dict, Outputs | None]:
-    """Compiled vs eager, and vs the base commit's outputs (paired, same inputs) or the
-    baseline's stored reference outputs; and the float64 reference it computed."""
+    """Compiled vs eager, and vs the base commit's outputs (paired: ``vs_base``, from
+    :func:`_vs_base`) or the baseline's stored reference outputs; and the float64
+    reference it computed."""
     req = head.req
     breadcrumbs.enter("parity")
     vs, ref64 = vs_eager(
         cand, eager, head.model, head.inputs, req.model.call, req.device, tol, baked
     )
-    parity = {"vs_eager": vs}
-    if paired is not None:
-        if base_out is not None and paired["same_inputs"]:  # other inputs, other outputs
-            parity["vs_baseline"] = check_parity(cand, base_out, None, tol)
-    elif req.baseline_reference:
+    parity = {"vs_eager": vs, **(vs_base or {})}
+    if vs_base is None and req.baseline_reference:
         loaded = read_reference(req.baseline_reference)
         if loaded is not None:
             parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)

@@ -131,6 +131,39 @@ def build_model(cfg: ModelConfig, base_dir: Path, device: str) -> Any:
     return model.to(device).eval()
 
 
+class _OnMeta(torch.overrides.TorchFunctionMode):
+    """Every tensor a factory function makes (``torch.empty``, ``randn``...) on the meta
+    device, even where the code names another: entered first, it sees each call after
+    any ``torch.device(...)`` block of the factory's own has set its device."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from torch.utils._device import _device_constructors
+
+        kwargs = dict(kwargs or {})
+        if func in _device_constructors():
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def on_meta(cfg: ModelConfig, base_dir: Path) -> torch.nn.Module | None:
+    """The factory's model with its tensors on the meta device (no memory for its
+    weights): what the plan (:mod:`gatekeeper.worker.plan`) estimates from before the
+    real build, so a model too big is refused before its weights exist. None where it
+    cannot be had (the model is then planned once built): a function target, a factory
+    that fails there (it copies a tensor off the meta device, reads a value...) or
+    returns no module."""
+    if cfg.function is not None:
+        return None
+    torch.manual_seed(cfg.seed)
+    try:
+        factory = load_callable(cfg.builder, base_dir)
+        with _OnMeta():
+            model = factory()
+    except Exception:  # the real build says what is wrong, in its own words
+        return None
+    return model if isinstance(model, torch.nn.Module) else None
+
+
 def _tensor(
     spec: InputSpec, shape_set: dict[str, int], gen: torch.Generator, device: str
 ) -> torch.Tensor:
@@ -184,13 +217,20 @@ def build_recorded(
     device: str,
     quantize: str = "none",
     judged: bool = False,
+    plan: Callable[[torch.nn.Module], None] | None = None,
 ) -> tuple[Any, Inputs, dict]:
     """The model (or function), its inputs, and what they were built from (the key's
     dependencies); ``quantize``: the float model quantized by that torchao config
-    (``judged``: its SQNR and weights measured, :func:`gatekeeper.worker.quant.figures`)."""
+    (``judged``: its SQNR and weights measured, :func:`gatekeeper.worker.quant.figures`).
+    ``plan``: called first with the factory's model on the meta device, where it builds
+    there (:func:`on_meta`): it raises to stop before the real build."""
     refs = [cfg.builder] + ([cfg.inputs_factory] if cfg.inputs_factory else [])
     breadcrumbs.enter("build model")
     with recording(base_dir) as rec:
+        if plan is not None and (planned := on_meta(cfg, base_dir)) is not None:
+            plan(planned)
+            del planned
+            breadcrumbs.enter("build model")
         model = build_model(cfg, base_dir, device)
         inputs = make_inputs(cfg, shape_set, base_dir, device)
     rec.note(model, *inputs.values(), refs=refs)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,10 @@ MAX_NAMED = 8  # leaves named in a failure's detail besides the first
 # compiled may be this many times further from fp64 than eager is (PyTorch's same(): 3 for
 # fp16/bf16 and small tensors, 2 for larger fp32 ones)
 RMSE_MULTIPLIER = 3.0
+#: elements of a leaf compared at a time: each float64 temporary of a comparison is at
+#: most 8 MiB, not the leaf's size (the logits of a 152k-word vocabulary over 128 tokens
+#: are 155 MB in float64: compared whole, a Qwen2-0.5B check held about 1 GB more)
+CHUNK = 1 << 20
 # reference files: {"format", "structure", "leaves", "fp64"}; a distributed target's
 # (rank 0's) adds "ranks": {"<rank>": the same three of each other rank}
 REFERENCE_FORMAT = 2
@@ -170,8 +174,50 @@ def vs_eager(
     return check_parity(candidate, out, leaves[0], tol, leaves[1]), ref64
 
 
+def _chunks(*ts: torch.Tensor, dtype: torch.dtype = torch.float64) -> Iterator[list[torch.Tensor]]:
+    """Tensors of one shape, flattened, :data:`CHUNK` elements at a time, in ``dtype``."""
+    flat = [t.reshape(-1) for t in ts]
+    for i in range(0, flat[0].numel(), CHUNK):
+        yield [f[i : i + CHUNK].to(dtype) for f in flat]
+
+
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    return math.sqrt(torch.mean((a.double() - b.double()) ** 2).item()) if a.numel() else 0.0
+    if not a.numel():
+        return 0.0
+    return math.sqrt(sum(float(((x - y) ** 2).sum()) for x, y in _chunks(a, b)) / a.numel())
+
+
+@dataclass
+class _Leaf:
+    """One leaf against its comparand, in float64 (:data:`CHUNK` by chunk)."""
+
+    max_abs: float = 0.0
+    rmse: float = 0.0
+    cosine: float = 1.0
+
+    @classmethod
+    def of(cls, c: torch.Tensor, o: torch.Tensor) -> _Leaf:
+        if not c.numel():
+            return cls()
+        big, squares, dot, cc, oo = 0.0, 0.0, 0.0, 0.0, 0.0
+        for x, y in _chunks(c, o):
+            d = x - y
+            big = max(big, float(d.abs().max()))
+            squares += float((d * d).sum())
+            dot += float((x * y).sum())
+            cc += float((x * x).sum())
+            oo += float((y * y).sum())
+        # torch's cosine_similarity: x.y / max(|x| |y|, eps)
+        cos = dot / max(math.sqrt(cc) * math.sqrt(oo), 1e-8)
+        return cls(big, math.sqrt(squares / c.numel()), cos)
+
+
+def _allclose(c: torch.Tensor, o: torch.Tensor, tol: ParityTolerance) -> bool:
+    """``torch.allclose`` of the two in float32, chunk by chunk."""
+    return all(
+        torch.allclose(x, y, atol=tol.atol, rtol=tol.rtol)
+        for x, y in _chunks(c, o, dtype=torch.float32)
+    )
 
 
 def _fail(method: str, detail: str, **extra: Any) -> dict:
@@ -264,7 +310,7 @@ def check_parity(
             if not torch.equal(c, o):
                 tally.failed.append((path, f"{path} differs"))
             continue
-        if not torch.isfinite(c).all():
+        if not all(bool(torch.isfinite(x).all()) for (x,) in _chunks(c, dtype=c.dtype)):
             return _fail("nan-inf", f"{path} has NaN or Inf")
         _compare(tally, path, c, o, tol, (ref64 or {}).get(key), (tf32 or {}).get(key))
     if tally.failed:
@@ -309,19 +355,14 @@ def _compare(
     tf32: Any,
 ) -> None:
     """One floating-point leaf up the ladder: allclose, the fp64 (or TF32) reference's
-    error, cosine for a low-precision dtype; else it differs."""
-    diff = (c.double() - o.double()).abs()
-    tally.max_abs = max(tally.max_abs, diff.max().item() if diff.numel() else 0.0)
-    tally.worst_rmse = max(tally.worst_rmse, _rmse(c, o))
-    cos = (
-        torch.nn.functional.cosine_similarity(
-            c.double().flatten(), o.double().flatten(), dim=0
-        ).item()
-        if c.numel()
-        else 1.0
-    )
+    error, cosine for a low-precision dtype; else it differs. Compared a chunk at a time
+    (:data:`CHUNK`): never a float64 copy of a whole leaf."""
+    leaf = _Leaf.of(c, o)
+    tally.max_abs = max(tally.max_abs, leaf.max_abs)
+    tally.worst_rmse = max(tally.worst_rmse, leaf.rmse)
+    cos = leaf.cosine
     tally.min_cos = min(tally.min_cos, cos)
-    if torch.allclose(c.float(), o.float(), atol=tol.atol, rtol=tol.rtol):
+    if _allclose(c, o, tol):
         return
     rung = within_error(c, o, ref, tf32)
     if rung is not None:
@@ -333,7 +374,6 @@ def _compare(
     tally.failed.append(
         (
             path,
-            f"{path}: max |diff| {diff.max().item():.3g} beyond "
-            f"atol {tol.atol:g} / rtol {tol.rtol:g}",
+            f"{path}: max |diff| {leaf.max_abs:.3g} beyond atol {tol.atol:g} / rtol {tol.rtol:g}",
         )
     )

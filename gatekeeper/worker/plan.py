@@ -1,9 +1,12 @@
-"""A plan before the work: will the target fit in memory? Right after the worker built
-the model, before anything compiles, the peak is estimated from the model's weight
-bytes (its parameters and buffers in their own dtypes), the mode and the task, and
-compared with the memory given (``GATEKEEPER_MEMORY_LIMIT``, the request's
-``memory_limit``) or, without one, with what the device has free. A target that will
-not fit is refused in one line (:class:`WontFit`) naming the estimate and the ways out.
+"""A plan before the work: will the target fit in memory? Before the worker builds the
+model (its factory run with every tensor on the meta device, where it can be:
+:func:`gatekeeper.worker.model.on_meta`, so a model too big is refused before its
+weights exist) and again right after the build, before anything compiles, the peak is
+estimated from the model's weight bytes (its parameters and buffers in their own
+dtypes, a tied weight once), the mode and the task, and compared with the memory given
+(``GATEKEEPER_MEMORY_LIMIT``, the request's ``memory_limit``) or, without one, with what
+the device can still give (:func:`available`). A target that will not fit is refused
+in one line (:class:`WontFit`) naming the estimate and the ways out.
 
 What the estimate counts, in multiples of the weights ``W``: the model itself (1); in
 paired mode the base commit's model (1 more) and, while the weights are small enough
@@ -16,8 +19,11 @@ on what the model costs)."""
 
 from __future__ import annotations
 
+import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,7 +34,7 @@ from ..boundary.protocol import Build
 from .fp64 import running_bytes, weight_bytes
 from .memory import last_level_cache
 
-__all__ = ["Estimate", "WontFit", "check_fits", "estimate", "fits"]
+__all__ = ["Estimate", "WontFit", "before_build", "check_fits", "estimate", "fits"]
 
 # optimizer state per parameter byte, by torch.optim class (the rest: Adam's)
 _STATE = {"SGD": 1.0, "Adagrad": 1.0, "RMSprop": 1.0, "Adam": 2.0, "AdamW": 2.0}
@@ -78,34 +84,88 @@ def estimate(
     return Estimate(w, copies, 0 if trainers else _largest_layer_fp64(model), ", ".join(why))
 
 
-def fits(model: object, req: Build, *, paired: bool = False, trainers: int = 0) -> None:
+def fits(
+    model: object, req: Build, *, paired: bool = False, trainers: int = 0, built: bool = True
+) -> None:
     """Refuse (:class:`WontFit`) a target whose work will not fit; see the module
-    docstring. Runs right after the model is built, before anything compiles."""
+    docstring. Runs before the build on the factory's model on the meta device
+    (``built`` false: :func:`gatekeeper.worker.model.on_meta`), and again right after
+    the build, before anything compiles. Before the build a quantized target counts
+    only its float model (what is built before it is quantized)."""
     breadcrumbs.enter("plan")
-    est = estimate(
-        model, req.device, paired=paired, trainers=trainers, optimizer=req.model.training.optimizer
-    )
-    check_fits(est, req.device, req.memory_limit, paired=paired)
+    if not built and req.quantize != "none":
+        w = weight_bytes(model)
+        est = Estimate(w, 1.0, 0, f"the float model, built before {req.quantize}")
+    else:
+        optimizer = req.model.training.optimizer
+        est = estimate(model, req.device, paired=paired, trainers=trainers, optimizer=optimizer)
+    check_fits(est, req.device, req.memory_limit, paired=paired, built=built)
 
 
-def available(device: str) -> int | None:
-    """Bytes the device can still give: the GPU's free memory, else the kernel's
-    ``MemAvailable``; None where that cannot be read."""
+def before_build(req: Build, *, paired: bool = False, trainers: int = 0) -> Callable[[Any], None]:
+    """:func:`fits` of the model the factory builds on the meta device, for
+    :func:`gatekeeper.worker.model.build_recorded`'s ``plan``."""
+    return lambda meta: fits(meta, req, paired=paired, trainers=trainers, built=False)
+
+
+def available(device: str) -> tuple[int, str] | None:
+    """Bytes the device can still give, and what says so: the GPU's free memory; on a
+    CPU the least of the kernel's ``MemAvailable``, what the address-space limit
+    (``ulimit -v``) leaves this process and what its cgroup's ``memory.max`` leaves it;
+    None where none can be read."""
     if device.startswith("cuda"):
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        return int(torch.cuda.mem_get_info(torch.device(device))[0]), f"{device} has"
+    found: list[tuple[int, str]] = []
+    status = _fields(Path("/proc/meminfo"), "MemAvailable")
+    if "MemAvailable" in status:
+        found.append((status["MemAvailable"], "the machine has"))
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        size = _fields(Path("/proc/self/status"), "VmSize").get("VmSize", 0)
+        found.append((max(0, soft - size), "the address-space limit (ulimit -v) leaves"))
+    cgroup = _cgroup_left()
+    if cgroup is not None:
+        found.append((cgroup, "the cgroup's memory.max leaves"))
+    return min(found) if found else None
+
+
+def _fields(path: Path, *names: str) -> dict[str, int]:
+    """``Name: <n> kB`` lines of a /proc file, in bytes."""
+    out = {}
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in names:
+                out[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def _cgroup_left() -> int | None:
+    """What this process's cgroup (v2) may still take: ``memory.max`` less
+    ``memory.current``; None without a limit or a cgroup v2."""
+    try:
+        rel = next(
+            ln.split("::", 1)[1]
+            for ln in Path("/proc/self/cgroup").read_text().splitlines()
+            if ln.startswith("0::")
+        )
+        folder = Path("/sys/fs/cgroup") / rel.strip().lstrip("/")
+        limit = (folder / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((folder / "memory.current").read_text()))
+    except (OSError, ValueError, StopIteration):
         return None
-    return None
 
 
-def check_fits(est: Estimate, device: str, limit: int | None, *, paired: bool) -> None:
+def check_fits(
+    est: Estimate, device: str, limit: int | None, *, paired: bool, built: bool = True
+) -> None:
     """Raise :class:`WontFit` where ``est`` exceeds ``limit`` (the whole estimate) or,
-    without one, the device's free memory (what it needs beyond the model, already
-    built and resident)."""
+    without one, what the device can still give (:func:`available`: what it needs
+    beyond the model where the model is ``built`` already, else all of it)."""
     if limit is not None:
         need, given = est.peak, f"GATEKEEPER_MEMORY_LIMIT gives {units.size(limit)}"
         have = limit
@@ -113,8 +173,9 @@ def check_fits(est: Estimate, device: str, limit: int | None, *, paired: bool) -
         free = available(device)
         if free is None:
             return
-        need, have = est.peak - est.weights, free  # the model is built already
-        given = f"{device} has {units.size(free)} free besides the model"
+        have, says = free
+        need = est.peak - est.weights if built else est.peak
+        given = f"{says} {units.size(have)} free" + (" besides the model" if built else "")
     if need <= have:
         return
     outs = ["raise GATEKEEPER_MEMORY_LIMIT" if limit is not None else "a device with more memory"]
@@ -124,7 +185,8 @@ def check_fits(est: Estimate, device: str, limit: int | None, *, paired: bool) -
     parts = [f"{est.copies:g} x {units.size(est.weights)} of weights ({est.why})"]
     if est.fp64_layer:
         parts.append(f"{units.size(est.fp64_layer)} for the float64 reference's largest layer")
+    when = "not started" if built else "not built (planned on the meta device)"
     raise WontFit(
         f"needs about {units.size(est.peak)}: {' + '.join(parts)}, plus activations; "
-        f"{given}: not started; ways out: {'; '.join(outs)}"
+        f"{given}: {when}; ways out: {'; '.join(outs)}"
     )

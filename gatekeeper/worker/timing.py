@@ -271,6 +271,19 @@ def latency(
         team.barrier()
         _round(fns, n, (loops, ref_loops), device, samples, cpu)
     watch.stop()
+    return latency_doc(samples, loops, watch, start, cpu)
+
+
+def latency_doc(
+    samples: dict[str, list[float]],
+    loops: int,
+    watch: CpuWatch,
+    start: float,
+    cpu: dict[str, list[float]] | None = None,
+) -> dict:
+    """The timed rounds as ``results.Latency``'s fields (and ``cpu``, a distributed
+    target's, which the worker takes apart): summaries, speedup, every sample, and how
+    disturbed the machine was (``watch`` stopped; ``start``: when the rounds began)."""
     e, c = stats.summary_doc(samples["eager"]), stats.summary_doc(samples["compiled"])
     return {
         "eager": e,

@@ -37,7 +37,7 @@ from .graphs import graph_breaks
 from .memory import footprint
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
-from .plan import fits
+from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance
 from .recompiles import start_counting
 from .task import fresh_frames, measure_calls
@@ -59,8 +59,10 @@ def compile_steps(req: CompileRequest | ProbeRequest) -> tuple[Response, Callabl
     entry is written only once the backward has run), forward, backward and optimizer.
     Also returns the compiled step."""
     cfg, device = req.model, req.device
-    model, inputs, deps = build_recorded(cfg, req.shapes, req.base_path, device)
-    if isinstance(req, CompileRequest):
+    planned = isinstance(req, CompileRequest)
+    plan = before_build(req, trainers=1) if planned else None
+    model, inputs, deps = build_recorded(cfg, req.shapes, req.base_path, device, plan=plan)
+    if planned:
         fits(model, req, trainers=1)
     loss_fn = prepare(req, req.base_path, model, inputs)
     record_inductor_metrics()
@@ -81,8 +83,10 @@ def measure_train(req: MeasureRequest) -> Response:
     cfg, base_dir, device = req.model, req.base_path, req.device
     tol = parity_tolerance(req.parity, req.precision)
     steps = cfg.training.steps
-    model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device)
-    fits(model, req, paired=req.paired_base is not None, trainers=2)
+    two = req.paired_base is not None
+    plan = before_build(req, paired=two, trainers=2)
+    model, inputs, deps = build_recorded(cfg, req.shapes, base_dir, device, plan=plan)
+    fits(model, req, paired=two, trainers=2)
     loss_fn = prepare(req, base_dir, model, inputs)
 
     def new(m):

@@ -4,7 +4,9 @@ the report says so), its package built without its weights (``export.weights =
 "bound"``), checked with the model's own weights bound, and loaded by
 ``gatekeeper.load_aot`` in a fresh process that imported nothing but gatekeeper and
 torch (the output type, transformers' ``CausalLMOutputWithPast``, restored by importing
-its module), on the deploy's weights. One compile and one check for the module."""
+its module), on the deploy's weights; and an unchanged pull request checked paired,
+where both sides' weights move halfway through the timed rounds (issue 53). One
+compile and one check for the module."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from support.helpers import gk, gk_json, write_project
+from support.helpers import git, gk, gk_json, unchanged_passes, write_project
 
 pytest.importorskip("transformers")
 
@@ -40,6 +42,7 @@ CONFIG = textwrap.dedent("""
     [tool.gatekeeper.measure]
     warmup = 1
     min_time = 0.1
+    max_time = 0.2  # paired: no timing is judged here, only that the rounds run
 
     [[tool.gatekeeper.models]]
     name = "llama"
@@ -47,6 +50,7 @@ CONFIG = textwrap.dedent("""
     inputs = [{ shape = [1, 16], dtype = "int64", high = 32000 }]
     strategies = ["aot"]
     export = { weights = "bound" }
+    pass_env = ["MALLOC_MMAP_THRESHOLD_"]  # the paired test's: see there
 """)
 
 AOT = "llama/fixed/default+aot"
@@ -71,6 +75,9 @@ DEPLOY = textwrap.dedent("""
         model.lm_head.weight.mul_(2)  # bound in place, no copy: the package sees it
         assert torch.allclose(package(ids).logits, model(ids, use_cache=False).logits, atol=1e-4)
         model.lm_head.weight.div_(2)
+        model.lm_head.weight.data = model.lm_head.weight.data.clone()  # moved: old freed
+        package.rebind()  # or the package reads the freed memory (unmapped: SIGSEGV)
+        assert torch.allclose(package(ids).logits, eager, atol=1e-4)
     state = {{k: v for k, v in model.state_dict().items()}}
     torch.save({{"ids": ids, "logits": eager, "state": state}}, "deploy.pt")
     print("ok")
@@ -102,6 +109,10 @@ FRESH = textwrap.dedent("""
 def checked(tmp_path_factory) -> Path:
     """The project compiled and checked: its package verified with the weights bound."""
     root = write_project(tmp_path_factory.mktemp("causal_lm") / "project", MODEL, CONFIG)
+    (root / ".gitignore").write_text("store/\nout*/\n.gatekeeper/\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "the model")
     (entry,) = gk_json("compile", cwd=root)["targets"]
     assert entry["status"] == "published", entry
     proc = gk("check", "--out", "out", cwd=root)
@@ -140,3 +151,27 @@ def test_load_aot_binds_the_deploys_weights_and_restores_the_output_type(
     assert proc.returncode == 0, proc.stderr[-3000:]
     # without the deploy's weights: one line saying what to pass
     assert "pass the deploy's own" in proc.stdout and "model=" in proc.stdout, proc.stdout
+
+
+def test_an_unchanged_pull_request_is_checked_paired_on_weights_placed_again(checked: Path):
+    """Paired, both sides' weights are copied into new memory halfway through the timed
+    rounds (so that neither side always draws on the allocator first); a package bound
+    to them keeps each weight's address from when it was bound (AOTInductor's constant
+    handles), so each side's package is bound again there. Before, both read the freed
+    copies: "worker died by SIGSEGV (segmentation fault) in measure" where those were
+    unmapped (issue 53). glibc's mmap threshold fixed at 64 KiB makes the embedding (8
+    MB, which the package's fused embedding kernel reads at the address it was bound
+    at) its own mapping, unmapped when freed: a package not bound again dies for sure."""
+    git(checked, "checkout", "-qb", "pr")
+    (checked / "NOTES.md").write_text("a pull request that changes no code\n")
+    git(checked, "add", "NOTES.md")
+    git(checked, "commit", "-qm", "notes")
+    try:
+        proc = gk("run", "--json", "--out", "out-pr", "--base-ref", "main", "--target", AOT,
+                  cwd=checked, env={"MALLOC_MMAP_THRESHOLD_": "65536"})  # fmt: skip
+    finally:
+        git(checked, "checkout", "-q", "main")
+    assert "died" not in proc.stderr and proc.returncode in (0, 1), proc.stderr[-3000:]
+    (gated,) = json.loads(proc.stdout)["targets"]
+    assert gated["mode"] == "paired" and gated["status"] == "ok", gated
+    assert unchanged_passes(gated), gated

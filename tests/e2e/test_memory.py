@@ -83,3 +83,60 @@ def test_an_out_of_memory_in_a_stage_is_one_line_naming_it(tmp_path):
     error = target["error"]
     assert error.startswith("out of memory in explain: ") and "\n" not in error, error
     assert any("out of memory in explain" in ln for ln in _lines(proc.stderr))
+
+
+LLAMA_40B = textwrap.dedent("""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+
+    def make():  # 48B parameters: 180 GiB of float32 weights
+        config = LlamaConfig(
+            hidden_size=8192, num_hidden_layers=56, intermediate_size=28672,
+            num_attention_heads=64, num_key_value_heads=8, vocab_size=32000,
+        )
+        return LlamaForCausalLM(config)
+""")
+
+
+def test_a_model_too_big_is_refused_before_its_weights_exist(tmp_path):
+    """A 48B Llama factory under a 6 GiB address-space limit (``ulimit -v``), with no
+    GATEKEEPER_MEMORY_LIMIT: the plan estimates on the model built on the meta device
+    and refuses in one line naming the estimate and the limit, exit 2. Before, the
+    worker built the model until the allocator refused ("DefaultCPUAllocator: can't
+    allocate memory", no estimate; issue 50: 49 s for a 40B model under 20 GB)."""
+    import resource
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    config = textwrap.dedent("""
+        [tool.gatekeeper]
+        store = "store"
+        precompile = "off"
+
+        [[tool.gatekeeper.models]]
+        name = "llama"
+        factory = "tinymodel:make"
+        inputs = [{ shape = [1, 16], dtype = "int64", high = 32000 }]
+    """)
+    project = write_project(tmp_path / "p", model=LLAMA_40B, config=config)
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "compile"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=limited,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = _lines(proc.stderr)[-1]
+    assert last.startswith(
+        "gatekeeper: error: llama/fixed/default: needs about 180.5 GiB: 1 x 180.5 GiB"
+    ), last
+    assert "the address-space limit (ulimit -v) leaves" in last, last
+    assert "not built (planned on the meta device)" in last and "allocate" not in last, last

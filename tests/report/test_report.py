@@ -346,6 +346,12 @@ TOP_KEYS = {
 }
 TARGET_KEYS = {
     "target",
+    # a generate target's figures (every target has the keys: null for the others)
+    "ttft_s",
+    "tpot_s",
+    "tokens_per_s",
+    "decode_recompiles",
+    "timings",
     "rules",
     "rules_from",
     "rule_changes",

@@ -8,6 +8,7 @@ import numpy as np
 from gatekeeper.config import GateConfig
 from gatekeeper.gate import drift
 from gatekeeper.gate.stats import summarize
+from gatekeeper.generation import Generation, Side
 from gatekeeper.results import (
     Baseline,
     CompileStats,
@@ -153,4 +154,42 @@ def make_baseline(result: TargetResult, ref: str = "main", history: int = 0) -> 
         published_at="2025-01-01T00:05:00Z",
         result=result,
         noise=drift.measure_noise(result, runs) if history else None,
+    )
+
+
+def make_generation(
+    *,
+    seed: int = 0,
+    ttft_s: float = 4e-3,
+    tpot_s: float = 1.2e-2,
+    noise: float = 0.02,
+    n: int = 40,
+    batch: int = 1,
+    decode_recompiles: int = 0,
+    guards: list[str] | None = None,
+) -> Generation:
+    """A generate target's figures (gatekeeper.generation.Generation): per-round time to
+    first token and time per output token with log-normal noise, a shared drift per
+    round (as :func:`make_result`'s samples have)."""
+    rng = np.random.default_rng(seed)
+    shared = rng.lognormal(0.0, noise, n)
+    ttft = ttft_s * shared * rng.lognormal(0.0, noise / 2, n)
+    tpot = tpot_s * shared * rng.lognormal(0.0, noise / 2, n)
+    tp = float(np.median(tpot))
+    side = Side(
+        ttft_s=float(np.median(ttft)),
+        tpot_s=tp,
+        tpot_p95_s=float(np.percentile(tpot, 95)),
+        tokens_per_s=batch / tp,
+        e2e_s=float(np.median(ttft) + 15 * tp),
+    )
+    return Generation(
+        batch=batch,
+        prompt=32,
+        new_tokens=16,
+        cache="static",
+        compiled=side,
+        samples={"first_token": ttft.tolist(), "per_token": tpot.tolist()},
+        decode_recompiles=decode_recompiles,
+        decode_recompile_guards=guards or [],
     )

@@ -44,6 +44,31 @@ TINY_CONFIG = textwrap.dedent("""
 """)
 
 
+TINY_LLAMA = '''
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def make_lm():
+    """A stock LlamaForCausalLM, one layer, random weights."""
+    config = LlamaConfig(
+        vocab_size=2048,
+        hidden_size={hidden},
+        intermediate_size={intermediate},
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+'''
+
+
+def tiny_llama(hidden: int = 64, intermediate: int = 128) -> str:
+    """A factory module whose ``make_lm()`` returns a stock one-layer LlamaForCausalLM
+    (a vocabulary of 2048; tests/e2e/test_generate.py's generate targets)."""
+    return TINY_LLAMA.format(hidden=hidden, intermediate=intermediate)
+
+
 def parity_only_config(shapes: str, precompile: bool = False) -> str:
     """The tiny model's config with timing rules so wide that only parity and errors
     decide a verdict (tests of plumbing, not of detection rates). Precompile packages
@@ -167,7 +192,15 @@ def hash_pins(path: Path) -> dict[str, tuple[str, list[str]]]:
     return pins
 
 
-TIMING_REASONS = ("latency ", "speedup vs eager ")  # the timing rules' reasons
+def _timing_reasons() -> tuple[str, ...]:
+    """How the timing rules' reasons start: each timed metric's label (latency, speedup
+    vs eager, a generate target's TTFT, TPOT and tokens/s)."""
+    from gatekeeper import metrics
+
+    return tuple(f"{m.label} " for m in metrics.registry() if m.timing)
+
+
+TIMING_REASONS = _timing_reasons()
 
 
 def unchanged_passes(t: dict) -> bool:

@@ -107,6 +107,26 @@ def test_paired_head_and_base_weights_move_to_new_memory_and_compute_the_same():
     assert torch.equal(head(ids), want) and torch.equal(base(ids), want)
 
 
+def test_a_tensor_that_is_its_own_mapping_is_not_placed_again():
+    """A CPU tensor of 32 MiB or more is a fresh mmap whatever glibc's state (its mmap
+    threshold never rises past 32 MiB): placed alike on both sides already. Copying it
+    held it twice at once: a Qwen2 embedding (151,936 x 896: 0.28x of the weights) on
+    top of the paired peak halfway through the rounds (issue 53). The small tensors
+    still move; memory by the profiler's allocation events."""
+    from gatekeeper.worker.memory import peak_memory
+
+    def model() -> nn.Module:
+        return nn.Sequential(nn.Embedding(40_000, 256), nn.Linear(256, 8))  # 39 MiB, 8 KiB
+
+    head, base = model(), model()
+    before = {"head": _storages(head), "base": _storages(base)}
+    peak = peak_memory(lambda: same_placement(head, base), "cpu")
+    for name, m in (("head", head), ("base", base)):
+        moved = {n for n, ptr in _storages(m).items() if before[name][n] != ptr}
+        assert moved == {"1.weight", "1.bias"}, (name, moved)
+    assert peak is not None and peak < 1 << 20, peak  # the small ones' copies only
+
+
 def test_placement_leaves_a_plain_function_alone():
     """A ``function`` target has no weights of its own: nothing to place."""
     same_placement(torch.tanh, torch.tanh)

@@ -394,3 +394,33 @@ def test_large_linear_and_embedding_layers_are_never_cast_whole_to_float64(monke
         assert "forward" not in vars(layer) and layer.weight.dtype == torch.float32
     parts = estimate(model, "cpu", paired=False).fp64_layer
     assert parts < whole, (parts, whole)
+
+
+def test_a_large_leaf_is_compared_a_chunk_at_a_time_with_the_same_figures():
+    """The logits of a 152k-word vocabulary (Qwen2: 1 x 128 x 151936 in float32, 78 MB)
+    against eager's: the comparison's figures are those of the leaf compared whole in
+    float64, and its float64 temporaries are a chunk's (8 MiB each), not the leaf's
+    (155 MB each: four of them at once, over 0.6 GB, made a Qwen2-0.5B check 1.95x its
+    weights; issue 53). Memory by the profiler's allocation events, not by time."""
+    from gatekeeper.worker.memory import peak_memory
+
+    g = torch.Generator().manual_seed(0)
+    o = torch.randn(1, 128, 151936, generator=g)
+    c = o + 1e-5 * torch.randn(o.shape, generator=g)  # within allclose
+    result = check_parity(Outputs.of({"logits": c}), Outputs.of({"logits": o}), None, TOL)
+    assert result["passed"] and result["method"] == "allclose", result
+    d = c.double() - o.double()
+    assert result["max_abs_err"] == pytest.approx(d.abs().max().item(), rel=1e-12)
+    assert result["rmse"] == pytest.approx(d.pow(2).mean().sqrt().item(), rel=1e-9)
+    whole = torch.nn.functional.cosine_similarity(c.double().flatten(), o.double().flatten(), 0)
+    assert result["cosine"] == pytest.approx(whole.item(), rel=1e-12)
+    del d, whole
+    far = o.clone()
+    far[0, 7, 100] += 1.0  # one logit off: allclose refuses, named with its |diff|
+    failed = check_parity(Outputs.of({"logits": far}), Outputs.of({"logits": o}), None, TOL)
+    assert not failed["passed"] and "['logits']: max |diff| 1 beyond" in failed["detail"], failed
+    peak = peak_memory(
+        lambda: check_parity(Outputs.of({"logits": c}), Outputs.of({"logits": o}), None, TOL),
+        "cpu",
+    )
+    assert peak is not None and peak <= 64 << 20, peak  # a few 8 MiB chunks, not 0.6 GB

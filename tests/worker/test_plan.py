@@ -51,3 +51,64 @@ def test_it_refuses_past_the_limit_naming_the_estimate_and_the_ways_out():
     assert "--mode stored" in said and "tensor parallel" in said and "\n" not in said
     # without a limit: what the device has free (this machine has more than 100 KiB)
     check_fits(est, "cpu", None, paired=True)
+
+
+def test_a_model_on_the_meta_device_weighs_what_it_will_weigh_built(tmp_path):
+    """The plan before the build estimates from the factory's model on the meta device
+    (gatekeeper.worker.model.on_meta): every tensor there, even where the factory names
+    its own device, each storage counted once: a tied weight once, and every other
+    (meta storages all have address 0: each was taken for the first one, so a model
+    weighed its first tensor)."""
+    from gatekeeper.config import ModelConfig
+    from gatekeeper.worker.model import load_callable, on_meta
+
+    (tmp_path / "factories.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "def tied():\n"
+        "    with torch.device('cpu'):  # its own device: on the meta device all the same\n"
+        "        m = nn.Sequential(\n"
+        "            nn.Embedding(1000, 64), nn.LayerNorm(64), nn.Linear(64, 1000, bias=False)\n"
+        "        )\n"
+        "    m[2].weight = m[0].weight\n"
+        "    return m\n"
+        "def values():\n"
+        "    m = nn.Linear(4, 4)\n"
+        "    assert m.weight.detach().sum().item() != 0.5\n"
+        "    return m\n"
+    )
+
+    def cfg(factory: str) -> ModelConfig:
+        return ModelConfig.model_validate(
+            {"name": "m", "factory": f"factories:{factory}", "inputs": [{"shape": [1]}]}
+        )
+
+    meta = on_meta(cfg("tied"), tmp_path)
+    assert meta is not None and {t.device.type for t in meta.parameters()} == {"meta"}
+    assert weight_bytes(meta) == (1000 * 64 + 64 + 64) * 4
+    assert weight_bytes(load_callable("factories:tied", tmp_path)()) == weight_bytes(meta)
+    assert on_meta(cfg("values"), tmp_path) is None  # reads a value: planned once built
+
+
+def test_the_memory_given_is_the_address_space_limit_where_it_is_the_least(tmp_path):
+    """Without GATEKEEPER_MEMORY_LIMIT, what a CPU can still give is the least of the
+    machine's available memory, what ``ulimit -v`` leaves the process and its cgroup's
+    ``memory.max``: a 40B model under a 6 GiB address-space limit is refused by it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))\n"
+        "from gatekeeper.worker.plan import available\n"
+        "have, says = available('cpu')\n"
+        "print(have, says)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    have, says = out.stdout.split(maxsplit=1)
+    assert 0 < int(have) < 6 << 30 and says.strip() == "the address-space limit (ulimit -v) leaves"
+    est = estimate(nn.Linear(4, 4), "cpu", paired=False)
+    big = type(est)(40 << 30, 1.0, 0, "the model")
+    with pytest.raises(WontFit) as e:
+        check_fits(big, "cpu", None, paired=False, built=False)
+    assert "not built (planned on the meta device)" in str(e.value)

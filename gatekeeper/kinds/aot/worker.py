@@ -336,6 +336,7 @@ class Aot(Builder):
             fn, seconds = load_timed(job.load, model)
             built.package.update({"from": "bundle", "bytes": job.load.stat().st_size})
         built.package.update(load_seconds=seconds, weights=getattr(fn, "weights", None))
+        built.moved = getattr(fn, "rebind", None)  # its kernels keep each weight's address
         built.package["weight_bytes"] = weight_bytes(model)
         if ADDED_KWARGS.get("use_cache") is False:
             built.package["note"] = CACHE_OFF

@@ -58,6 +58,11 @@ class Precompile(Package):
 
     def refusal(self, target: Target) -> str | None:
         """Why torch (2.13) cannot give ``target`` a package that loads."""
+        if target.task == "generate":
+            return (
+                "a generation warms from the compile cache: its prefill and decode are "
+                "calls of one compiled forward that transformers' generate() makes"
+            )
         if target.task != "infer":
             return (
                 "a training step cannot be packaged (torch bypasses packaging for the "

@@ -49,11 +49,15 @@ class Built:
     """What a kind's build did besides returning the callable: torch.export's outcome,
     its package's document (built or loaded: ``from``, seconds, bytes), and what to
     check once the compile's first calls ran (raises :class:`~gatekeeper.errors.ConfigError`
-    when they compiled less than the config asked)."""
+    when they compiled less than the config asked) and what to do when the model's
+    weights move."""
 
     export: dict[str, Any] | None = None
     package: dict[str, Any] | None = None
     after_first_calls: Callable[[], None] | None = None
+    # to call once the model's weights were copied into new memory (paired placement,
+    # gatekeeper.worker.measure.same_placement): a package bound to them binds them again
+    moved: Callable[[], None] | None = None
 
 
 class Builder:
