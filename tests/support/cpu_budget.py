@@ -6,7 +6,9 @@ from its first test's setup to its last test's teardown, in the process that ran
 (``--dist loadfile`` runs a file in one xdist worker). At the end the slowest files are
 printed, and a file over its budget in ``tests/cpu_budget.toml`` fails the run with the
 figure: growth of the suite is a decision (raise the budget in the same change), not
-drift. ``GATEKEEPER_CPU_BUDGET=off`` prints the figures and fails nothing.
+drift. ``GATEKEEPER_CPU_BUDGET=off`` prints the figures and fails nothing;
+``GATEKEEPER_CPU_REPORT=PATH`` adds every file's figure to the JSON object at PATH (the
+table's calibration: run the whole suite with it, then set each budget to about 1.5x).
 
 A session-scoped fixture is paid by the first file that asks for it, so budgets carry a
 margin for whichever file that is on a given run.
@@ -14,6 +16,7 @@ margin for whichever file that is on a given run.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import tomllib
@@ -79,6 +82,10 @@ class CpuBudget:
             return
         if not self.used:
             return
+        if report := os.environ.get("GATEKEEPER_CPU_REPORT"):
+            path = Path(report)
+            known = json.loads(path.read_text()) if path.is_file() else {}
+            path.write_text(json.dumps(known | self.used, indent=1, sort_keys=True))
         over = over_budget(self.used)
         if over and os.environ.get("GATEKEEPER_CPU_BUDGET", "").lower() != "off":
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
