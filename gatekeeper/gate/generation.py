@@ -128,8 +128,4 @@ def _decode_recompiles(
     text = f"{m.label}: {gen.decode_recompiles} after the first decode step" + (
         f": guard failed: {guard}" if guard else ""
     )
-    if rules.recompiles == "no-increase":
-        found.add("regressed")
-        v.reasons.append(text)
-    else:
-        v.notes.append(text)
+    v.recompiled(found, text, rules.recompiles == "no-increase")

@@ -269,11 +269,7 @@ def _recompiles(
     text = f"recompiles over {pr.sweep.shape_sets} shape set(s) {b} -> {p}" + (
         f": guard failed: {new[0]}" if new else ""
     )
-    if rules.recompiles == "no-increase":
-        found.add("regressed")
-        v.reasons.append(text)
-    else:
-        v.notes.append(text)
+    v.recompiled(found, text, rules.recompiles == "no-increase")
 
 
 def _gate_paired(

@@ -65,6 +65,15 @@ class TargetVerdict:
     # twin's (gate.quantized)
     twin: dict[str, Any] | None = None
 
+    def recompiled(self, found: set[Verdict], text: str, regress: bool) -> None:
+        """New recompiles (``text`` names them and the guard that failed): a reason that
+        regresses under ``recompiles = "no-increase"`` (``regress``), else a note."""
+        if regress:
+            found.add("regressed")
+            self.reasons.append(text)
+        else:
+            self.notes.append(text)
+
     def to_dict(self) -> dict[str, Any]:
         """The verdict as plain JSON types (comparisons as dicts)."""
         d = dict(self.__dict__)

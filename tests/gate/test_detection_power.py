@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.factories import base_side
 
 from gatekeeper.config import GateConfig
 from gatekeeper.gate import rules
 from gatekeeper.gate.verdicts import TargetVerdict
-from gatekeeper.results import Paired
 from tests.support.factories import make_result
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "paired_samples.json"
@@ -69,14 +69,7 @@ def verdicts(scale: float) -> list[TargetVerdict]:
         r = make_result("knob/b32/default", n=len(head), others_cores=None)
         assert r.latency is not None and r.graphs is not None
         r.latency.samples["compiled"] = head.tolist()
-        r.paired = Paired(
-            base_ref="main",
-            base_commit="a" * 40,
-            code_hash="b0",
-            compile_seconds=3.0,
-            graphs=r.graphs,
-            samples=base.tolist(),
-        )
+        r.paired = base_side(r, base.tolist())
         out.append(rules.gate_target(r, None, GateConfig()))
     return out
 
@@ -193,15 +186,7 @@ def tpot_verdicts(scale: float, runs: list[tuple[np.ndarray, np.ndarray]]) -> li
         r = make_result("lm/fixed/default+generate", n=len(base), others_cores=None)
         assert r.latency is not None and r.graphs is not None
         r.generation = gen(head)
-        r.paired = Paired(
-            base_ref="main",
-            base_commit="a" * 40,
-            code_hash="b0",
-            compile_seconds=3.0,
-            graphs=r.graphs,
-            samples=r.latency.samples["compiled"],
-            generation=gen(base),
-        )
+        r.paired = base_side(r, generation=gen(base))
         out.append(rules.gate_target(r, None, GateConfig()))
     return out
 

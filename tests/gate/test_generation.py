@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from support.factories import RULES, make_baseline, make_generation, make_result
+from support.factories import RULES, base_side, make_baseline, make_generation, make_result
 
 from gatekeeper import report
 from gatekeeper.gate import GateReport, rules
-from gatekeeper.results import Paired, TargetResult
+from gatekeeper.results import TargetResult
 
 TARGET = "lm/fixed/default+generate"
 
@@ -25,15 +25,7 @@ def paired(head_tpot: float, head_ttft: float = 4e-3, **extra) -> TargetResult:
     base_gen = make_generation(seed=7)
     head_gen = make_generation(seed=8, tpot_s=head_tpot, ttft_s=head_ttft, **extra)
     r.generation = head_gen
-    r.paired = Paired(
-        base_ref="main",
-        base_commit="a" * 40,
-        code_hash="b0",
-        compile_seconds=3.0,
-        graphs=r.graphs,
-        samples=r.latency.samples["compiled"],
-        generation=base_gen,
-    )
+    r.paired = base_side(r, generation=base_gen)
     return r
 
 

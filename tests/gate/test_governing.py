@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 
-from support.factories import make_baseline, make_result
+from support.factories import base_side, make_baseline, make_result
 
 from gatekeeper import report
 from gatekeeper.config import GateConfig, ModelConfig
 from gatekeeper.gate import governing
 from gatekeeper.gate import rules as gate
 from gatekeeper.project import definition
-from gatekeeper.results import BaseTarget, GraphBreak, Graphs, Paired, Work
+from gatekeeper.results import BaseTarget, GraphBreak, Graphs, Work
 from gatekeeper.targets import Target
 
 TARGET = "m/b1/default"
@@ -35,13 +35,10 @@ def defined(rules: GateConfig = BASE_RULES, definition: dict | None = None) -> B
 def paired(result, *, breaks: int = 0, work: Work | None = WORK, scale: float = 1.0) -> None:
     """Pair ``result`` with a base commit measured beside it (its compiled latency
     divided by ``scale``)."""
-    result.paired = Paired(
-        base_ref="main",
-        base_commit="a" * 40,
-        code_hash="b0",
-        compile_seconds=3.0,
+    result.paired = base_side(
+        result,
+        [x / scale for x in result.latency.samples["compiled"]],
         graphs=Graphs(count=breaks + 1, breaks=breaks),
-        samples=[x / scale for x in result.latency.samples["compiled"]],
         work=work,
     )
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from support.factories import base_side
 
 from gatekeeper.config import GateConfig
 from gatekeeper.gate import rules
 from gatekeeper.gate.rounds import paired_decisive, paired_detectable_change, paired_interval
 from gatekeeper.gate.stats import compare, decide
-from gatekeeper.results import Paired
 from tests.support.factories import make_result
 
 # The case: ~1 s per call, 8 rounds a side; the head +4.1% with an interval of
@@ -57,14 +57,7 @@ def test_the_gate_reads_it_inconclusive_with_its_interval_and_what_it_could_tell
     r = make_result("m/x", n=len(HEAD), others_cores=None)
     assert r.latency is not None and r.graphs is not None
     r.latency.samples["compiled"] = HEAD
-    r.paired = Paired(
-        base_ref="main",
-        base_commit="a" * 40,
-        code_hash="b0",
-        compile_seconds=3.0,
-        graphs=r.graphs,
-        samples=BASE,
-    )
+    r.paired = base_side(r, BASE)
     v = rules.gate_target(r, None, GateConfig())
     assert v.verdict == "inconclusive", v
     reason = next(x for x in v.reasons if x.startswith("latency"))

@@ -3,12 +3,12 @@ slowdowns, accepted regressions and compile time compared like with like."""
 
 from __future__ import annotations
 
-from support.factories import RULES, make_baseline, make_result
+from support.factories import RULES, base_side, make_baseline, make_result
 
 from gatekeeper.config import GateConfig
 from gatekeeper.gate import drift
 from gatekeeper.gate import rules as gate
-from gatekeeper.results import Paired, Work
+from gatekeeper.results import Work
 
 TARGET = "m/b1/default"
 WORK = Work(flops=1_000_000, bytes_accessed=200_000, kernels=3, instructions="unavailable")
@@ -69,15 +69,7 @@ def test_unknown_counters_gate_nothing():
 
 def test_paired_work_is_compared_with_the_base_commit():
     pr = make_result(TARGET, seed=2, work=WORK.model_copy(update={"flops": 1_200_000}))
-    pr.paired = Paired(
-        base_ref="main",
-        base_commit="a" * 40,
-        code_hash="b0",
-        compile_seconds=3.0,
-        graphs=pr.graphs,
-        samples=pr.latency.samples["compiled"],
-        work=WORK,
-    )
+    pr.paired = base_side(pr, work=WORK)
     v = gate.gate_target(pr, None, RULES)
     assert v.verdict == "regressed" and any("vs the base commit" in r for r in v.reasons)
 
@@ -149,14 +141,7 @@ def test_a_scattered_reference_disturbs_a_stored_run_but_not_a_paired_one():
     slow.latency.disturbance.reference_noise = 0.16
     stored = gate.gate_target(slow, base, RULES)
     assert stored.verdict == "inconclusive" and "scattered 16%" in stored.disturbed
-    slow.paired = Paired(
-        base_ref="main",
-        base_commit="a" * 40,
-        code_hash="b0",
-        compile_seconds=3.0,
-        graphs=slow.graphs,
-        samples=[x / 1.5 for x in slow.latency.samples["compiled"]],
-    )
+    slow.paired = base_side(slow, [x / 1.5 for x in slow.latency.samples["compiled"]])
     paired = gate.gate_target(slow, None, RULES)
     assert paired.disturbed is None and paired.verdict == "regressed", paired.reasons
 

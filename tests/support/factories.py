@@ -18,6 +18,7 @@ from gatekeeper.results import (
     Latency,
     LatencySummary,
     Memory,
+    Paired,
     Parity,
     ParityCheck,
     TargetResult,
@@ -193,3 +194,13 @@ def make_generation(
         decode_recompiles=decode_recompiles,
         decode_recompile_guards=guards or [],
     )
+
+
+def base_side(result: TargetResult, samples: list[float] | None = None, **fields) -> Paired:
+    """``result``'s paired base (main at ``a...a``, compiled in 3 s, ``result``'s graphs
+    unless ``fields`` say otherwise): its rounds ``samples`` (the head's own when None)."""
+    assert result.latency is not None
+    doc: dict = {"base_ref": "main", "base_commit": "a" * 40, "code_hash": "b0"}
+    doc |= {"compile_seconds": 3.0, "graphs": result.graphs}
+    doc["samples"] = result.latency.samples["compiled"] if samples is None else samples
+    return Paired(**(doc | fields))
