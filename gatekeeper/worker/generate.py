@@ -119,8 +119,9 @@ class Loop:
         return run
 
     def kwargs(self, dynamic: bool = False) -> dict[str, Any]:
-        """``torch.compile``'s arguments as configured; a dynamic cache's decode steps
-        grow its length each step, so it compiles with automatic dynamic shapes."""
+        """``torch.compile``'s arguments as configured; ``dynamic``: with automatic
+        dynamic shapes (``dynamic`` left out), as ``generate()``'s compiled ``forward``
+        is, whose cache lengths grow each step."""
         req = self.req
         kw = compile_kwargs(req.model, req.mode, req.dynamic)
         if dynamic:
@@ -157,9 +158,11 @@ class HFLoop(Loop):
                 f'tasks "generate": {type(self.model).__name__} has no generate() '
                 "(a transformers causal LM has; else give generate.prefill and decode)"
             )
-        cfg = self.req.model.generation
-        dynamic = cfg.cache == "dynamic"
-        self.extra["forward"] = torch.compile(self.model.forward, **self.kwargs(dynamic))
+        # as a service compiles it (docs/generation.md): no ``dynamic``, so that a
+        # Python int a cache keeps per step (a sliding-window layer's length: a stock
+        # Mistral's static cache) goes dynamic on its first change, as in the service,
+        # instead of recompiling every decode step (an nn.Module's int still does)
+        self.extra["forward"] = torch.compile(self.model.forward, **self.kwargs(dynamic=True))
 
     def generate_kwargs(self, compiled: bool, scores: bool) -> dict[str, Any]:
         """``generate()``'s arguments: greedy, exactly ``new_tokens`` tokens."""

@@ -1,0 +1,266 @@
+"""Stock transformers causal LMs as they are, in the minimal ``generate`` form
+(docs/generation.md), through every step a user runs, with the public tools only.
+
+For each family (a tiny config, random weights, ``.eval()``, the model as the library
+returns it), in a scratch git project of its own holding ``lm.py`` (``make_lm``) and the
+minimal config with the local store:
+
+    compile    gatekeeper compile: the bundle published
+    warm       gatekeeper warm --probe into an empty cache dir: ``hit``, 0 FX misses
+    service    docs/generation.md's "A service that starts warm" block, as the page
+               shows it, in a fresh interpreter on that cache dir: 0 FX graph misses
+    check      gatekeeper check: parity by tokens, TTFT, TPOT, decode tokens/s
+    baseline   gatekeeper baseline: main's results published
+    pr         a branch whose factory only gains a comment, ``gatekeeper run
+               --base-ref main`` (paired with main): an unchanged PR's verdict
+
+Prints a table, family x step, with the figures; exit 1 when any step failed.
+
+Usage, from the repo root:
+
+    python benchmarks/generate_families.py [--families llama,qwen2,mistral,gpt2]
+        [--new-tokens 16] [--timeout 1800] [--keep DIR] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = ("compile", "warm", "service", "check", "baseline", "pr")
+
+FAMILIES = {
+    "llama": (
+        "LlamaConfig, LlamaForCausalLM",
+        "LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,"
+        " max_position_embeddings=64)",
+    ),
+    "qwen2": (
+        "Qwen2Config, Qwen2ForCausalLM",
+        "Qwen2Config(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,"
+        " max_position_embeddings=64)",
+    ),
+    "mistral": (
+        "MistralConfig, MistralForCausalLM",
+        "MistralConfig(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,"
+        " max_position_embeddings=64)",
+    ),
+    "gpt2": (
+        "GPT2Config, GPT2LMHeadModel",
+        "GPT2Config(vocab_size=2048, n_embd=64, n_layer=1, n_head=4, n_positions=64)",
+    ),
+}
+FACTORY = '''from transformers import {imports}
+
+
+def make_lm():
+    """A stock {cls}, one layer, random weights, as the library returns it."""
+    return {cls}({config}).eval()
+'''
+CONFIG = """store = "store"
+
+[[models]]
+name = "lm"
+factory = "lm:make_lm"
+inputs = {{ input_ids = {{ shape = [1, 32], dtype = "int64", high = 2048 }} }}
+tasks = ["generate"]
+generate = {{ new_tokens = {new_tokens} }}
+"""
+
+
+def _zoo() -> Any:
+    """benchmarks/zoo.py's helpers (git, the CLI with --json, its results)."""
+    spec = importlib.util.spec_from_file_location("zoo_bench", ROOT / "benchmarks" / "zoo.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo = _zoo()
+
+
+def service_code(new_tokens: int) -> str:
+    """docs/generation.md's service block as the page shows it (its 16 new tokens set to
+    the sweep's), then torch's inductor counters printed as JSON."""
+    text = (ROOT / "docs" / "generation.md").read_text()
+    section = text.split("## A service that starts warm", 1)[1]
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found, "docs/generation.md: no service block"
+    code = found.group(1).replace("max_new_tokens=16", f"max_new_tokens={new_tokens}")
+    return code + (
+        "\nimport json\nfrom torch._dynamo.utils import counters\n"
+        "print(json.dumps(dict(counters['inductor'])))\n"
+    )
+
+
+def project(name: str, new_tokens: int, where: Path) -> Path:
+    """A scratch git project (branch main) with the family's factory and the minimal config."""
+    imports, config = FAMILIES[name]
+    repo = where / name
+    repo.mkdir(parents=True)
+    cls = imports.split(", ")[1]
+    (repo / "lm.py").write_text(FACTORY.format(imports=imports, cls=cls, config=config))
+    (repo / "gatekeeper.toml").write_text(CONFIG.format(new_tokens=new_tokens))
+    (repo / ".gitignore").write_text("store/\nout/\nwarm/\n.gatekeeper/\n")
+    zoo.git(repo, "init", "-q", "-b", "main")
+    zoo.git(repo, "add", ".")
+    zoo.git(repo, "commit", "-qm", "main")
+    return repo
+
+
+def sweep(name: str, repo: Path, new_tokens: int, timeout: float) -> dict[str, Any]:
+    """Every step of one family: ``steps`` (step -> "ok" or why not) and the figures."""
+    steps: dict[str, str] = {}
+    fig: dict[str, Any] = {"family": name, "steps": steps}
+
+    def cli(*args: str) -> tuple[int, dict, str]:
+        return zoo.gk(repo, "gatekeeper.toml", *args, target="lm/*", timeout=timeout)
+
+    rc, doc, err = cli("compile")
+    t = zoo._first(doc)
+    ok = rc == 0 and t.get("status") in ("published", "exists", "replaced")
+    steps["compile"] = "ok" if ok else (t.get("error") or err or f"exit {rc}")
+    fig["compile_s"] = t.get("compile_seconds")
+
+    rc, doc, err = cli("warm", "--probe", "--cache-dir", str(repo / "warm"))
+    t = zoo._first(doc)
+    fig["warm_fx"] = f"{t.get('fxgraph_cache_hit')}/{t.get('fxgraph_cache_miss')}"
+    fig["warm_first_token_s"] = t.get("first_token_seconds")
+    ok = rc == 0 and t.get("status") == "hit" and not t.get("probe_error")
+    ok = ok and t.get("fxgraph_cache_miss") == 0
+    steps["warm"] = "ok" if ok else f"{t.get('status')}: {t.get('probe_error') or err}"
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(repo / "warm")}
+    cmd = [sys.executable, "-c", service_code(new_tokens)]
+    try:
+        ran = subprocess.run(
+            cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        lines = ran.stdout.strip().splitlines()
+        found = json.loads(lines[-1]) if ran.returncode == 0 and lines else {}
+        why = (ran.stderr.strip().splitlines() or ["no counters"])[-1]
+    except subprocess.TimeoutExpired:
+        found, why = {}, f"timed out after {timeout:.0f} s"
+    hit, miss = found.get("fxgraph_cache_hit", 0), found.get("fxgraph_cache_miss", 0)
+    fig["service_fx"] = f"{hit}/{miss}" if found else None
+    steps["service"] = "ok" if found and miss == 0 and hit else (f"{hit}/{miss}" if found else why)
+
+    rc, doc, err = cli("check", "--out", "out/main")
+    r = zoo._result(repo / "out/main/results.json") or {}
+    parity = (r.get("parity") or {}).get("vs_eager") or {}
+    gen = (r.get("generation") or {}).get("compiled") or {}
+    fig.update(
+        parity=parity.get("detail"),
+        ttft_ms=gen.get("ttft_s") and 1e3 * gen["ttft_s"],
+        tpot_ms=gen.get("tpot_s") and 1e3 * gen["tpot_s"],
+        tokens_per_s=gen.get("tokens_per_s"),
+        decode_recompiles=(r.get("generation") or {}).get("decode_recompiles"),
+    )
+    ok = r.get("status") == "ok" and parity.get("passed") and gen.get("tpot_s")
+    why = r.get("error") or parity.get("detail") or err
+    if ok and fig["decode_recompiles"]:  # after warm-up, any recompile is a regression
+        ok, why = False, f"{fig['decode_recompiles']} recompiles during decode"
+    steps["check"] = "ok" if ok else why
+
+    if (repo / "out/main/results.json").is_file():
+        rc, _, err = cli("baseline", "--results", "out/main/results.json", "--ref", "main")
+        steps["baseline"] = "ok" if rc == 0 else (err or f"exit {rc}")
+    else:
+        steps["baseline"] = "no results to publish"
+
+    zoo.git(repo, "checkout", "-qb", "pr")
+    lm = repo / "lm.py"
+    lm.write_text(lm.read_text() + "\n# a pull request that changes nothing\n")
+    zoo.git(repo, "commit", "-qam", "pr: a comment")
+    rc, doc, err = cli("run", "--base-ref", "main", "--out", "out/pr")
+    t = zoo._first(doc)
+    fig["pr"] = f"{t.get('verdict')} ({t.get('mode')})" if t else None
+    if rc == 0 and t.get("verdict") in zoo.PR_OK:
+        steps["pr"] = "ok"
+    else:
+        steps["pr"] = "; ".join(t.get("reasons") or []) or t.get("error") or err or f"exit {rc}"
+    return fig
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    body = [
+        [
+            r["family"],
+            *["ok" if r["steps"].get(s) == "ok" else "FAIL" for s in STEPS],
+            r.get("warm_fx") or "-",
+            r.get("service_fx") or "-",
+            _num(r.get("ttft_ms"), ".1f"),
+            _num(r.get("tpot_ms"), ".2f"),
+            _num(r.get("tokens_per_s"), ".0f"),
+            r.get("pr") or "-",
+        ]
+        for r in rows
+    ]
+    headers = [
+        "family",
+        *STEPS,
+        "warm FX hit/miss",
+        "service FX hit/miss",
+        "TTFT ms",
+        "TPOT ms",
+        "tokens/s",
+        "unchanged PR",
+    ]
+    return tabulate(body, headers=headers, tablefmt="github")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated")
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per command")
+    ap.add_argument("--keep", metavar="DIR", help="the scratch projects here (kept)")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    args = ap.parse_args()
+    names = [n for n in args.families.split(",") if n]
+    if unknown := [n for n in names if n not in FAMILIES]:
+        ap.error(f"--families: unknown {', '.join(unknown)} (of {', '.join(FAMILIES)})")
+    where = Path(args.keep or tempfile.mkdtemp(prefix="gk-genfam-"))
+    rows = []
+    for name in names:
+        start = time.perf_counter()
+        repo = project(name, args.new_tokens, where)
+        rows.append(sweep(name, repo, args.new_tokens, args.timeout))
+        rows[-1]["seconds"] = round(time.perf_counter() - start)
+        print(f"[{name}] {rows[-1]['steps']} ({rows[-1]['seconds']} s)", file=sys.stderr)
+    print(table(rows))
+    for r in rows:
+        for step, why in r["steps"].items():
+            if why != "ok":
+                print(f"{r['family']} {step}: {why}")
+        if r.get("parity"):
+            print(f"{r['family']} parity: {r['parity']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
+    print(f"\n{where}; {sys.executable}")
+    return 0 if all(v == "ok" for r in rows for v in r["steps"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
