@@ -141,6 +141,9 @@ def fork_server(tmp_path_factory: pytest.TempPathFactory, shared_headers: Path):
         proc.kill()
         pytest.fail(f"the session's worker server did not start: {ready!r}")
     os.environ["GATEKEEPER_FORK_SERVER"] = f"{sock}#{token}"
+    from support import cpu_budget
+
+    cpu_budget.watched.append(proc.pid)  # its forked workers' CPU, counted per file
     yield sock
     os.environ.pop("GATEKEEPER_FORK_SERVER", None)
     proc.kill()

@@ -176,7 +176,7 @@ def test_the_slow_rank_is_the_one_whose_cpu_time_rose_most() -> None:
 
 
 def _fail(tmp: Path, launched: dict, answers: list[Response | None]) -> Response:
-    return ranks._failed("t", launched, answers, tmp, 1)
+    return ranks._failed("t", launched, answers, tmp, 1, tmp)
 
 
 def test_the_rank_blamed_is_the_one_that_failed_not_its_peer(tmp_path: Path) -> None:

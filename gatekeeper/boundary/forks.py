@@ -44,11 +44,28 @@ _READY_TIMEOUT = 300.0
 
 
 def env_digest(env: Mapping[str, str]) -> str:
-    """What a server's children inherit of its environment, as a digest: a child is
-    forked only from a server whose environment is the one its fresh worker would have
-    had, less :data:`PER_CHILD` (torch reads much of it when imported)."""
+    """What a server's children inherit of it, as a digest: a child is forked only from
+    a server whose environment is the one its fresh worker would have had, less
+    :data:`PER_CHILD` (torch reads much of it when imported), and whose process limits,
+    CPUs and priority are this process's (a fresh worker inherits them: a ``ulimit -v``
+    or ``taskset`` around gatekeeper holds for its workers, forked or not)."""
     kept = sorted((k, v) for k, v in env.items() if k not in PER_CHILD)
-    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([kept, _inherited()]).encode()).hexdigest()
+
+
+def _inherited() -> list:
+    """This process's limits, CPUs and priority: what a child inherits besides its
+    environment."""
+    import resource
+
+    names = ("AS", "DATA", "FSIZE", "NOFILE", "NPROC", "STACK", "CORE", "MEMLOCK", "RSS")
+    limits = [
+        resource.getrlimit(getattr(resource, f"RLIMIT_{n}"))
+        for n in names
+        if hasattr(resource, f"RLIMIT_{n}")
+    ]
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return [limits, cpus, os.getpriority(os.PRIO_PROCESS, 0)]
 
 
 def enabled() -> bool:

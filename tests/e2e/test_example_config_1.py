@@ -1,9 +1,9 @@
 """Shard 1 of 4 of the README tour's 38 example targets, compiled and warmed:
 tests/support/example_config.py says what each test holds and why four files."""
 
-from support.example_config import tests
+from support.example_config import shard_tests
 
-globals().update(tests(1))
+globals().update(shard_tests(1))
 
 
 def test_the_config_has_the_38_targets_the_readme_tours():

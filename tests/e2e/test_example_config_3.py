@@ -1,6 +1,6 @@
 """Shard 3 of 4 of the README tour's 38 example targets, compiled and warmed:
 tests/support/example_config.py says what each test holds and why four files."""
 
-from support.example_config import tests
+from support.example_config import shard_tests
 
-globals().update(tests(3))
+globals().update(shard_tests(3))

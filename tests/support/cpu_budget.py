@@ -11,7 +11,9 @@ drift. ``GATEKEEPER_CPU_BUDGET=off`` prints the figures and fails nothing;
 table's calibration: run the whole suite with it, then set each budget to about 1.5x).
 
 A session-scoped fixture is paid by the first file that asks for it, so budgets carry a
-margin for whichever file that is on a given run.
+margin for whichever file that is on a given run. The workers forked by the session's
+worker server (tests/conftest.py) are that server's children: its CPU is read from
+``/proc`` while it lives (:data:`watched`), so each file counts the workers it caused.
 """
 
 from __future__ import annotations
@@ -29,10 +31,29 @@ BUDGETS = TESTS / "cpu_budget.toml"
 SHOWN = 15
 
 
+# long-lived children of the session whose CPU a file's tests cause (the session's worker
+# server: the workers it forks are its children, reaped by it, not by pytest): their CPU
+# (their own and their reaped children's, from /proc) is counted while they live; once
+# one is reaped, the same seconds are in RUSAGE_CHILDREN instead
+watched: list[int] = []
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a live process and of its reaped children (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15]) / ticks  # utime stime cutime cstime
+
+
 def cpu_now() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    served = sum(_tree_cpu(pid) for pid in watched)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + served
 
 
 def _file(item: pytest.Item | None) -> str | None:

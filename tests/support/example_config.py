@@ -73,7 +73,7 @@ def _runs(root: Path, shard: str, targets: list[str]) -> dict[str, dict]:
     return out
 
 
-def tests(index: int) -> dict[str, Any]:
+def shard_tests(index: int) -> dict[str, Any]:
     """The fixture and tests of shard ``index`` (of :data:`SHARDS`), to put in a test
     module's globals."""
     shard = f"{index}/{SHARDS}"
