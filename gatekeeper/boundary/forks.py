@@ -41,6 +41,7 @@ log = logging.getLogger("gatekeeper.forks")
 # what each child sets for itself; the rest of its environment is its server's
 PER_CHILD = frozenset({"TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_HOME"})
 _READY_TIMEOUT = 300.0
+MAX_FDS = 4  # descriptors one message may carry
 
 
 def env_digest(env: Mapping[str, str]) -> str:
@@ -134,7 +135,7 @@ class Server:
             )
         theirs.close()
         server = cls(ours, proc, home)
-        first = _read(ours, _READY_TIMEOUT)
+        first = receive(ours, _READY_TIMEOUT)
         if first is None or "ready" not in first[0]:
             said = first[0].get("refused") if first else server._log_tail()
             server.close()
@@ -149,7 +150,7 @@ class Server:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
         sock.sendall(json.dumps({"token": token}).encode() + b"\n")
-        first = _read(sock, _READY_TIMEOUT)
+        first = receive(sock, _READY_TIMEOUT)
         if first is None or "ready" not in first[0]:
             sock.close()
             raise OSError(f"the shared worker server {path} refused this process")
@@ -169,11 +170,11 @@ class Server:
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self.lock:
             self.sock.sendmsg([json.dumps(doc).encode()], anc)
-            got = _read(self.sock, _READY_TIMEOUT)
+            got = receive(self.sock, _READY_TIMEOUT)
         if got is None or not got[1]:
             raise OSError(f"the worker server forked nothing: {got[0] if got else 'no answer'}")
         channel = socket.socket(fileno=got[1][0])
-        pid = _read(channel, _READY_TIMEOUT)
+        pid = receive(channel, _READY_TIMEOUT)
         if pid is None:
             channel.close()
             raise OSError("the forked worker never started")
@@ -192,13 +193,14 @@ class Server:
             shutil.rmtree(self.home, ignore_errors=True)
 
 
-def _read(sock: socket.socket, timeout: float) -> tuple[dict, list[int]] | None:
-    """One JSON line and the descriptors it carries (None: none came in time)."""
-    ready, _, _ = select.select([sock], [], [], timeout)
-    if not ready:
+def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, list[int]] | None:
+    """One JSON line and the descriptors it carries (at most :data:`MAX_FDS`); None when
+    the other end hung up, or nothing came in ``timeout`` seconds. Both sides' reader:
+    the parent's and the worker server's."""
+    if timeout is not None and not select.select([sock], [], [], timeout)[0]:
         return None
     fds = array.array("i")
-    data, anc, _, _ = sock.recvmsg(1 << 16, socket.CMSG_LEN(4 * fds.itemsize))
+    data, anc, _, _ = sock.recvmsg(1 << 20, socket.CMSG_LEN(MAX_FDS * fds.itemsize))
     if not data:
         return None
     for level, kind, payload in anc:

@@ -29,11 +29,10 @@ import sys
 import threading
 from typing import Any
 
-from ..boundary.forks import env_digest
+from ..boundary.forks import env_digest, receive
 
 PR_SET_PDEATHSIG = 1
 SO_PEERCRED = 17
-MAX_FDS = 4
 
 
 def _preload() -> None:
@@ -55,18 +54,6 @@ def forkable() -> str | None:
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA is initialised"
     return None
-
-
-def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
-    """One request and the descriptors it carries; None when the parent hung up."""
-    fds = array.array("i")
-    data, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_LEN(MAX_FDS * fds.itemsize))
-    if not data:
-        return None
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    return json.loads(data), list(fds)
 
 
 def _answer(sock: socket.socket, doc: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
@@ -212,7 +199,7 @@ class Server:
             conn.close()
 
     def _request(self, client: socket.socket) -> None:
-        got = _recv(client)
+        got = receive(client)
         if got is None:  # the client is gone: so are its children, and their scratch
             self._drop(client)
             return
