@@ -17,6 +17,15 @@ import os
 import sys
 
 
+def use_folder(folder: str) -> None:
+    """Point this process's inductor at ``folder`` for its precompiled headers (and
+    their locks); torch reads the place once, when it is imported."""
+    from torch._inductor import codecache
+
+    codecache._HEADER_DIR = folder
+    codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
+
+
 def build(folder: str) -> int:
     """Compile one small function on the CPU with the header folder pointed at
     ``folder``; the number of headers it then holds."""
@@ -25,8 +34,7 @@ def build(folder: str) -> int:
 
     if not hasattr(codecache, "_HEADER_DIR"):  # a torch without precompiled headers
         return 0
-    codecache._HEADER_DIR = folder
-    codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
+    use_folder(folder)
     config.fx_graph_cache = False  # compile for real, whatever the cache dir holds
 
     def kernel(x: torch.Tensor) -> torch.Tensor:

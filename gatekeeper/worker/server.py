@@ -107,9 +107,10 @@ def _this_processes_temp_dir() -> None:
     from torch._inductor import codecache
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+    from . import headers
+
     if hasattr(codecache, "_HEADER_DIR"):
-        codecache._HEADER_DIR = os.path.join(default_cache_dir(), "precompiled_headers")
-        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+        headers.use_folder(os.path.join(default_cache_dir(), "precompiled_headers"))
 
 
 def _run(argv: list[str]) -> None:
