@@ -428,6 +428,7 @@ def _supervise(child: int, report: int, box: Box) -> None:
     if parent and os.getppid() != parent:
         import shutil
 
+        mounts.release(libc, [*box.opts.writable, *box.opts.read_only], box.opts.scratch)
         for fd, name in box.scratch:  # through the host's mounts: the box's are read-only
             shutil.rmtree(name, ignore_errors=True, dir_fd=fd)
     _exit_as(int.from_bytes(said, "little") if len(said) == 4 else status)

@@ -17,6 +17,7 @@ import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
 # a remount must keep the flags the kernel locked on the mount: statvfs's -> mount's
 KEPT_FLAGS = {2: 2, 4: 4, 8: 8, 1024: 1024, 2048: 2048, 4096: 1 << 21}
 KERNEL_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger")
@@ -119,6 +120,17 @@ def filesystem(libc: ctypes.CDLL, box) -> None:
         os.chdir(os.getcwd())
     except OSError as e:
         box.step(False, f"cannot enter the current directory again: {e.strerror}")
+
+
+def release(libc: ctypes.CDLL, places: list[str], folders: list[str]) -> None:
+    """Detach this namespace's mounts of ``places`` that lie in one of ``folders``,
+    deepest first: a folder that is a mount point in the caller's own namespace cannot be
+    removed (EBUSY), not even through the host's mounts, so the supervisor's clean-up of
+    the scratch folders left the box's own folders in them behind."""
+    tops = [os.path.realpath(folder) for folder in folders]
+    for path in sorted(places, key=lambda p: -p.rstrip("/").count("/")):
+        if any(_under(os.path.realpath(path), top) for top in tops):
+            libc.umount2(path.encode(), MNT_DETACH)
 
 
 def fresh_dev(libc: ctypes.CDLL, box, held: dict[str, int]) -> None:
