@@ -38,6 +38,8 @@ _TIMEOUT = 900.0
 Boxed = Callable[[Path, Path], tuple[list[str], dict[str, str]]]
 _USER_VARS = ("LOGNAME", "USER", "LNAME", "USERNAME")  # what getpass.getuser() reads
 _tried: dict[str, Path | None] = {}  # key -> the folder, or None: its build failed
+_isa: dict[Path, Path] = {}  # the folder -> its ISA check for this process's key
+_ISA_PART = "isa.part"  # where the header worker leaves it (worker.headers.ISA_PART)
 
 
 def folder() -> Path | None:
@@ -123,14 +125,19 @@ def ensure(boxed: Boxed) -> Path | None:
     if not _owned(where):
         log.warning("precompiled headers not shared: %s is not a folder only you write", where)
         return None
-    stamp = where / f".built-{k}"
+    stamp, isa = where / f".built-{k}", where / f"isa-{k}"
     with _locked(where):
         if not stamp.is_file():
+            shutil.rmtree(where / _ISA_PART, ignore_errors=True)  # a killed build's
             if (why := _build(where, boxed)) is not None:
                 log.warning("precompiled headers not shared (%s): each worker builds its own", why)
                 return None
+            with contextlib.suppress(OSError):
+                shutil.rmtree(isa, ignore_errors=True)
+                os.rename(where / _ISA_PART, isa)
             _write_new(stamp, sys.version)
     _tried[k] = where
+    _isa[where] = isa
     return where
 
 
@@ -224,7 +231,20 @@ def lend(where: Path | None, tmp: Path, env: Mapping[str, str], copy: bool = Fal
             else:
                 os.symlink(where / name, dest / name)
             put += 1
+    if not copy and env.get("TORCHINDUCTOR_CACHE_DIR") and where in _isa:
+        _lend_isa_check(_isa[where], Path(env["TORCHINDUCTOR_CACHE_DIR"]))
     return put
+
+
+def _lend_isa_check(isa: Path, cache: Path) -> None:
+    """Copy the ISA check the header worker kept (:func:`gatekeeper.worker.headers.keep_isa_check`)
+    into a worker's cache dir, where inductor looks for it before it builds one: a copy
+    per worker, filled as a bundle is (a worker of the run may have written the cache
+    dir before: its links are replaced, never followed)."""
+    from ..bundle import install_tree
+
+    with contextlib.suppress(OSError, ValueError):
+        install_tree(isa, cache)
 
 
 def _copy_new(src: Path, dest: Path) -> None:

@@ -14,7 +14,10 @@ asks for another finds none here and its worker builds its own, as without a fol
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+
+ISA_PART = "isa.part"  # where the ISA check goes; the parent names it for its key
 
 
 def use_folder(folder: str) -> None:
@@ -44,11 +47,44 @@ def build(folder: str) -> int:
     return sum(1 for name in os.listdir(folder) if name.endswith(".gch"))
 
 
+def keep_isa_check(into: str) -> int:
+    """Copy the program inductor built in this process's cache dir to check that the
+    compiler builds this CPU's vector instructions (its ``.cpp`` and ``.so``, known by
+    their source) to ``into``, laid out as in a cache dir; the number of programs kept.
+    Every process with a new cache dir builds it again (about 4 CPU-seconds, the most
+    of a small model's cold compile after the header) unless it finds it there, so the
+    parent lends a copy to each worker (:func:`gatekeeper.boundary.headers.lend`)."""
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.runtime.runtime_utils import cache_dir
+
+    code = getattr(cpu_vec_isa.VecISA, "_avx_code", None)
+    if not isinstance(code, str):  # a torch that checks otherwise
+        return 0
+    root, kept = cache_dir(), 0
+    for sub in sorted(os.listdir(root)):
+        if len(sub) != 2 or not os.path.isdir(os.path.join(root, sub)):
+            continue
+        for name in sorted(os.listdir(os.path.join(root, sub))):
+            src = os.path.join(root, sub, name)
+            if not name.endswith(".cpp") or not os.path.isfile(src[:-4] + ".so"):
+                continue
+            with open(src) as f:
+                if f.read() != code:
+                    continue
+            os.makedirs(os.path.join(into, sub), exist_ok=True)
+            for path in (src, src[:-4] + ".so"):
+                shutil.copyfile(path, os.path.join(into, sub, os.path.basename(path)))
+            kept += 1
+    return kept
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m gatekeeper.worker.headers FOLDER", file=sys.stderr)
         return 2
-    print(f"gatekeeper headers: {build(argv[0])} precompiled header(s) in {argv[0]}")
+    built = build(argv[0])
+    kept = keep_isa_check(os.path.join(argv[0], ISA_PART))
+    print(f"gatekeeper headers: {built} precompiled header(s), {kept} ISA check in {argv[0]}")
     return 0
 
 

@@ -88,3 +88,17 @@ def test_the_service_finds_the_headers_in_its_temp_dir(steps: dict) -> None:
         copy = dest / header.name
         assert copy.is_file() and not copy.is_symlink(), copy
         assert copy.stat().st_size == header.stat().st_size
+
+
+def test_no_models_worker_builds_the_isa_check(steps: dict) -> None:
+    """Inductor checks that the compiler builds the CPU's vector instructions by building
+    a small program into its cache dir (about 4 CPU-seconds, most of a small model's cold
+    compile after the header), once per new cache dir: every compile worker. The header
+    worker keeps the one it built (``isa-<key>``) and the parent lends each worker a copy,
+    so the model's worker asks the compiler for none: fails where it builds its own."""
+    kept = sorted(p.name for p in steps["shared"].glob("isa-*/*/*.cpp"))
+    assert kept, sorted(steps["shared"].iterdir())
+    worker = [line for line in steps["compile"] if "/gk-worker-" in line.split()[0]]
+    assert worker and not [line for line in worker if any(n in line for n in kept)], worker
+    # and a header worker built it: the same program, under the same name
+    assert any(n in line for line in steps["compile"] for n in kept), steps["compile"]
