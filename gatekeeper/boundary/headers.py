@@ -127,14 +127,16 @@ def ensure(boxed: Boxed) -> Path | None:
         return None
     stamp, isa = where / f".built-{k}", where / f"isa-{k}"
     with _locked(where):
-        if not stamp.is_file():
+        # a folder stamped before the ISA check was kept is built again, once
+        if not stamp.is_file() or not isa.is_dir():
             shutil.rmtree(where / _ISA_PART, ignore_errors=True)  # a killed build's
             if (why := _build(where, boxed)) is not None:
                 log.warning("precompiled headers not shared (%s): each worker builds its own", why)
                 return None
-            with contextlib.suppress(OSError):
-                shutil.rmtree(isa, ignore_errors=True)
-                os.rename(where / _ISA_PART, isa)
+            shutil.rmtree(isa, ignore_errors=True)
+            with contextlib.suppress(OSError):  # none kept (another torch): an empty one
+                (where / _ISA_PART).mkdir(mode=0o755)
+            os.rename(where / _ISA_PART, isa)
             _write_new(stamp, sys.version)
     _tried[k] = where
     _isa[where] = isa

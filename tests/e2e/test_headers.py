@@ -50,6 +50,7 @@ def steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "doc": warm,
         "shared": tmp / "shared",
         "service_tmp": service_tmp,
+        "root": root,
     }
 
 
@@ -102,3 +103,14 @@ def test_no_models_worker_builds_the_isa_check(steps: dict) -> None:
     assert worker and not [line for line in worker if any(n in line for n in kept)], worker
     # and a header worker built it: the same program, under the same name
     assert any(n in line for line in steps["compile"] for n in kept), steps["compile"]
+
+
+def test_a_folder_stamped_before_the_isa_check_was_kept_is_built_again(steps: dict) -> None:
+    """A machine's folder stamped by a gatekeeper that kept no ISA check (no
+    ``isa-<key>``) is built again once, so its workers stop building their own."""
+    shared = steps["shared"]
+    for isa in shared.glob("isa-*"):
+        shutil.rmtree(isa)
+    root = steps["root"]
+    gk("key", cwd=root, env={"GATEKEEPER_PCH_DIR": str(shared)}, check=True)
+    assert list(shared.glob("isa-*/*/*.so")), sorted(shared.iterdir())
