@@ -26,6 +26,7 @@ import pytest
 from support.distributed import CONFIG, MODELS, SLOW_RANK_1, TARGETS
 from support.helpers import git, gk
 from support.projects import QUIET, check_gate, run_gate
+from support.shared_builds import reused
 
 
 def one_model(factory: str, distributed: str, tasks: str = '["infer"]') -> str:
@@ -58,13 +59,19 @@ def committed(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The three models compiled once, committed on main. Read only through
+def compiled(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
+    """The three models compiled once, committed on main (the parallel phase's build,
+    copied in the serial phase: :mod:`support.shared_builds`). Read only through
     :func:`project`'s copies."""
-    root = committed(tmp_path_factory.mktemp("distributed"))
-    proc = gk("compile", "--json", cwd=root, env=QUIET)
-    assert proc.returncode == 0, proc.stderr
-    return root
+
+    def build(root: Path) -> None:
+        root.mkdir()
+        committed(root)
+        proc = gk("compile", "--json", cwd=root, env=QUIET)
+        assert proc.returncode == 0, proc.stderr
+
+    root = tmp_path_factory.mktemp("distributed") / "project"
+    return reused(pytestconfig, "distributed", build, root)
 
 
 @pytest.fixture
@@ -146,8 +153,9 @@ def test_unchanged_pull_request_passes_with_parity_on_both_ranks(project: Path) 
 
 
 @pytest.mark.serial  # a latency verdict: other tests beside it make it `inconclusive`
-def test_pull_request_that_slows_rank_1_regresses_naming_rank_1(tmp_path: Path) -> None:
-    project = committed(tmp_path)  # its own: the serial run shares no fixture's compile
+def test_pull_request_that_slows_rank_1_regresses_naming_rank_1(project: Path) -> None:
+    """Main's bundles are the parallel phase's (the base side warms from them); only the
+    pull request's side compiles."""
     git(project, "checkout", "-q", "-b", "slow-rank-1", "main")
     models = (project / "distmodels.py").read_text()
     head, found, tail = models.partition(

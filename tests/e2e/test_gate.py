@@ -23,18 +23,23 @@ from support.projects import (
     pr_version,
     run_gate,
 )
+from support.shared_builds import reused
 
 from gatekeeper.results import Baseline, Results
 
 
 @pytest.fixture(scope="session")
-def main_once(tmp_path_factory) -> Path:
-    """Main compiled, measured and published once."""
-    root = write_project(tmp_path_factory.mktemp("gate-once"), BASE_MODEL, CONFIG)
-    code, doc, err = run_gate(root, "--publish", env={"GITHUB_REF_NAME": "main"})
-    assert code == 0, err
-    assert doc["targets"][0]["verdict"] == "no-baseline"
-    return root
+def main_once(tmp_path_factory, pytestconfig: pytest.Config) -> Path:
+    """Main compiled, measured and published once (the parallel phase's, copied in the
+    serial phase: :mod:`support.shared_builds`)."""
+
+    def build(root: Path) -> None:
+        write_project(root, BASE_MODEL, CONFIG)
+        code, doc, err = run_gate(root, "--publish", env={"GITHUB_REF_NAME": "main"})
+        assert code == 0, err
+        assert doc["targets"][0]["verdict"] == "no-baseline"
+
+    return reused(pytestconfig, "gate-main", build, tmp_path_factory.mktemp("gate-once") / "p")
 
 
 @pytest.fixture(scope="session")
