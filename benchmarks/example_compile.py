@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from overhead import ROOT, fail, worktree
+from overhead import ROOT, cleanup, fail, worktree
 
 EXAMPLE = ROOT / "examples"
 
@@ -106,11 +106,7 @@ def main() -> None:
             f"files differ for {len(files)} {files[:3]}"
         )
     finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_tree)],
-            capture_output=True,
-        )
-        shutil.rmtree(work, ignore_errors=True)
+        cleanup(ref_tree, work)
 
 
 if __name__ == "__main__":

@@ -179,6 +179,16 @@ def worktree(ref: str, work: Path) -> Path:
     return where
 
 
+def cleanup(tree: Path, work: Path) -> None:
+    """Remove REF's worktree (none when ``tree`` is this checkout) and the scratch folder."""
+    if tree != ROOT:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+            capture_output=True,
+        )
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def rounds(sides: dict[str, Side], n: int, quickstart: bool, say: Callable[[str], None]):
     rows: dict[str, list[Figures]] = {name: [] for name in sides}
     for i in range(n):
@@ -240,12 +250,7 @@ def main() -> None:
             print(f"\nslower than {args.fail_above}x {args.against}: {'; '.join(slower)}")
             sys.exit(1)
     finally:
-        if ref_tree != ROOT:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(ref_tree)],
-                capture_output=True,
-            )
-        shutil.rmtree(work, ignore_errors=True)
+        cleanup(ref_tree, work)
 
 
 if __name__ == "__main__":
