@@ -61,7 +61,8 @@ def run_worker(
             label=label,
             env=env,
         )
-    shared = headers.ensure(headers_worker)
+    kind = kinds.get(request.kind.name)
+    shared = headers.ensure(headers_worker, kind.headers if request.device == "cpu" else ())
     timeout = box.max_timeout(timeout)
     with scratch_dir("gk-worker-") as tmp:
         # the run's folder is the parent's (the request, the log); the worker writes in

@@ -35,11 +35,13 @@ from . import box
 log = logging.getLogger("gatekeeper.headers")
 _TIMEOUT = 900.0
 # the header worker's command line and environment, given its folder and scratch
-Boxed = Callable[[Path, Path], tuple[list[str], dict[str, str]]]
+Boxed = Callable[[Path, Path, tuple[str, ...]], tuple[list[str], dict[str, str]]]
 _USER_VARS = ("LOGNAME", "USER", "LNAME", "USERNAME")  # what getpass.getuser() reads
-_tried: dict[str, Path | None] = {}  # key -> the folder, or None: its build failed
+_tried: dict[tuple[str, str], Path | None] = {}  # (key, part) -> the folder; None: failed
 _isa: dict[Path, Path] = {}  # the folder -> its ISA check for this process's key
+_lent: dict[Path, list[str]] = {}  # the folder -> the parts the last ensure() built
 _ISA_PART = "isa.part"  # where the header worker leaves it (worker.headers.ISA_PART)
+_USED = "used.json"  # the headers a part's build used (worker.headers.USED)
 
 
 def folder() -> Path | None:
@@ -109,38 +111,111 @@ def _owned(path: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and mine and not st.st_mode & 0o022
 
 
-def ensure(boxed: Boxed) -> Path | None:
+def ensure(boxed: Boxed, parts: tuple[str, ...] = ()) -> Path | None:
     """The shared folder, its headers built for this machine first if they are not
     (once per process, by ``boxed``'s worker: :func:`gatekeeper.boundary.spawn.headers_worker`);
     None where there is none or its build failed (each worker then builds its own:
-    slower, still right)."""
+    slower, still right). ``parts``: the headers a worker's kind builds beyond the JIT
+    kernels' (:attr:`gatekeeper.kinds.base.Kind.headers`: ``aoti``), built the first
+    time a run asks for them; where they fail, only that kind's workers build their own."""
     where, k = folder(), key()
     if where is None or k is None:
         return None
-    if k in _tried:
-        return _tried[k]
-    _tried[k] = None
-    with contextlib.suppress(FileExistsError, OSError):
-        where.mkdir(mode=0o755, parents=True)
-    if not _owned(where):
-        log.warning("precompiled headers not shared: %s is not a folder only you write", where)
+    todo = [p for p in ("kernels", *parts) if (k, p) not in _tried]
+    if todo:
+        for part in todo:
+            _tried[k, part] = None
+        with contextlib.suppress(FileExistsError, OSError):
+            where.mkdir(mode=0o755, parents=True)
+        if not _owned(where):
+            log.warning("precompiled headers not shared: %s is not a folder only you write", where)
+            return None
+        with _locked(where):
+            for part in todo:  # one build each: a stamp names the headers its part built
+                if not _built(where, k, part):
+                    for staged in (_ISA_PART, f"{part}.part"):  # a killed build's
+                        shutil.rmtree(where / staged, ignore_errors=True)
+                    _seed(where, where / f"{part}.part")
+                    if (why := _build(where, boxed, (part,))) is not None:
+                        log.warning(
+                            "precompiled headers not shared (%s): each worker builds its own",
+                            why,
+                        )
+                        continue
+                    _stamp(where, k, part)
+                _tried[k, part] = where
+    if _tried[k, "kernels"] is None:
         return None
-    stamp, isa = where / f".built-{k}", where / f"isa-{k}"
-    with _locked(where):
-        # a folder stamped before the ISA check was kept is built again, once
-        if not stamp.is_file() or not isa.is_dir():
-            shutil.rmtree(where / _ISA_PART, ignore_errors=True)  # a killed build's
-            if (why := _build(where, boxed)) is not None:
-                log.warning("precompiled headers not shared (%s): each worker builds its own", why)
-                return None
-            shutil.rmtree(isa, ignore_errors=True)
-            with contextlib.suppress(OSError):  # none kept (another torch): an empty one
-                (where / _ISA_PART).mkdir(mode=0o755)
-            os.rename(where / _ISA_PART, isa)
-            _write_new(stamp, sys.version)
-    _tried[k] = where
-    _isa[where] = isa
+    _isa[where] = where / f"isa-{k}"
+    _lent[where] = [p for p in ("kernels", *parts) if _tried.get((k, p)) is not None]
     return where
+
+
+def _stamp_path(where: Path, k: str, part: str) -> Path:
+    return where / (f".built-{k}" if part == "kernels" else f".built-{part}-{k}")
+
+
+def _built(where: Path, k: str, part: str) -> bool:
+    """Whether ``part`` of the folder is built for key ``k`` (a folder stamped before the
+    ISA check was kept, or before a part existed, is built again once)."""
+    if part == "kernels" and not (where / f"isa-{k}").is_dir():
+        return False
+    return _stamp_path(where, k, part).is_file()
+
+
+def _stamp(where: Path, k: str, part: str) -> None:
+    """Move what the header worker built for ``part`` (``<part>.part/``) into the folder
+    (a header of the same name already there is the same header: inductor names one by
+    its command line, its preprocessed text and its compiler) and mark the part built,
+    with the names of its headers (what :func:`lend` lends)."""
+    staged = where / f"{part}.part"
+    names = []
+    try:  # the headers its build asked for (written by the header worker, no model's)
+        used = json.loads((staged / _USED).read_text())
+    except (OSError, ValueError):
+        used = []
+    for header in used if isinstance(used, list) else ():
+        for name in (str(header), f"{header}.gch"):
+            entry = staged / name
+            if not _HEADER.fullmatch(name):
+                continue
+            with contextlib.suppress(OSError):
+                if _plain(entry) and not os.path.lexists(where / name):
+                    os.rename(entry, where / name)
+            if _plain(where / name):
+                names.append(name)
+    shutil.rmtree(staged, ignore_errors=True)
+    if part == "kernels":
+        isa = where / f"isa-{k}"
+        shutil.rmtree(isa, ignore_errors=True)
+        with contextlib.suppress(OSError):  # none kept (another torch): an empty one
+            (where / _ISA_PART).mkdir(mode=0o755)
+        os.rename(where / _ISA_PART, isa)
+    doc = {"python": sys.version, "headers": sorted(names)}
+    _write_new(_stamp_path(where, k, part), json.dumps(doc))
+
+
+def _seed(where: Path, staged: Path) -> None:
+    """Link every header of the folder into a part's staging folder before its build: a
+    header another key built under the same name (the same command line, text and
+    compiler: another venv of the same torch) is found there, not built again, and
+    still named in the new part's stamp."""
+    with contextlib.suppress(OSError):
+        staged.mkdir(mode=0o755)
+        for entry in os.scandir(where):
+            if _HEADER.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                os.symlink(where / entry.name, staged / entry.name)
+
+
+def _names(where: Path, k: str, part: str) -> list[str] | None:
+    """The headers the stamp of ``part`` names; None for a stamp written before stamps
+    named them (then every header of the folder is lent, as then)."""
+    try:
+        doc = json.loads(_stamp_path(where, k, part).read_text())
+    except (OSError, ValueError):
+        return None
+    names = doc.get("headers") if isinstance(doc, dict) else None
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else None
 
 
 def ready() -> Path | None:
@@ -171,12 +246,12 @@ def _write_new(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _build(where: Path, boxed: Boxed) -> str | None:
-    """Run :mod:`gatekeeper.worker.headers` in its box (``boxed``: its command line and
-    environment), ``where`` its one writable folder besides its scratch; why it failed,
-    or None."""
+def _build(where: Path, boxed: Boxed, parts: tuple[str, ...]) -> str | None:
+    """Run :mod:`gatekeeper.worker.headers` for ``parts`` in its box (``boxed``: its
+    command line and environment), ``where`` its one writable folder besides its
+    scratch; why it failed, or None."""
     with scratch_dir("gk-headers-") as tmp:
-        cmd, env = boxed(where, Path(tmp))
+        cmd, env = boxed(where, Path(tmp), parts)
         # a box that cannot be made is no reason to build each worker's own: it ends
         # the run here, in one line (BoxUnavailable), before any model code runs
         started = box.start(
@@ -210,12 +285,21 @@ def lend(where: Path | None, tmp: Path, env: Mapping[str, str], copy: bool = Fal
     temp dir is ``tmp`` (``<tmp>/torchinductor_<user>/precompiled_headers``): linked
     (a worker's scratch, which ends with the run), or ``copy``-ed (a service's temp dir,
     which outlives the folder's files: a dangling link there would fail its next header
-    build). A name already there is left as it is. The number put there."""
+    build). Lent: the headers this machine's key built (the folder keeps other torch
+    builds' and interpreters' too), a service only the JIT kernels' (it builds no
+    package), a worker also those of the parts its run asked :func:`ensure` for. A
+    name already there is left as it is. The number put there."""
     if where is None:
         return 0
     dest = tmp / f"torchinductor_{_user(env)}" / "precompiled_headers"
+    k = key()
+    parts = ["kernels"] if copy else _lent.get(where, ["kernels"])
+    named = [_names(where, k, part) if k else None for part in parts]
     try:
-        names = [e.name for e in os.scandir(where) if e.is_file(follow_symlinks=False)]
+        if all(n is not None for n in named):
+            names = sorted({name for n in named for name in n or ()})
+        else:  # a stamp of an older gatekeeper: every header, as it lent them
+            names = [e.name for e in os.scandir(where) if e.is_file(follow_symlinks=False)]
         for part in (dest.parent, dest):
             with contextlib.suppress(FileExistsError):
                 part.mkdir(mode=0o700)
@@ -225,17 +309,26 @@ def lend(where: Path | None, tmp: Path, env: Mapping[str, str], copy: bool = Fal
         return 0
     put = 0
     for name in names:
-        if not _HEADER.fullmatch(name) or os.path.lexists(dest / name):
+        src = where / name
+        if not _HEADER.fullmatch(name) or os.path.lexists(dest / name) or not _plain(src):
             continue
         with contextlib.suppress(OSError):
             if copy:
-                _copy_new(where / name, dest / name)
+                _copy_new(src, dest / name)
             else:
-                os.symlink(where / name, dest / name)
+                os.symlink(src, dest / name)
             put += 1
     if not copy and env.get("TORCHINDUCTOR_CACHE_DIR") and where in _isa:
         _lend_isa_check(_isa[where], Path(env["TORCHINDUCTOR_CACHE_DIR"]))
     return put
+
+
+def _plain(path: Path) -> bool:
+    """A plain file (not a link), there."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _lend_isa_check(isa: Path, cache: Path) -> None:

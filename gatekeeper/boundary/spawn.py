@@ -244,12 +244,16 @@ def worker_folders(run: Path) -> tuple[Path, Path]:
     return run, own
 
 
-def headers_worker(where: Path, scratch: Path) -> tuple[list[str], dict[str, str]]:
+def headers_worker(
+    where: Path, scratch: Path, parts: tuple[str, ...] = ("kernels",)
+) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of :mod:`gatekeeper.worker.headers` (no model
-    code), in its box: ``where`` and a folder of ``scratch`` its only writable ones."""
+    code) building ``parts``, in its box: ``where`` and a folder of ``scratch`` its only
+    writable ones."""
     _, own = worker_folders(scratch)
     cmd = worker_command(
         str(where),
+        *parts,
         writable=[where, own],
         scratch=scratch,
         module="gatekeeper.worker.headers",

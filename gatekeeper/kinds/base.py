@@ -69,6 +69,10 @@ class Kind:
     refusals: ClassVar[dict[str, str]] = {}
     # whether a model with ``distributed`` set may have targets of this kind
     distributable: ClassVar[bool] = False
+    # the precompiled C++ headers its CPU workers build beyond the JIT kernels', which
+    # the header worker builds once per machine and lends them (gatekeeper.worker.headers
+    # parts: "aoti")
+    headers: ClassVar[tuple[str, ...]] = ()
 
     # -- config and targets ---------------------------------------------------------
     def check_model(self, model: ModelConfig) -> str | None:

@@ -1,18 +1,19 @@
-"""``python -m gatekeeper.worker.headers FOLDER``: build inductor's precompiled C++
-headers into FOLDER, running no model code (docs/configuration.md, "Shared precompiled
-headers"). The parent starts it, in a box whose only writable places are FOLDER and its
-own scratch, before the first model worker of a machine, torch and compiler; model
-workers see FOLDER read-only and link its headers into their own temp dir.
-
-Inductor names a header by its compiler's version, its flags and a hash of what it
-includes, so what this builds serves exactly the kernels that would build the same one
-(every CPU kernel of a torch build on a machine, measured: elementwise, reductions,
-matmul epilogues, integer indexing, fp32 and bf16 all ask for one header); a kernel that
-asks for another finds none here and its worker builds its own, as without a folder.
+"""``python -m gatekeeper.worker.headers FOLDER PART...``: build inductor's precompiled
+C++ headers into FOLDER, running no model code (docs/configuration.md, "Shared
+precompiled headers"). A part is ``kernels`` (the header every CPU kernel of a JIT
+compile includes, and the ISA check) or ``aoti`` (the two an AOTInductor package's CPU
+build includes: its wrapper's and its kernels', built apart from the JIT's, about 20
+CPU-seconds per package), each into ``FOLDER/<part>.part`` (where the parent linked
+the headers FOLDER has, which are used, not built again) for the parent to move into
+FOLDER and name in the part's stamp. The parent starts it, in a box whose only
+writable places are FOLDER and its own scratch, before the first model worker of a
+machine, torch and compiler; model workers see FOLDER read-only and link its headers
+into their own temp dir.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -47,6 +48,31 @@ def build(folder: str) -> int:
     return sum(1 for name in os.listdir(folder) if name.endswith(".gch"))
 
 
+def build_aoti(folder: str) -> int:
+    """Package one small function with AOTInductor on the CPU with the header folder
+    pointed at ``folder``; the number of headers it then holds. Inductor names these
+    headers by the package's build command for the device, not by the model, so they
+    serve every CPU package this torch and compiler build."""
+    import tempfile
+
+    import torch
+    from torch._inductor import codecache, config
+
+    if not hasattr(codecache, "_HEADER_DIR"):
+        return 0
+    use_folder(folder)
+    config.fx_graph_cache = False
+
+    class Kernel(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (torch.sin(x) + 1).sum(-1)
+
+    program = torch.export.export(Kernel(), (torch.randn(8, 64),))
+    with tempfile.TemporaryDirectory() as tmp:
+        torch._inductor.aoti_compile_and_package(program, package_path=f"{tmp}/headers.pt2")
+    return sum(1 for name in os.listdir(folder) if name.endswith(".gch"))
+
+
 def keep_isa_check(into: str) -> int:
     """Copy the program inductor built in this process's cache dir to check that the
     compiler builds this CPU's vector instructions (its ``.cpp`` and ``.so``, known by
@@ -78,13 +104,49 @@ def keep_isa_check(into: str) -> int:
     return kept
 
 
+PARTS = ("kernels", "aoti")
+USED = "used.json"  # in a part's staging folder: the headers its build asked inductor for
+
+
+def _recorded() -> list[str]:
+    """The names of the headers inductor's compiles in this process ask for (a torch
+    without precompiled headers: none), recorded from now on."""
+    from torch._inductor import codecache
+
+    used: list[str] = []
+    real = getattr(codecache, "_precompile_header", None)
+    if real is None:
+        return used
+
+    def recording(*args: object, **kwargs: object) -> str:
+        path = real(*args, **kwargs)
+        used.append(os.path.basename(path))
+        return path
+
+    codecache._precompile_header = recording  # type: ignore[assignment]
+    return used
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m gatekeeper.worker.headers FOLDER", file=sys.stderr)
+    if len(argv) < 2 or not set(argv[1:]) <= set(PARTS):
+        print(
+            f"usage: python -m gatekeeper.worker.headers FOLDER {{{','.join(PARTS)}}}...",
+            file=sys.stderr,
+        )
         return 2
-    built = build(argv[0])
-    kept = keep_isa_check(os.path.join(argv[0], ISA_PART))
-    print(f"gatekeeper headers: {built} precompiled header(s), {kept} ISA check in {argv[0]}")
+    folder, parts = argv[0], argv[1:]
+    used = _recorded()
+    for part in parts:  # each into its own staging folder: the parent names what it built
+        staged = os.path.join(folder, f"{part}.part")
+        os.makedirs(staged, exist_ok=True)
+        used.clear()
+        built = (build if part == "kernels" else build_aoti)(staged)
+        with open(os.path.join(staged, USED), "w") as f:
+            json.dump(sorted(set(used)), f)
+        print(f"gatekeeper headers: {built} precompiled header(s) of {part} in {staged}")
+        if part == "kernels":
+            kept = keep_isa_check(os.path.join(folder, ISA_PART))
+            print(f"gatekeeper headers: {kept} ISA check in {folder}")
     return 0
 
 

@@ -11,15 +11,24 @@ agree between them. One tiny model: a compile and a ``warm --probe``."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 
 import pytest
-from support.helpers import gk, gk_json, write_project
+from support.helpers import TINY_CONFIG, gk, gk_json, write_project
 from support.outbox import Outbox
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="CPU kernels built by g++")
 
+# the same tiny model as an AOTInductor package: its build includes two more headers
+AOT_MODEL = """
+    [[tool.gatekeeper.models]]
+    name = "packaged"
+    factory = "tinymodel:make"
+    inputs = [{ shape = [4, 16] }]
+    strategies = ["aot"]
+""".replace("\n    ", "\n")
 RECORDER = '#!/bin/sh\necho "${{TMPDIR:-?}} $*" >> {log}\nexec {gxx} "$@"\n'
 HEADER = "-x c++-header"
 
@@ -38,12 +47,13 @@ def steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
     recorder.parent.mkdir()
     recorder.write_text(RECORDER.format(log=log.path, gxx=gxx))
     recorder.chmod(0o755)
-    root = write_project(tmp / "p")
+    root = write_project(tmp / "p", config=TINY_CONFIG + AOT_MODEL)
     env = {"CXX": str(recorder), "GATEKEEPER_PCH_DIR": str(tmp / "shared")}
     gk("compile", cwd=root, env=env, check=True)
     compiled = log.take()
     env["TMPDIR"] = str(service_tmp)
-    warm = gk_json("warm", "--probe", "--cache-dir", str(tmp / "deploy"), cwd=root, env=env)
+    deploy = ("--cache-dir", str(tmp / "deploy"), "--target", "tiny/*")
+    warm = gk_json("warm", "--probe", *deploy, cwd=root, env=env)
     return {
         "compile": compiled,
         "warm": log.close(),
@@ -55,14 +65,34 @@ def steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_only_the_header_worker_builds_a_header(steps: dict) -> None:
-    """The compile's kernels were built by its worker (``gk-worker-`` temp dir) against
-    the header the header worker (``gk-headers-``) built in the shared folder; fails when
-    the model's worker builds one of its own (as every worker did since c15577a)."""
+    """The compile's kernels were built by its workers (``gk-worker-`` temp dir) against
+    the headers the header worker (``gk-headers-``) built in the shared folder; fails when
+    a model's worker builds one of its own (as every worker did since c15577a, and the
+    AOTInductor package's worker did its wrapper's and kernels' until the header worker
+    built those too: about 20 of an ``aot`` target's 40 CPU-seconds)."""
     built = [line for line in steps["compile"] if HEADER in line]
     assert built and all("/gk-headers-" in line.split()[0] for line in built), built
     kernels = [line for line in steps["compile"] if "/gk-worker-" in line.split()[0]]
     assert any(".cpp" in line for line in kernels), steps["compile"]
     assert list(steps["shared"].glob("*.h.gch")), sorted(steps["shared"].iterdir())
+
+
+def test_the_aot_packages_headers_are_built_once_and_named_apart(steps: dict) -> None:
+    """The ``aot`` target's package was built with headers (its compile included one),
+    those the header worker built for its ``aoti`` part, which the stamps name apart
+    from the JIT kernels' header: a service is lent only the latter."""
+    shared = steps["shared"]
+    (kernels,) = shared.glob(".built-[!a]*")
+    (aoti,) = shared.glob(".built-aoti-*")
+    own = json.loads(kernels.read_text())["headers"]
+    package = json.loads(aoti.read_text())["headers"]
+    assert own and package and not set(own) & set(package), (own, package)
+    assert all((shared / name).is_file() for name in own + package)
+    worker = [line for line in steps["compile"] if "/gk-worker-" in line.split()[0]]
+    included = {name for name in package if name.endswith(".h")}
+    assert any(f"{name} " in f"{line} " for line in worker for name in included), worker
+    lent = steps["service_tmp"].glob("torchinductor_*/precompiled_headers/*")
+    assert sorted(p.name for p in lent) == sorted(own)
 
 
 def test_a_warm_starts_first_call_builds_no_header(steps: dict) -> None:
@@ -83,7 +113,9 @@ def test_the_service_finds_the_headers_in_its_temp_dir(steps: dict) -> None:
     import getpass
 
     dest = steps["service_tmp"] / f"torchinductor_{getpass.getuser()}" / "precompiled_headers"
-    headers = list(steps["shared"].glob("*.h.gch"))
+    (stamp,) = steps["shared"].glob(".built-[!a]*")  # the JIT kernels' (not aoti's)
+    names = json.loads(stamp.read_text())["headers"]
+    headers = [steps["shared"] / n for n in names if n.endswith(".gch")]
     assert headers
     for header in headers:
         copy = dest / header.name

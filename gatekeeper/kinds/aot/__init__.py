@@ -165,6 +165,7 @@ class Aot(Kind):
     owns = ("export",)
     package = PACKAGE_KIND
     refusals = {"precompile": "an aot target ships its own AOTInductor package instead"}
+    headers = ("aoti",)  # its package's wrapper and kernel headers, about 20 CPU-s each
 
     def check_model(self, model: ModelConfig) -> str | None:
         if model.backend != "inductor":
