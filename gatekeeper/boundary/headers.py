@@ -157,10 +157,11 @@ def _stamp_path(where: Path, k: str, part: str) -> Path:
 
 def _built(where: Path, k: str, part: str) -> bool:
     """Whether ``part`` of the folder is built for key ``k`` (a folder stamped before the
-    ISA check was kept, or before a part existed, is built again once)."""
+    ISA check was kept, before stamps named their headers, or before a part existed, is
+    built again once: the headers it has are used, not built again)."""
     if part == "kernels" and not (where / f"isa-{k}").is_dir():
         return False
-    return _stamp_path(where, k, part).is_file()
+    return _names(where, k, part) is not None  # an older stamp names no headers
 
 
 def _stamp(where: Path, k: str, part: str) -> None:

@@ -61,6 +61,7 @@ def steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "shared": tmp / "shared",
         "service_tmp": service_tmp,
         "root": root,
+        "recorder": recorder,
     }
 
 
@@ -139,10 +140,17 @@ def test_no_models_worker_builds_the_isa_check(steps: dict) -> None:
 
 def test_a_folder_stamped_before_the_isa_check_was_kept_is_built_again(steps: dict) -> None:
     """A machine's folder stamped by a gatekeeper that kept no ISA check (no
-    ``isa-<key>``) is built again once, so its workers stop building their own."""
+    ``isa-<key>``), and whose stamp named no headers, is built again once, so its workers
+    stop building their own and are lent this key's headers only."""
     shared = steps["shared"]
     for isa in shared.glob("isa-*"):
         shutil.rmtree(isa)
+    (stamp,) = shared.glob(".built-[!a]*")
+    stamp.write_text(sys.version)  # and its stamp as older ones were: no headers named
     root = steps["root"]
-    gk("key", cwd=root, env={"GATEKEEPER_PCH_DIR": str(shared)}, check=True)
+    # the same compiler as the compile's (it names the key); its log is gone by now
+    env = {"CXX": str(steps["recorder"]), "GATEKEEPER_PCH_DIR": str(shared)}
+    gk("key", cwd=root, env=env, check=True)
     assert list(shared.glob("isa-*/*/*.so")), sorted(shared.iterdir())
+    named = json.loads(stamp.read_text())["headers"]
+    assert named and all((shared / name).is_file() for name in named), named
