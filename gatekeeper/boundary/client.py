@@ -61,8 +61,8 @@ def run_worker(
             label=label,
             env=env,
         )
-    kind = kinds.get(request.kind.name)
-    shared = headers.ensure(headers_worker, kind.headers if request.device == "cpu" else ())
+    parts = kinds.get(request.kind.name).headers if request.device == "cpu" else ()
+    shared = headers.ensure(headers_worker, parts)
     timeout = box.max_timeout(timeout)
     with scratch_dir("gk-worker-") as tmp:
         # the run's folder is the parent's (the request, the log); the worker writes in
@@ -74,7 +74,7 @@ def run_worker(
         safefs.write_new(req_path, request.model_dump_json())
         writable = [*writable_for(cache_dir, request), own]
         run_env = cache_env(cache_dir, env, request.pass_env) | {"TMPDIR": str(own)}
-        headers.lend(shared, own, run_env)
+        headers.lend(shared, own, run_env, parts=parts)
         cmd = worker_command(
             str(req_path),
             str(resp_path),

@@ -39,7 +39,6 @@ Boxed = Callable[[Path, Path, tuple[str, ...]], tuple[list[str], dict[str, str]]
 _USER_VARS = ("LOGNAME", "USER", "LNAME", "USERNAME")  # what getpass.getuser() reads
 _tried: dict[tuple[str, str], Path | None] = {}  # (key, part) -> the folder; None: failed
 _isa: dict[Path, Path] = {}  # the folder -> its ISA check for this process's key
-_lent: dict[Path, list[str]] = {}  # the folder -> the parts the last ensure() built
 _ISA_PART = "isa.part"  # where the header worker leaves it (worker.headers.ISA_PART)
 _USED = "used.json"  # the headers a part's build used (worker.headers.USED)
 
@@ -147,7 +146,6 @@ def ensure(boxed: Boxed, parts: tuple[str, ...] = ()) -> Path | None:
     if _tried[k, "kernels"] is None:
         return None
     _isa[where] = where / f"isa-{k}"
-    _lent[where] = [p for p in ("kernels", *parts) if _tried.get((k, p)) is not None]
     return where
 
 
@@ -281,23 +279,28 @@ def _user(env: Mapping[str, str]) -> str:
 _HEADER = re.compile(r"[A-Za-z0-9_.-]+\.h(\.gch)?")
 
 
-def lend(where: Path | None, tmp: Path, env: Mapping[str, str], copy: bool = False) -> int:
+def lend(
+    where: Path | None,
+    tmp: Path,
+    env: Mapping[str, str],
+    copy: bool = False,
+    parts: tuple[str, ...] = (),
+) -> int:
     """Put the headers of ``where`` where inductor looks for them in a process whose
     temp dir is ``tmp`` (``<tmp>/torchinductor_<user>/precompiled_headers``): linked
     (a worker's scratch, which ends with the run), or ``copy``-ed (a service's temp dir,
     which outlives the folder's files: a dangling link there would fail its next header
     build). Lent: the headers this machine's key built (the folder keeps other torch
-    builds' and interpreters' too), a service only the JIT kernels' (it builds no
-    package), a worker also those of the parts its run asked :func:`ensure` for. A
-    name already there is left as it is. The number put there."""
+    builds' and interpreters' too): the JIT kernels', and those of ``parts`` (the ones
+    the worker's kind asked :func:`ensure` for; a part whose build failed has none).
+    A name already there is left as it is. The number put there."""
     if where is None:
         return 0
     dest = tmp / f"torchinductor_{_user(env)}" / "precompiled_headers"
     k = key()
-    parts = ["kernels"] if copy else _lent.get(where, ["kernels"])
-    named = [_names(where, k, part) if k else None for part in parts]
+    named = [_names(where, k, part) if k else None for part in ("kernels", *parts)]
     try:
-        if all(n is not None for n in named):
+        if named[0] is not None:
             names = sorted({name for n in named for name in n or ()})
         else:  # a stamp of an older gatekeeper: every header, as it lent them
             names = [e.name for e in os.scandir(where) if e.is_file(follow_symlinks=False)]

@@ -30,9 +30,14 @@ def use_folder(folder: str) -> None:
     codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
 
 
-def build(folder: str) -> int:
+def build(folder: str, aoti: bool = False) -> int:
     """Compile one small function on the CPU with the header folder pointed at
-    ``folder``; the number of headers it then holds."""
+    ``folder`` (``aoti``: package it with AOTInductor instead, whose headers inductor
+    names by the package's build command for the device, not by the model, so they
+    serve every CPU package this torch and compiler build); the number of headers the
+    folder then holds."""
+    import tempfile
+
     import torch
     from torch._inductor import codecache, config
 
@@ -44,32 +49,17 @@ def build(folder: str) -> int:
     def kernel(x: torch.Tensor) -> torch.Tensor:
         return (torch.sin(x) + 1).sum(-1)
 
-    torch.compile(kernel)(torch.randn(8, 64))
-    return sum(1 for name in os.listdir(folder) if name.endswith(".gch"))
-
-
-def build_aoti(folder: str) -> int:
-    """Package one small function with AOTInductor on the CPU with the header folder
-    pointed at ``folder``; the number of headers it then holds. Inductor names these
-    headers by the package's build command for the device, not by the model, so they
-    serve every CPU package this torch and compiler build."""
-    import tempfile
-
-    import torch
-    from torch._inductor import codecache, config
-
-    if not hasattr(codecache, "_HEADER_DIR"):
-        return 0
-    use_folder(folder)
-    config.fx_graph_cache = False
-
     class Kernel(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return (torch.sin(x) + 1).sum(-1)
+            return kernel(x)
 
-    program = torch.export.export(Kernel(), (torch.randn(8, 64),))
-    with tempfile.TemporaryDirectory() as tmp:
-        torch._inductor.aoti_compile_and_package(program, package_path=f"{tmp}/headers.pt2")
+    x = torch.randn(8, 64)
+    if aoti:
+        program = torch.export.export(Kernel(), (x,))
+        with tempfile.TemporaryDirectory() as tmp:
+            torch._inductor.aoti_compile_and_package(program, package_path=f"{tmp}/headers.pt2")
+    else:
+        torch.compile(kernel)(x)
     return sum(1 for name in os.listdir(folder) if name.endswith(".gch"))
 
 
@@ -140,7 +130,7 @@ def main(argv: list[str]) -> int:
         staged = os.path.join(folder, f"{part}.part")
         os.makedirs(staged, exist_ok=True)
         used.clear()
-        built = (build if part == "kernels" else build_aoti)(staged)
+        built = build(staged, aoti=part == "aoti")
         with open(os.path.join(staged, USED), "w") as f:
             json.dump(sorted(set(used)), f)
         print(f"gatekeeper headers: {built} precompiled header(s) of {part} in {staged}")
