@@ -107,14 +107,19 @@ def shared_headers(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def fork_server(tmp_path_factory: pytest.TempPathFactory, shared_headers: Path):
-    """One worker server for the session (``GATEKEEPER_FORK_SERVER``,
+    """The session's worker servers (``GATEKEEPER_FORK_SERVER``,
     gatekeeper/boundary/forks.py): each gatekeeper process of the session whose workers'
-    environment is the session's forks them from it, so a worker does not import torch
-    again (about 5 CPU-seconds each, a few hundred workers). A process whose workers'
-    environment differs (a test's own variables) starts its own server, as a run does."""
+    environment is one of theirs forks them from it, so a worker does not import torch
+    again (about 5 CPU-seconds each, a few hundred workers). Two environments: the
+    session's, and the session's with one OpenMP thread (``QUIET``, which most
+    end-to-end runs set: without its server each of them started one of its own). A
+    process whose workers' environment differs (a test's own variables) starts its own
+    server, as a run does."""
     import secrets
     import subprocess
     import sys
+
+    from support.projects import QUIET
 
     from gatekeeper.boundary import forks, spawn
 
@@ -122,29 +127,35 @@ def fork_server(tmp_path_factory: pytest.TempPathFactory, shared_headers: Path):
         yield None
         return
     base = tmp_path_factory.getbasetemp()
-    sock = base / "fork.sock"
     env = {k: v for k, v in spawn.cache_env(base).items() if k not in forks.PER_CHILD}
     env |= {"TMPDIR": str(base), "TORCHINDUCTOR_CACHE_DIR": str(base / "server-cache")}
-    token = secrets.token_hex(16)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gatekeeper.worker.server", "--listen", str(sock)],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(token + "\n")
-    proc.stdin.close()
-    ready = proc.stdout.readline()
-    if not ready.startswith("ready"):
-        proc.kill()
-        pytest.fail(f"the session's worker server did not start: {ready!r}")
-    os.environ["GATEKEEPER_FORK_SERVER"] = f"{sock}#{token}"
+    started = []
+    for name, its in (("fork", env), ("fork-quiet", env | QUIET)):
+        sock, token = base / f"{name}.sock", secrets.token_hex(16)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gatekeeper.worker.server", "--listen", str(sock)],
+            env=its,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started.append((proc, sock, token))
+    for proc, _, token in started:  # both import torch at once
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(token + "\n")
+        proc.stdin.close()
+    for proc, _, _ in started:
+        ready = proc.stdout.readline()  # type: ignore[union-attr]
+        if not ready.startswith("ready"):
+            for p, _, _ in started:
+                p.kill()
+            pytest.fail(f"the session's worker server did not start: {ready!r}")
+    os.environ["GATEKEEPER_FORK_SERVER"] = ",".join(f"{s}#{t}" for _, s, t in started)
     from support import cpu_budget
 
-    cpu_budget.watched.append(proc.pid)  # its forked workers' CPU, counted per file
-    yield sock
+    cpu_budget.watched.extend(p.pid for p, _, _ in started)  # forked workers' CPU, per file
+    yield started[0][1]
     os.environ.pop("GATEKEEPER_FORK_SERVER", None)
-    proc.kill()
-    proc.wait()
+    for proc, _, _ in started:
+        proc.kill()
+        proc.wait()

@@ -212,19 +212,22 @@ def receive(sock: socket.socket, timeout: float | None = None) -> tuple[dict, li
 _servers: dict[str, Server | None] = {}  # None: it could not start; fresh workers
 
 
-_shared: list[tuple[Server, str]] = []  # GATEKEEPER_FORK_SERVER's, once connected
+# GATEKEEPER_FORK_SERVER's (``PATH#TOKEN``, comma-separated: one per environment), once
+# connected
+_shared: list[tuple[Server, str]] = []
 
 
 def _server(env: Mapping[str, str]) -> Server | None:
-    """The server for ``env``: the test session's shared one where its environment is
-    this one, else this run's own, started on first use."""
+    """The server for ``env``: the test session's shared one whose environment is this
+    one, else this run's own, started on first use."""
     digest = env_digest(env)
     if digest in _servers:
         return _servers[digest]
-    spec = os.environ.get("GATEKEEPER_FORK_SERVER", "")
-    if spec and not _shared:
-        with contextlib.suppress(OSError):
-            _shared.append(Server.connect(spec))
+    specs = [s for s in os.environ.get("GATEKEEPER_FORK_SERVER", "").split(",") if s]
+    if specs and not _shared:
+        for spec in specs:
+            with contextlib.suppress(OSError):
+                _shared.append(Server.connect(spec))
     for server, its in _shared:
         if its == digest:
             _servers[digest] = server

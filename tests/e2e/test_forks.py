@@ -70,7 +70,8 @@ def seen(tmp_path_factory: pytest.TempPathFactory, fork_server: Path | None) -> 
         "inputs = [{ shape = [4, 16] }]\n"
     )
     write_project(root, model, config)
-    proc = gk("key", cwd=root, env={"MY_SERVER": os.environ["GATEKEEPER_FORK_SERVER"]})
+    first = os.environ["GATEKEEPER_FORK_SERVER"].split(",")[0]  # PATH#TOKEN
+    proc = gk("key", cwd=root, env={"MY_SERVER": first})
     assert proc.returncode == 2 and "SEEN " in proc.stderr, proc.stderr
     return _seen(proc.stderr) | {"root": root}
 
@@ -141,3 +142,23 @@ def test_a_forked_child_killed_mid_compile_fails_only_its_target(tmp_path: Path)
     assert rows["tiny"]["status"] == "published", rows
     crashed = rows["crashing"]
     assert crashed["status"] != "published" and "SIGKILL" in str(crashed), crashed
+
+
+def test_a_run_with_one_openmp_thread_forks_from_the_sessions_server_for_it(
+    tmp_path: Path, fork_server: Path | None
+) -> None:
+    """Most end-to-end runs set ``OMP_NUM_THREADS=1`` (``QUIET``): the session has a
+    server for that environment too, so such a run forks its worker from it instead of
+    starting (and importing torch in) a server of its own."""
+    if fork_server is None:
+        pytest.skip("GATEKEEPER_FORKS=off: workers are fresh processes")
+    from support.projects import QUIET
+
+    said = "raise RuntimeError('CMDLINE ' + open('/proc/self/cmdline').read().replace('\\0', ' '))"
+    root = write_project(
+        tmp_path / "p", TINY_MODEL.replace("def make():\n", f"def make():\n    {said}\n")
+    )
+    proc = gk("key", cwd=root, env=QUIET)
+    assert proc.returncode == 2, proc.stderr
+    line = next(ln for ln in proc.stderr.splitlines() if "CMDLINE " in ln)
+    assert "gatekeeper.worker.server --listen" in line and "fork-quiet.sock" in line, line
