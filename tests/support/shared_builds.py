@@ -64,10 +64,11 @@ def _locked(path: Path) -> Iterator[None]:
 def reused(config: pytest.Config, name: str, build: Callable[[Path], None], dest: Path) -> Path:
     """``dest`` holding what ``build(dest)`` makes: copied from an earlier build of the
     same code (this run's or an earlier run's), else built here and a copy kept."""
-    if getattr(config, "cache", None) is None:  # -p no:cacheprovider: nowhere to keep it
+    cache = getattr(config, "cache", None)  # none under -p no:cacheprovider
+    if cache is None:  # nowhere to keep it
         build(dest)
         return dest
-    folder = config.cache.mkdir("gatekeeper-builds")  # type: ignore[union-attr]
+    folder = cache.mkdir("gatekeeper-builds")
     key = f"{name}@{code_key()}"
     kept = folder / key
     with _locked(folder / f"{name}.lock"):
