@@ -104,8 +104,7 @@ def project(repo: Path, size: dict, args: argparse.Namespace) -> None:
     """A git repository (main): the factory and the generate target's config."""
     repo.mkdir(parents=True, exist_ok=True)
     dtype = {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
-    factory = _scale().FACTORY.format(size=size, dtype=dtype, device=args.device)
-    (repo / "scale_model.py").write_text(factory)
+    (repo / "scale_model.py").write_text(_scale().factory(size, dtype, args.device))
     (repo / "gatekeeper.toml").write_text(
         CONFIG.format(
             min_time=args.min_time,

@@ -112,6 +112,22 @@ def make():
     return model.eval()
 """
 
+
+def factory(size: dict, dtype: str, device: str, arch: str = "llama") -> str:
+    """The source of ``scale_model.py``: ``make()`` builds ``arch``'s model of the config
+    fields ``size`` (a preset of :data:`ARCHS`, or any) in ``dtype`` on ``device``, with
+    random weights (benchmarks/generate.py writes the same)."""
+    config_cls, model_cls, tied, _ = ARCHS[arch]
+    return FACTORY.format(
+        size=size,
+        dtype=dtype,
+        device=device,
+        config_cls=config_cls,
+        model_cls=model_cls,
+        tied=tied,
+    )
+
+
 CONFIG = """\
 [tool.gatekeeper]
 store = "store"
@@ -182,18 +198,8 @@ def scratch(
 ) -> Path:
     repo = work / "repo"
     repo.mkdir()
-    config_cls, model_cls, tied, sizes = ARCHS[arch]
-    (repo / "scale_model.py").write_text(
-        FACTORY.format(
-            size=sizes[size],
-            dtype=dtype,
-            device=device,
-            config_cls=config_cls,
-            model_cls=model_cls,
-            tied=tied,
-        )
-    )
-    vocab = sizes[size]["vocab_size"]
+    (repo / "scale_model.py").write_text(factory(ARCHS[arch][3][size], dtype, device, arch))
+    vocab = ARCHS[arch][3][size]["vocab_size"]
     (repo / "gatekeeper.toml").write_text(
         CONFIG.format(min_time=min_time, vocab=vocab, device=device)
     )
