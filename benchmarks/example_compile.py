@@ -1,6 +1,8 @@
-"""``gatekeeper compile`` of the README tour's config (examples/gatekeeper.toml, 38
-targets), this checkout against another commit: CPU seconds of the process tree, wall
-time, and whether the two stores' bundles have the same keys and files.
+"""``gatekeeper compile`` of the README tour's config (examples/gatekeeper.toml), this
+checkout against another commit: CPU seconds of the process tree, wall time, and whether
+the two stores' bundles have the same keys and files. Both sides compile the models
+REF's gatekeeper can load (a model whose task REF lacks, such as ``generate`` before it
+existed, is left out of both, and named).
 
     python benchmarks/example_compile.py --against REF [--together]
 
@@ -33,13 +35,42 @@ from overhead import ROOT, cleanup, fail, worktree
 EXAMPLE = ROOT / "examples"
 
 
-def _start(tree: Path, work: Path, name: str) -> tuple[subprocess.Popen, Path]:
+MODEL = "[[tool.gatekeeper.models]]"
+
+
+def _env(tree: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "GATEKEEPER_"))}
+    return env | {"PYTHONPATH": str(tree)}
+
+
+def common_config(tree: Path, work: Path) -> tuple[str, list[str]]:
+    """The example config less the models the gatekeeper at ``tree`` refuses to load
+    (each model's table tried alone with the config's head), and the names left out."""
+    head, *models = (EXAMPLE / "gatekeeper.toml").read_text().split(MODEL)
+    kept, left_out = [head], []
+    probe = work / "probe.toml"
+    for model in models:
+        probe.write_text(head + MODEL + model)
+        loads = subprocess.run(
+            [sys.executable, "-c", "import sys; from gatekeeper.project import load_config, "
+             "expand; expand(load_config(sys.argv[1]))", str(probe)],
+            env=_env(tree), capture_output=True,
+        )  # fmt: skip
+        if loads.returncode == 0:
+            kept.append(model)
+        else:
+            name = next((ln for ln in model.splitlines() if ln.startswith("name")), model[:40])
+            left_out.append(name.split("=", 1)[-1].strip().strip('"'))
+    probe.unlink()
+    return MODEL.join(kept), left_out
+
+
+def _start(tree: Path, work: Path, name: str, config: str) -> tuple[subprocess.Popen, Path]:
     where = work / name
     where.mkdir()
-    for f in ("gatekeeper.toml", "tiny_models.py"):
-        shutil.copy(EXAMPLE / f, where / f)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "GATEKEEPER_"))}
-    env["PYTHONPATH"] = str(tree)
+    shutil.copy(EXAMPLE / "tiny_models.py", where / "tiny_models.py")
+    (where / "gatekeeper.toml").write_text(config)
+    env = _env(tree)
     timed = ["/usr/bin/time", "-f", "%e %U %S", "-o", str(where / "time.txt")]
     cmd = [*timed, sys.executable, "-m", "gatekeeper", "compile", "--config", "gatekeeper.toml"]
     with open(where / "compile.log", "wb") as log:  # the child holds its own descriptor
@@ -79,15 +110,18 @@ def main() -> None:
     ref_tree = worktree(args.against, work)
     try:
         sides = {"ref": ref_tree, "head": ROOT}
+        config, left_out = common_config(ref_tree, work)
+        if left_out:
+            print(f"left out (models {args.against} cannot load): {', '.join(left_out)}")
         figures, folders = {}, {}
         start = time.perf_counter()
         if args.together:
-            running = {n: _start(t, work, n) for n, t in sides.items()}
+            running = {n: _start(t, work, n, config) for n, t in sides.items()}
             for n, (proc, where) in running.items():
                 figures[n], folders[n] = _figures(proc, where, n), where
         else:
             for n, t in sides.items():
-                proc, where = _start(t, work, n)
+                proc, where = _start(t, work, n, config)
                 figures[n], folders[n] = _figures(proc, where, n), where
         print(f"{args.against} vs this checkout, {os.cpu_count()} CPUs, ", end="")
         print(

@@ -1,5 +1,5 @@
-"""Three tiny models, and one larger transformer, built in code with random weights
-(nothing is downloaded)."""
+"""Three tiny models, a tiny causal LM with its own generation loop, and one larger
+transformer, built in code with random weights (nothing is downloaded)."""
 
 from __future__ import annotations
 
@@ -103,6 +103,66 @@ class Transformer(nn.Module):
         return self.out(self.ln(x))
 
 
+class TinyLM(nn.Module):
+    """A 2-layer decoder LM that keeps its own static KV cache, gpt-fast style: its
+    ``prefill`` and ``decode`` below are a generate target's own loop
+    (docs/generation.md). Called with token ids alone, a plain causal forward."""
+
+    def __init__(self, vocab: int = 512, d: int = 64, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Layer(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.out = nn.Linear(d, vocab)
+        self.heads = heads
+        self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, ids: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(ids)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attend(layer, layer.ln1(x), i, position)
+            x = x + layer.mlp(layer.ln2(x))
+        return self.out(self.ln(x))
+
+    def _attend(self, layer: Layer, x: torch.Tensor, i: int, position: torch.Tensor | None):
+        b, s, d = x.shape
+        q, k, v = layer.qkv(x).view(b, s, 3, self.heads, d // self.heads).transpose(1, 3).unbind(2)
+        if position is None:  # no cache: the whole sequence, causal
+            att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # written into the cache at ``position``; each query sees the slots up to its own
+            keys, values = self.cache[i]
+            keys.index_copy_(2, position, k)
+            values.index_copy_(2, position, v)
+            seen = torch.arange(keys.shape[2], device=x.device)[None, :] <= position[:, None]
+            att = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=seen)
+        return layer.proj(att.transpose(1, 2).reshape(b, s, d))
+
+
+@torch.compiler.disable
+def _static_cache(model: TinyLM, batch: int, length: int) -> None:
+    """The model's KV cache for ``batch`` sequences of ``length`` tokens: the same tensors
+    again when the shapes are (a compiled decode then reads the tensors it was traced on)."""
+    d = model.embed.embedding_dim
+    shape = (batch, model.heads, length, d // model.heads)
+    if not model.cache or model.cache[0][0].shape != shape:
+        w = model.embed.weight
+        model.cache = [(w.new_zeros(shape), w.new_zeros(shape)) for _ in model.layers]
+
+
+def prefill(model: TinyLM, input_ids: torch.Tensor, cache_length: int) -> torch.Tensor:
+    """The prompt through the model into its cache: the first new token's logits
+    ``[batch, vocab]`` (``generate.prefill``)."""
+    _static_cache(model, input_ids.shape[0], cache_length)
+    position = torch.arange(input_ids.shape[1], device=input_ids.device)
+    return model(input_ids, position)[:, -1]
+
+
+def decode(model: TinyLM, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """One token ``[batch, 1]`` at ``position``: the next token's logits
+    (``generate.decode``)."""
+    return model(token, position)[:, -1]
+
+
 def mlp() -> nn.Module:
     return MLP()
 
@@ -117,3 +177,7 @@ def transformer_block() -> nn.Module:
 
 def transformer_12() -> nn.Module:
     return Transformer()
+
+
+def tiny_lm() -> nn.Module:
+    return TinyLM()

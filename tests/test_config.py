@@ -49,7 +49,7 @@ def config_error(tmp_path: Path, text: str, name: str = "gatekeeper.toml") -> st
 # -- valid configs --------------------------------------------------------------------------
 def test_example_config_loads():
     cfg = load_config(EXAMPLE)
-    assert [m.name for m in cfg.models] == ["mlp", "cnn", "block"]
+    assert [m.name for m in cfg.models] == ["mlp", "cnn", "block", "lm"]
     assert cfg.path == EXAMPLE.absolute()
     assert cfg.base_dir == EXAMPLE.parent
     assert cfg.store == ".gatekeeper/store"
@@ -58,6 +58,12 @@ def test_example_config_loads():
     assert (block.inputs[0].low, block.inputs[0].high) == (0, 512)
     assert block.shapes == [{"batch": 1, "seq": 32}, {"batch": 4, "seq": 64}]
     assert cfg.gate == GateConfig()
+    lm = cfg.models[3]  # the tour's generation: the model's own loop
+    assert lm.tasks == ["generate"]
+    assert (lm.generation.prefill, lm.generation.decode) == (
+        "tiny_models:prefill",
+        "tiny_models:decode",
+    )
 
 
 def test_top_level_keys_in_gatekeeper_toml(tmp_path):
