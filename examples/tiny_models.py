@@ -103,17 +103,13 @@ class Transformer(nn.Module):
         return self.out(self.ln(x))
 
 
-class TinyLM(nn.Module):
+class TinyLM(Transformer):
     """A 2-layer decoder LM that keeps its own static KV cache, gpt-fast style: its
     ``prefill`` and ``decode`` below are a generate target's own loop
     (docs/generation.md). Called with token ids alone, a plain causal forward."""
 
     def __init__(self, vocab: int = 512, d: int = 64, heads: int = 4, layers: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(Layer(d, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
-        self.out = nn.Linear(d, vocab)
+        super().__init__(vocab, d, heads, layers)
         self.heads = heads
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
 
