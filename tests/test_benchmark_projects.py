@@ -66,3 +66,7 @@ def test_generate_writes_a_generate_target_of_the_scale_model(scale, tmp_path):
     (lm,) = config["models"]
     assert lm["tasks"] == ["generate"] and lm["generate"] == {"new_tokens": 4}
     assert lm["inputs"]["input_ids"]["high"] == scale.SIZES["tiny"]["vocab_size"]
+    # the service it times on the warmed dir: valid Python, the target's generation
+    service = (repo / "service.py").read_text()
+    compile(service, "service.py", "exec")
+    assert "max_new_tokens=4" in service and "(1, 8)" in service
