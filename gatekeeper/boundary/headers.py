@@ -39,8 +39,9 @@ Boxed = Callable[[Path, Path, tuple[str, ...]], tuple[list[str], dict[str, str]]
 _USER_VARS = ("LOGNAME", "USER", "LNAME", "USERNAME")  # what getpass.getuser() reads
 _tried: dict[tuple[str, str], Path | None] = {}  # (key, part) -> the folder; None: failed
 _isa: dict[Path, Path] = {}  # the folder -> its ISA check for this process's key
-_ISA_PART = "isa.part"  # where the header worker leaves it (worker.headers.ISA_PART)
-_USED = "used.json"  # the headers a part's build used (worker.headers.USED)
+# the header worker's staging names, shared with it (gatekeeper.worker.headers):
+ISA_PART = "isa.part"  # where it leaves the ISA check, for the parent to name by its key
+USED = "used.json"  # in a part's staging folder: the headers its build asked inductor for
 
 
 def folder() -> Path | None:
@@ -132,7 +133,7 @@ def ensure(boxed: Boxed, parts: tuple[str, ...] = ()) -> Path | None:
         with _locked(where):
             for part in todo:  # one build each: a stamp names the headers its part built
                 if not _built(where, k, part):
-                    for staged in (_ISA_PART, f"{part}.part"):  # a killed build's
+                    for staged in (ISA_PART, f"{part}.part"):  # a killed build's
                         shutil.rmtree(where / staged, ignore_errors=True)
                     _seed(where, where / f"{part}.part")
                     if (why := _build(where, boxed, (part,))) is not None:
@@ -170,7 +171,7 @@ def _stamp(where: Path, k: str, part: str) -> None:
     staged = where / f"{part}.part"
     names = []
     try:  # the headers its build asked for (written by the header worker, no model's)
-        used = json.loads((staged / _USED).read_text())
+        used = json.loads((staged / USED).read_text())
     except (OSError, ValueError):
         used = []
     for header in used if isinstance(used, list) else ():
@@ -188,8 +189,8 @@ def _stamp(where: Path, k: str, part: str) -> None:
         isa = where / f"isa-{k}"
         shutil.rmtree(isa, ignore_errors=True)
         with contextlib.suppress(OSError):  # none kept (another torch): an empty one
-            (where / _ISA_PART).mkdir(mode=0o755)
-        os.rename(where / _ISA_PART, isa)
+            (where / ISA_PART).mkdir(mode=0o755)
+        os.rename(where / ISA_PART, isa)
     doc = {"python": sys.version, "headers": sorted(names)}
     _write_new(_stamp_path(where, k, part), json.dumps(doc))
 

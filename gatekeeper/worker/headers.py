@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 
-ISA_PART = "isa.part"  # where the ISA check goes; the parent names it for its key
+from ..boundary.headers import ISA_PART, USED
 
 
 def use_folder(folder: str) -> None:
@@ -95,7 +95,6 @@ def keep_isa_check(into: str) -> int:
 
 
 PARTS = ("kernels", "aoti")
-USED = "used.json"  # in a part's staging folder: the headers its build asked inductor for
 
 
 def _recorded() -> list[str]:
