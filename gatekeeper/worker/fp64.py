@@ -97,13 +97,15 @@ def _holders(model: nn.Module) -> dict[nn.Module, list[tuple[nn.Module, str, boo
 def _by_parts(module: nn.Module) -> Callable[..., torch.Tensor] | None:
     """The float64 forward of a module whose weight is larger than :data:`BLOCK` in
     float64 and need not be cast whole (None for any other): a plain ``nn.Linear``
-    computes a block of output features at a time; a plain ``nn.Embedding`` (no
-    ``max_norm``, which rewrites its weight) looks its rows up and casts those."""
+    computes a block of output features at a time; an ``nn.Embedding`` (no
+    ``max_norm``, which rewrites its weight) looks its rows up and casts those, a
+    subclass of it (Gemma 3's scaled embedding) running its own forward on them."""
     if type(module) is nn.Linear and module.weight.numel() * 8 > BLOCK:
         return functools.partial(_linear_by_blocks, module)
-    if type(module) is nn.Embedding and module.max_norm is None:
+    if isinstance(module, nn.Embedding) and module.max_norm is None:
         if module.weight.numel() * 8 > BLOCK:
-            return functools.partial(_embedding_rows, module)
+            plain_one = type(module) is nn.Embedding
+            return functools.partial(_embedding_rows if plain_one else _rows_only, module)
     return None
 
 
@@ -139,6 +141,35 @@ def _embedding_rows(module: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
         module.scale_grad_by_freq, module.sparse,
     )  # fmt: skip
     return rows.to(torch.float64)
+
+
+def _rows_only(module: nn.Embedding, ids: torch.Tensor, *args: object, **kwargs: object):
+    """A subclass of ``nn.Embedding``'s forward in float64 (its ``forward(ids, ...)``,
+    e.g. Gemma 3's rows times a scale it holds) on a table of only the rows ``ids``
+    looks up, cast, with the ids renumbered to it: the rows it returns are the float64
+    model's, and the float64 weight is those rows (a 262,144-word vocabulary's whole
+    table in float64 was twice a Gemma-3-270M's fp32 weights on top of them). Its other
+    tensors (a scale) are cast for the call too; ``padding_idx``, which changes no
+    forward value, is set aside for it. Anything but integer ids: the whole weight."""
+    weight = module.weight
+    own = {n: t for n, t in [*module._parameters.items(), *module._buffers.items()]
+           if t is not None and n != "weight" and t.is_floating_point()}  # fmt: skip
+    saved, pad = weight.data, module.padding_idx
+    try:
+        if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+            rows, ids = torch.unique(ids, return_inverse=True)
+            weight.data = saved[rows].to(torch.float64)
+            module.padding_idx = None
+        else:
+            weight.data = saved.to(torch.float64)
+        for name, t in own.items():
+            setattr(module, name, nn.Parameter(t.double(), t.requires_grad) if name in
+                    module._parameters else t.double())  # fmt: skip
+        return type(module).forward(module, ids, *args, **kwargs)
+    finally:
+        weight.data, module.padding_idx = saved, pad
+        for name, t in own.items():
+            setattr(module, name, t)
 
 
 @contextlib.contextmanager

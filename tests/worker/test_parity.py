@@ -396,6 +396,45 @@ def test_large_linear_and_embedding_layers_are_never_cast_whole_to_float64(monke
     assert parts < whole, (parts, whole)
 
 
+def test_a_large_embedding_of_a_subclass_casts_only_the_rows_it_looks_up(monkeypatch):
+    """Gemma 3's input embedding is a subclass of ``nn.Embedding`` (its rows times a
+    scale it holds), and only a plain ``nn.Embedding`` looked its rows up: this one was
+    cast whole to float64 for its forward (a 262,144-word vocabulary: 1.34 GB at
+    Gemma-3-270M's size, on top of the model's 1.07 GB; its check read 2.99x its
+    weights, issue 53). Now it runs its own forward on a float64 table of the rows it
+    looks up: the stock model's reference is the float64 copy's, the float64
+    reference's peak (the profiler's allocation events) stays well under the table in
+    float64, and the layer is as it was afterwards."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from gatekeeper.worker import fp64
+    from gatekeeper.worker.memory import _cpu_peak
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        hidden_size=64, num_hidden_layers=1, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, vocab_size=262144, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = Gemma3ForCausalLM(config).eval()
+    embed = model.get_input_embeddings()
+    assert type(embed) is not torch.nn.Embedding and isinstance(embed, torch.nn.Embedding)
+    ids = torch.randint(0, 262144, (1, 16))
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(ids).logits
+    before = (embed.weight.data_ptr(), embed.weight.shape, embed.embed_scale.dtype)
+    monkeypatch.setattr(fp64, "BLOCK", 8 << 20)  # the output layer: 8 MB of rows at once
+    got: list = []
+    peak = _cpu_peak(lambda: got.append(fp64_reference(model, Inputs(args=[ids], kwargs={}))))
+    (logits,) = [
+        t for t in got[0].leaves.values() if isinstance(t, torch.Tensor) and t.shape == want.shape
+    ]
+    torch.testing.assert_close(logits, want, rtol=1e-12, atol=1e-12)
+    table = embed.weight.numel() * 8  # 134 MB; the logits in float64 are 34 MB
+    assert peak is not None and peak < table / 2, (peak, table)
+    assert (embed.weight.data_ptr(), embed.weight.shape, embed.embed_scale.dtype) == before
+    assert embed.weight.dtype == torch.float32 and "forward" not in vars(embed)
+
+
 def test_a_large_leaf_is_compared_a_chunk_at_a_time_with_the_same_figures():
     """The logits of a 152k-word vocabulary (Qwen2: 1 x 128 x 151936 in float32, 78 MB)
     against eager's: the comparison's figures are those of the leaf compared whole in
