@@ -17,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 __all__ = ["BLOCK", "COPY_LIMIT", "in_float64", "plain", "running_bytes", "weight_bytes"]
 
@@ -143,31 +146,53 @@ def _embedding_rows(module: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
     return rows.to(torch.float64)
 
 
-def _rows_only(module: nn.Embedding, ids: torch.Tensor, *args: object, **kwargs: object):
-    """A subclass of ``nn.Embedding``'s forward in float64 (its ``forward(ids, ...)``,
-    e.g. Gemma 3's rows times a scale it holds) on a table of only the rows ``ids``
-    looks up, cast, with the ids renumbered to it: the rows it returns are the float64
-    model's, and the float64 weight is those rows (a 262,144-word vocabulary's whole
-    table in float64 was twice a Gemma-3-270M's fp32 weights on top of them). Its other
-    tensors (a scale) are cast for the call too; ``padding_idx``, which changes no
-    forward value, is set aside for it. Anything but integer ids: the whole weight."""
+class _Lookup(TorchFunctionMode):
+    """Within it, ``weight`` acts as if it were float64 without a float64 copy of it:
+    ``F.embedding`` on it looks the rows up in its own ``table`` and returns them cast,
+    its dtype reads float64, and its shape and device read as they are; any other use
+    (one that reads its values) gets the whole table in float64, cast once."""
+
+    _AS_THEY_ARE = {"shape", "device", "ndim", "layout", "is_cuda", "is_cpu", "requires_grad"}
+
+    def __init__(self, weight: torch.Tensor, table: torch.Tensor) -> None:
+        super().__init__()
+        self.weight, self.table = weight, table
+        self.whole: torch.Tensor | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.embedding and len(args) > 1 and args[1] is self.weight:
+            return func(args[0], self.table, *args[2:], **kwargs).to(torch.float64)
+        if not any(a is self.weight for a in tree_leaves((args, kwargs))):
+            return func(*args, **kwargs)
+        prop = getattr(getattr(func, "__self__", None), "__name__", None)  # a property's
+        if prop == "dtype":
+            return torch.float64
+        if prop in self._AS_THEY_ARE:
+            return func(*args, **kwargs)
+        if self.whole is None:
+            self.whole = self.table.to(torch.float64)
+        swapped = tree_map(lambda a: self.whole if a is self.weight else a, (args, kwargs))
+        return func(*swapped[0], **swapped[1])
+
+
+def _rows_only(module: nn.Embedding, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A subclass of ``nn.Embedding``'s own forward in float64 (e.g. Gemma 3's rows times
+    a scale it holds) without its table in float64 (a 262,144-word vocabulary's, 1.34 GB
+    at Gemma-3-270M's size: more than the model's fp32 weights): its weight acts as a
+    float64 one (:class:`_Lookup`: the lookup casts the rows it finds) and its other
+    tensors (the scale) are cast for the call, as the float64 model's are. The same
+    numbers as the float64 copy's."""
     weight = module.weight
     own = {n: t for n, t in [*module._parameters.items(), *module._buffers.items()]
            if t is not None and n != "weight" and t.is_floating_point()}  # fmt: skip
-    saved, pad = weight.data, module.padding_idx
     try:
-        if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
-            rows, ids = torch.unique(ids, return_inverse=True)
-            weight.data = saved[rows].to(torch.float64)
-            module.padding_idx = None
-        else:
-            weight.data = saved.to(torch.float64)
         for name, t in own.items():
             setattr(module, name, nn.Parameter(t.double(), t.requires_grad) if name in
                     module._parameters else t.double())  # fmt: skip
-        return type(module).forward(module, ids, *args, **kwargs)
+        with _Lookup(weight, weight.data):
+            return type(module).forward(module, *args, **kwargs)
     finally:
-        weight.data, module.padding_idx = saved, pad
         for name, t in own.items():
             setattr(module, name, t)
 

@@ -435,6 +435,55 @@ def test_a_large_embedding_of_a_subclass_casts_only_the_rows_it_looks_up(monkeyp
     assert embed.weight.dtype == torch.float32 and "forward" not in vars(embed)
 
 
+class _Scaled(torch.nn.Embedding):
+    """An embedding subclass as stock models write one: its rows times a scale it holds,
+    cast to the weight's dtype; ``peek`` also reads the weight's values directly."""
+
+    def __init__(self, peek: bool = False) -> None:
+        super().__init__(64, 8, padding_idx=3)
+        self.register_buffer("scale", torch.tensor(2.0**0.5))
+        self.peek = peek
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out = super().forward(input_ids) * self.scale.to(self.weight.dtype)
+        return out + self.weight.sum() if self.peek else out
+
+
+class _Called(torch.nn.Module):
+    def __init__(self, peek: bool) -> None:
+        super().__init__()
+        self.emb, self.head = _Scaled(peek), torch.nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(input_ids=ids))  # by keyword
+
+
+@pytest.mark.parametrize("peek", [False, True])
+def test_an_embedding_subclass_called_by_keyword_or_reading_its_weight(monkeypatch, peek):
+    """A large embedding subclass's lookup is taken from its own fp32 table and cast,
+    whatever way it is called (here by keyword) and whatever its forward does with the
+    weight's dtype (the scale, cast to it, is float64 as in the float64 copy): the same
+    numbers as the copy's. One that reads its weight's values otherwise (``peek``) gets
+    the whole table in float64 for that read: the copy's numbers too, never fp32 ones."""
+    from gatekeeper.worker import fp64, parity
+
+    torch.manual_seed(0)
+    model = _Called(peek).eval()
+    ids = torch.randint(0, 64, (2, 5))
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(ids)
+    monkeypatch.setattr(fp64, "BLOCK", 8 * 8)  # the 64 x 8 table is "large"
+    monkeypatch.setattr(parity, "COPY_LIMIT", 0)  # no whole-model copy to fall back on
+    assert fp64._by_parts(model.emb) is not None
+    got = fp64_reference(model, Inputs(args=[ids], kwargs={}))
+    assert got is not None
+    (leaf,) = got.leaves.values()
+    assert leaf.dtype == torch.float64
+    torch.testing.assert_close(leaf, want, rtol=1e-12, atol=1e-12)  # the head: by blocks
+    assert model.emb.weight.dtype == torch.float32 and model.emb.scale.dtype == torch.float32
+    assert model.emb.weight.shape == (64, 8)
+
+
 def test_a_large_leaf_is_compared_a_chunk_at_a_time_with_the_same_figures():
     """The logits of a 152k-word vocabulary (Qwen2: 1 x 128 x 151936 in float32, 78 MB)
     against eager's: the comparison's figures are those of the leaf compared whole in
