@@ -100,15 +100,14 @@ def _holders(model: nn.Module) -> dict[nn.Module, list[tuple[nn.Module, str, boo
 def _by_parts(module: nn.Module) -> Callable[..., torch.Tensor] | None:
     """The float64 forward of a module whose weight is larger than :data:`BLOCK` in
     float64 and need not be cast whole (None for any other): a plain ``nn.Linear``
-    computes a block of output features at a time; an ``nn.Embedding`` (no
-    ``max_norm``, which rewrites its weight) looks its rows up and casts those, a
-    subclass of it (Gemma 3's scaled embedding) running its own forward on them."""
+    computes a block of output features at a time; an ``nn.Embedding`` or a subclass
+    of it (Gemma 3's scaled embedding; no ``max_norm``, which rewrites its weight) runs
+    its own forward with the rows it looks up cast (:func:`_embedding_rows`)."""
     if type(module) is nn.Linear and module.weight.numel() * 8 > BLOCK:
         return functools.partial(_linear_by_blocks, module)
     if isinstance(module, nn.Embedding) and module.max_norm is None:
         if module.weight.numel() * 8 > BLOCK:
-            plain_one = type(module) is nn.Embedding
-            return functools.partial(_embedding_rows if plain_one else _rows_only, module)
+            return functools.partial(_embedding_rows, module)
     return None
 
 
@@ -135,15 +134,6 @@ def _linear_by_blocks(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         part = None if b is None else b[i : i + rows].to(torch.float64)
         out[..., i : i + rows] = F.linear(x, w[i : i + rows].to(torch.float64), part)
     return out
-
-
-def _embedding_rows(module: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
-    """``module(ids)`` in float64: the rows looked up, then cast (the same numbers)."""
-    rows = F.embedding(
-        ids, module.weight, module.padding_idx, None, module.norm_type,
-        module.scale_grad_by_freq, module.sparse,
-    )  # fmt: skip
-    return rows.to(torch.float64)
 
 
 class _Lookup(TorchFunctionMode):
@@ -176,13 +166,13 @@ class _Lookup(TorchFunctionMode):
         return func(*swapped[0], **swapped[1])
 
 
-def _rows_only(module: nn.Embedding, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """A subclass of ``nn.Embedding``'s own forward in float64 (e.g. Gemma 3's rows times
-    a scale it holds) without its table in float64 (a 262,144-word vocabulary's, 1.34 GB
-    at Gemma-3-270M's size: more than the model's fp32 weights): its weight acts as a
-    float64 one (:class:`_Lookup`: the lookup casts the rows it finds) and its other
-    tensors (the scale) are cast for the call, as the float64 model's are. The same
-    numbers as the float64 copy's."""
+def _embedding_rows(module: nn.Embedding, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """An embedding's own forward in float64 (``nn.Embedding``'s lookup, or a subclass's,
+    e.g. Gemma 3's rows times a scale it holds) without its table in float64 (a
+    262,144-word vocabulary's, 1.34 GB at Gemma-3-270M's size: more than the model's fp32
+    weights): its weight acts as a float64 one (:class:`_Lookup`: the lookup casts the
+    rows it finds) and its other tensors (the scale) are cast for the call, as the
+    float64 model's are. The same numbers as the float64 copy's."""
     weight = module.weight
     own = {n: t for n, t in [*module._parameters.items(), *module._buffers.items()]
            if t is not None and n != "weight" and t.is_floating_point()}  # fmt: skip
