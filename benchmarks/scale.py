@@ -198,8 +198,9 @@ def scratch(
 ) -> Path:
     repo = work / "repo"
     repo.mkdir()
-    (repo / "scale_model.py").write_text(factory(ARCHS[arch][3][size], dtype, device, arch))
-    vocab = ARCHS[arch][3][size]["vocab_size"]
+    preset = ARCHS[arch][3][size]
+    (repo / "scale_model.py").write_text(factory(preset, dtype, device, arch))
+    vocab = preset["vocab_size"]
     (repo / "gatekeeper.toml").write_text(
         CONFIG.format(min_time=min_time, vocab=vocab, device=device)
     )

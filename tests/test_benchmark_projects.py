@@ -7,31 +7,23 @@ run at real size, many minutes in, would have said so."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import tomllib
 from pathlib import Path
 
 import pytest
+from support.helpers import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def scale():
-    return load("scale_bench", ROOT / "benchmarks" / "scale.py")
+    return load_file("scale_bench", ROOT / "benchmarks" / "scale.py")
 
 
 def built(repo: Path, name: str):
     """The model ``make()`` of ``repo/scale_model.py`` returns."""
-    module = load(f"scale_model_{name}", repo / "scale_model.py")
+    module = load_file(f"scale_model_{name}", repo / "scale_model.py")
     return module.make()
 
 
@@ -47,7 +39,7 @@ def test_scale_writes_a_factory_of_each_architecture(scale, arch, tmp_path):
 
 
 def test_generate_writes_a_generate_target_of_the_scale_model(scale, tmp_path):
-    gen = load("generate_bench", ROOT / "benchmarks" / "generate.py")
+    gen = load_file("generate_bench", ROOT / "benchmarks" / "generate.py")
     args = argparse.Namespace(
         dtype="fp32",
         device="cpu",

@@ -5,7 +5,6 @@ of benchmarks/detection_power.py leaves the model's outputs and FLOPs as they we
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,16 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.helpers import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "benchmarks" / "gpu_smoke.py"
-
-
-def load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def smoke(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -122,7 +115,7 @@ def test_no_gpu_is_one_line_and_exit_2(tmp_path):
 
 
 def test_a_child_that_dies_is_its_signal_and_step():
-    gpu_smoke = load("gpu_smoke", SMOKE)
+    gpu_smoke = load_file("gpu_smoke", SMOKE)
     code = "print('STEP load', flush=True); import ctypes; ctypes.string_at(0)"
     crashed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert gpu_smoke.died(crashed) == "SIGSEGV in load"
@@ -136,7 +129,7 @@ def test_a_child_that_dies_is_its_signal_and_step():
 def test_the_cuda_knob_costs_work_but_leaves_outputs_and_flops_unchanged(tmp_path):
     from torch.utils.flop_counter import FlopCounterMode
 
-    bench = load("detection_power", ROOT / "benchmarks" / "detection_power.py")
+    bench = load_file("detection_power", ROOT / "benchmarks" / "detection_power.py")
     bench.DEVICE.update(device="cuda", work=4096)  # the model text only: run on the CPU here
     x = torch.randn(32, 256, generator=torch.Generator().manual_seed(0))
     outs, flops = [], []

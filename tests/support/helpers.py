@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -228,3 +229,13 @@ def registered(item: Any) -> Iterator[Any]:
         yield item
     finally:
         (kinds._kinds if isinstance(item, kinds.Kind) else kinds._packages).pop(item.name)
+
+
+def load_file(name: str, path: Path) -> Any:
+    """The Python file ``path`` imported as a module named ``name`` (a benchmark script,
+    or a module a benchmark wrote), not registered in ``sys.modules``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
