@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
+    from .graphs import Traced
 
 
 def compile_kwargs(
@@ -32,12 +33,19 @@ def compile_kwargs(
 
 
 def compile_model(
-    model: Any, cfg: ModelConfig, mode: str, dynamic: bool, fullgraph: bool | None = None
+    model: Any,
+    cfg: ModelConfig,
+    mode: str,
+    dynamic: bool,
+    fullgraph: bool | None = None,
+    traced: Traced | None = None,
 ):
     """``torch.compile`` a model (or its method, a plain function, a training step
     function) as configured; ``fullgraph`` overrides the config's (a training step always
-    breaks at backward)."""
-    return torch.compile(model, **compile_kwargs(cfg, mode, dynamic, fullgraph))
+    breaks at backward); ``traced``: record the graphs it traces there, where it can."""
+    kwargs = compile_kwargs(cfg, mode, dynamic, fullgraph)
+    wrapped = traced.compile_kwargs(kwargs) if traced is not None else None
+    return torch.compile(model, **(wrapped or kwargs))
 
 
 def snapshot_counters() -> dict[str, int]:

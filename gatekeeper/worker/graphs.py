@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,11 +21,68 @@ def graph_breaks(
     grad: bool = False,
     context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
 ) -> dict:
-    """Graph count and breaks (``torch._dynamo.explain``; it resets dynamo, so explain
-    every model before compiling anything). ``grad``: with autograd on (a training
-    step); ``context``: entered around the call (autocast)."""
+    """Graph count and breaks (``torch._dynamo.explain``: a trace of its own; it resets
+    dynamo, so explain every model before compiling anything). ``grad``: with autograd
+    on (a training step); ``context``: entered around the call (autocast). Where the
+    compile's own trace can say it, :class:`Traced` does without the second trace."""
     with torch.set_grad_enabled(grad), context():
         explained = inputs.call(torch._dynamo.explain(model))
+    return _described(explained, base_dir)
+
+
+class Traced:
+    """The graphs a compile traces, recorded as it traces them: torch's
+    ``ExplainWithBackend`` around the backend ``torch.compile`` would have built (the
+    same wrapper, mode and options, so the same graphs, kernels and cache keys), which
+    gives what ``explain`` gives from the same trace (issue 52: no second trace per
+    side). :meth:`compile_kwargs` wraps a compile's arguments; :meth:`graphs` reads what
+    the calls so far traced."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+        self._explain: Any = None
+
+    @staticmethod
+    def wraps(kwargs: dict[str, Any]) -> bool:
+        """Can a compile of these ``torch.compile`` arguments record its trace? Not with a
+        backend given as a callable, nor options torch.compile itself takes out: then
+        the model is explained apart, before anything compiles."""
+        backend, options = kwargs["backend"], kwargs.get("options")
+        return isinstance(backend, str) and not (options and _COMPILE_ONLY & set(options))
+
+    def compile_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """``torch.compile``'s keyword arguments with the backend wrapped (None where
+        :meth:`wraps` says it cannot be)."""
+        if not self.wraps(kwargs):
+            return None
+        from torch._dynamo.backends.debugging import ExplainWithBackend
+
+        backend, options = kwargs["backend"], kwargs.get("options")
+
+        mode = kwargs.get("mode") or (None if options else "default")
+        dynamic = kwargs.get("dynamic")
+        if backend == "inductor":
+            inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        else:
+            inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
+        self._explain = ExplainWithBackend(inner)
+        rest = {k: v for k, v in kwargs.items() if k not in ("backend", "mode", "options")}
+        return {**rest, "backend": self._explain}
+
+    def graphs(self) -> dict:
+        """Graphs and breaks the compiled calls traced so far (call it after the first
+        call: later recompiles add graphs of their own, counted as recompiles)."""
+        assert self._explain is not None, "compile_kwargs() was not used"
+        return _described(self._explain.output(), self.base_dir)
+
+
+# options torch.compile pops before it builds the backend
+_COMPILE_ONLY = {"guard_filter_fn", "use_aoti"}
+
+
+def _described(explained: Any, base_dir: Path) -> dict:
+    """``explain``'s output as a result's ``graphs``: the count, and each break's reason
+    and the user's file (relative to ``base_dir``) and line."""
     reasons = []
     for r in explained.break_reasons:
         frame = r.user_stack[-1] if r.user_stack else None

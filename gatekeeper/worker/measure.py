@@ -20,7 +20,7 @@ from ..boundary.protocol import MeasureRequest, Response
 from ..config import ParityTolerance
 from . import quant
 from .calls import Inputs, entry
-from .compiler import snapshot_counters
+from .compiler import compile_kwargs, snapshot_counters
 from .counters import (
     flops,
     inductor_metrics,
@@ -29,6 +29,7 @@ from .counters import (
     reset_inductor_metrics,
 )
 from .fp64 import weight_bytes
+from .graphs import Traced
 from .kinds import Builder, Job, Refused, builder
 from .memory import allocated, footprint, give_back, last_level_cache
 from .model import build_base, build_recorded, same_inputs
@@ -137,6 +138,7 @@ class _Side:
     inputs: Inputs
     deps: dict
     graphs: dict = field(default_factory=dict)
+    traced: Traced | None = None  # its compile records its graphs (else: explained)
     same_inputs: bool = True  # the base's inputs are the head's (outputs comparable)
     compiled: Callable[..., Any] | None = None
     checked: Callable[[], None] | None = None  # its build's check after the first calls
@@ -148,6 +150,12 @@ class _Side:
 
     def eager(self, device: str, precision: str) -> Callable[..., Any]:
         return under_autocast(entry(self.model, self.req.model.call), device, precision)
+
+    def traced_graphs(self) -> None:
+        """After its first compiled call: the graphs that call traced (a kind that
+        records its trace; explained before the compile otherwise)."""
+        if self.traced is not None:
+            self.graphs = self.traced.graphs()
 
     def load(self) -> Path | None:
         """Its kind's package from the bundle (None: built anew)."""
@@ -182,9 +190,13 @@ def measure(req: MeasureRequest) -> Response:
     def amp():
         return autocast(device, req.precision)
 
-    # explain() resets dynamo, so every model is explained before anything is compiled
-    breadcrumbs.enter("explain")
-    head.graphs = kind.graphs(model, req, inputs, amp)
+    # graphs and breaks: from the compile's own trace where the kind records it, else
+    # explain(), which resets dynamo, so every model is explained before anything compiles
+    if traces(kind, req):
+        head.traced = Traced(req.base_path)
+    else:
+        breadcrumbs.enter("explain")
+        head.graphs = kind.graphs(model, req, inputs, amp)
     base = _build_base(kind, base_req, head, amp) if base_req is not None else None
     torch._dynamo.reset()
     counters.clear()
@@ -195,7 +207,9 @@ def measure(req: MeasureRequest) -> Response:
     breadcrumbs.enter("compile")
     start = time.perf_counter()
     try:  # regional: a compiled copy; aot: the bundle's package (or export + build one)
-        made, built = kind.compiled(Job(model, inputs, req, keep_eager=True, load=head.load()))
+        made, built = kind.compiled(
+            Job(model, inputs, req, keep_eager=True, load=head.load(), traced=head.traced)
+        )
     except Refused as e:
         info = dict(e.info)
         if base is not None:
@@ -222,6 +236,11 @@ def measure(req: MeasureRequest) -> Response:
     )
 
 
+def traces(kind: Builder, req: MeasureRequest) -> bool:
+    """Does the kind's compile record the graphs it traces (no ``explain`` apart)?"""
+    return kind.traces and Traced.wraps(compile_kwargs(req.model, req.mode, req.dynamic))
+
+
 def _build_base(
     kind: Builder, base_req: MeasureRequest, head: _Side, amp: Callable[[], Any]
 ) -> _Side:
@@ -239,7 +258,10 @@ def _build_base(
     base = _Side(base_req, base_model, head.inputs if comparable else base_inputs, base_deps)
     base.same_inputs = comparable
     same_placement(head.model, base_model)  # before either is compiled
-    base.graphs = kind.graphs(base_model, base_req, base.inputs, amp)
+    if head.traced is not None:
+        base.traced = Traced(base_req.base_path)
+    else:
+        base.graphs = kind.graphs(base_model, base_req, base.inputs, amp)
     return base
 
 
@@ -262,6 +284,7 @@ def _measured(
     # tensors included). Parity's settings for it (worker.tf32), the deploy's after.
     with accuracy_settings(device, baked):
         out, compile_seconds = first_call(head.compiled, head.inputs, device, kind.first_step)
+    head.traced_graphs()
     cand = Outputs.of(out).cloned()
     del out
     if kind.ahead_of_time:
@@ -353,13 +376,14 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     breadcrumbs.enter("base compile")
     try:
         made, built = kind.compiled(
-            Job(base.model, base.inputs, req, keep_eager=True, load=base.load())
+            Job(base.model, base.inputs, req, keep_eager=True, load=base.load(), traced=base.traced)
         )
     except Refused:
         return None, None
     base.compiled, base.moved = under_autocast(made, device, req.precision), built.moved
     with accuracy_settings(device, baked):
         first, seconds = first_call(base.compiled, base.inputs, device, f"base {kind.first_step}")
+    base.traced_graphs()
     out = Outputs.of(first).cloned()
     del first
     base.call()

@@ -25,7 +25,7 @@ from torch._dynamo.utils import counters
 from ..boundary.protocol import Build, CompileRequest, MeasureRequest, ProbeRequest, Response
 from ..config import ModelConfig, ParityTolerance
 from .calls import Inputs, entry
-from .compiler import compile_model, snapshot_counters
+from .compiler import compile_kwargs, compile_model, snapshot_counters
 from .counters import (
     flops,
     inductor_metrics,
@@ -33,7 +33,7 @@ from .counters import (
     record_inductor_metrics,
     reset_inductor_metrics,
 )
-from .graphs import graph_breaks
+from .graphs import Traced, graph_breaks
 from .memory import footprint
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference
@@ -92,8 +92,10 @@ def measure_train(req: MeasureRequest) -> Response:
     def new(m):
         return Trainer.copy_of(m, cfg, loss_fn, device, req.precision, base_dir)
 
-    # explain() runs the step and resets dynamo: on throwaway copies, before compiling
-    graphs = graph_breaks(new(model).step, inputs, base_dir, grad=True)
+    # graphs and breaks from the compile's own trace; else explain(), which runs the
+    # step and resets dynamo: on throwaway copies, before compiling
+    traced = step_traced(req)
+    graphs = {} if traced else graph_breaks(new(model).step, inputs, base_dir, grad=True)
     # paired: the base commit's target, as its own config defines it (its optimizer,
     # loss and steps too)
     base = _BaseSteps.build(req.for_base(), inputs) if req.paired_base is not None else None
@@ -103,8 +105,9 @@ def measure_train(req: MeasureRequest) -> Response:
     reset_inductor_metrics()
 
     eager, comp = new(model), new(model)
-    cstep = compile_model(comp.step, cfg, req.mode, req.dynamic, fullgraph=False)
+    cstep = compile_model(comp.step, cfg, req.mode, req.dynamic, fullgraph=False, traced=traced)
     first, compile_seconds = first_call(cstep, inputs, device)
+    graphs = traced.graphs() if traced else graphs
     losses = [first] + run_steps(cstep, inputs, steps - 1)
     cache = snapshot_counters()
     work: dict[str, int | str | None] = {
@@ -157,16 +160,26 @@ def measure_train(req: MeasureRequest) -> Response:
     )
 
 
+def step_traced(req: MeasureRequest) -> Traced | None:
+    """Where the step's compile can record the graphs it traces (else: explained)."""
+    kwargs = compile_kwargs(req.model, req.mode, req.dynamic, fullgraph=False)
+    return Traced(req.base_path) if Traced.wraps(kwargs) else None
+
+
 class _BaseSteps:
     """Paired: the base commit's training step, built by its own config (its optimizer,
-    loss and steps too) from its own checkout, explained before anything compiles."""
+    loss and steps too) from its own checkout; its graphs from its compile's own trace
+    (explained before anything compiles where that cannot record them)."""
 
     def __init__(
         self, req: MeasureRequest, model: torch.nn.Module, inputs: Inputs, deps: dict, same: bool
     ) -> None:
         self.req, self.model, self.inputs, self.deps, self.same = req, model, inputs, deps, same
         self.loss = prepare(req, req.base_path, model, inputs)
-        self.graphs = graph_breaks(self.new().step, inputs, req.base_path, grad=True)
+        self.traced = step_traced(req)
+        self.graphs = (
+            {} if self.traced else graph_breaks(self.new().step, inputs, req.base_path, grad=True)
+        )
         self.step: Callable | None = None
 
     @classmethod
@@ -198,8 +211,12 @@ class _BaseSteps:
         req, cfg = self.req, self.req.model
         fresh_frames()
         trainer = self.new()
-        self.step = compile_model(trainer.step, cfg, req.mode, req.dynamic, fullgraph=False)
+        self.step = compile_model(
+            trainer.step, cfg, req.mode, req.dynamic, fullgraph=False, traced=self.traced
+        )
         first, seconds = first_call(self.step, self.inputs, req.device)
+        if self.traced:
+            self.graphs = self.traced.graphs()
         steps = head.training.steps  # the head's: what its parity compares
         losses = [first] + run_steps(self.step, self.inputs, steps - 1)
         comparable = self.same and cfg.training == head.training

@@ -70,8 +70,9 @@ def test_a_bad_memory_limit_is_one_line(project):
 
 def test_an_out_of_memory_in_a_stage_is_one_line_naming_it(tmp_path):
     """A model whose forward asks for a petabyte: the allocator's refusal, in the first
-    stage that calls the model (explain), is the target's error, one line naming that
-    stage; the results are written (nothing lost) and the run exits 2."""
+    stage that calls the model (the compiled model's first call, whose trace also says
+    its graphs: no explain apart), is the target's error, one line naming that stage;
+    the results are written (nothing lost) and the run exits 2."""
     project = write_project(
         tmp_path / "p", model=OOM_MODEL, config=parity_only_config("[{ batch = 4 }]")
     )
@@ -81,8 +82,8 @@ def test_an_out_of_memory_in_a_stage_is_one_line_naming_it(tmp_path):
     (target,) = json.loads((project / "results.json").read_text())["targets"]
     assert target["status"] == "error"
     error = target["error"]
-    assert error.startswith("out of memory in explain: ") and "\n" not in error, error
-    assert any("out of memory in explain" in ln for ln in _lines(proc.stderr))
+    assert error.startswith("out of memory in first call: ") and "\n" not in error, error
+    assert any("out of memory in first call" in ln for ln in _lines(proc.stderr))
 
 
 LLAMA_40B = textwrap.dedent("""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ...boundary.protocol import Build, CompileRequest, ProbeRequest, Response, VerifyRequest
     from ..calls import Inputs
+    from ..graphs import Traced
 
 
 class Refused(Exception):
@@ -42,6 +43,8 @@ class Job:
     keep_eager: bool = False
     out: Path | None = None
     load: Path | None = None
+    # where its compile records the graphs it traces (a kind that :attr:`Builder.traces`)
+    traced: Traced | None = None
 
 
 @dataclass
@@ -72,6 +75,9 @@ class Builder:
     # keyword arguments every call of the model gets where its forward takes them and
     # its inputs do not give them (:data:`gatekeeper.worker.model.CALL_KWARGS`)
     call_kwargs: dict[str, Any] = {}
+    # its compile traces the model as ``explain`` would and records that trace through
+    # :attr:`Job.traced` (then :meth:`graphs` is not called: no second trace)
+    traces = False
 
     @property
     def first_step(self) -> str:
