@@ -70,10 +70,14 @@ class Traced:
         return {**rest, "backend": self._explain}
 
     def graphs(self) -> dict:
-        """Graphs and breaks the compiled calls traced so far (call it after the first
-        call: later recompiles add graphs of their own, counted as recompiles)."""
+        """Graphs and breaks the compiled calls traced so far, read once, after the
+        first call (later recompiles count as recompiles). The graphs are let go then,
+        as explain's are once it returns: nothing of them is held through the rounds."""
         assert self._explain is not None, "compile_kwargs() was not used"
-        return _described(self._explain.output(), self.base_dir)
+        described = _described(self._explain.output(), self.base_dir)
+        self._explain.graphs.clear()
+        self._explain.break_reasons.clear()
+        return described
 
 
 # options torch.compile pops before it builds the backend
