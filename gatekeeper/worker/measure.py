@@ -258,7 +258,8 @@ def _build_base(
     base = _Side(base_req, base_model, head.inputs if comparable else base_inputs, base_deps)
     base.same_inputs = comparable
     same_placement(head.model, base_model)  # before either is compiled
-    if head.traced is not None:
+    # its own config says how it compiles: recorded as the head's only where it can be
+    if head.traced is not None and traces(kind, base_req):
         base.traced = Traced(base_req.base_path)
     else:
         base.graphs = kind.graphs(base_model, base_req, base.inputs, amp)
