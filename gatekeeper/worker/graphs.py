@@ -42,6 +42,13 @@ class Traced:
         self.base_dir = base_dir
         self._explain: Any = None
 
+    @classmethod
+    def of(cls, kwargs: dict[str, Any], base_dir: Path) -> Traced | None:
+        """A recorder for a compile of these ``torch.compile`` arguments
+        (what :func:`~gatekeeper.worker.compiler.compile_kwargs` returns), or None where it cannot
+        record (:meth:`wraps`): then the caller explains before anything compiles."""
+        return cls(base_dir) if cls.wraps(kwargs) else None
+
     @staticmethod
     def wraps(kwargs: dict[str, Any]) -> bool:
         """Can a compile of these ``torch.compile`` arguments record its trace? Not with a
@@ -58,7 +65,6 @@ class Traced:
         from torch._dynamo.backends.debugging import ExplainWithBackend
 
         backend, options = kwargs["backend"], kwargs.get("options")
-
         mode = kwargs.get("mode") or (None if options else "default")
         dynamic = kwargs.get("dynamic")
         if backend == "inductor":

@@ -192,9 +192,12 @@ def measure(req: MeasureRequest) -> Response:
 
     # graphs and breaks: from the compile's own trace where the kind records it, else
     # explain(), which resets dynamo, so every model is explained before anything compiles
-    if traces(kind, req):
-        head.traced = Traced(req.base_path)
-    else:
+    head.traced = (
+        Traced.of(compile_kwargs(req.model, req.mode, req.dynamic), req.base_path)
+        if kind.traces
+        else None
+    )
+    if head.traced is None:
         breadcrumbs.enter("explain")
         head.graphs = kind.graphs(model, req, inputs, amp)
     base = _build_base(kind, base_req, head, amp) if base_req is not None else None
@@ -236,11 +239,6 @@ def measure(req: MeasureRequest) -> Response:
     )
 
 
-def traces(kind: Builder, req: MeasureRequest) -> bool:
-    """Does the kind's compile record the graphs it traces (no ``explain`` apart)?"""
-    return kind.traces and Traced.wraps(compile_kwargs(req.model, req.mode, req.dynamic))
-
-
 def _build_base(
     kind: Builder, base_req: MeasureRequest, head: _Side, amp: Callable[[], Any]
 ) -> _Side:
@@ -259,9 +257,10 @@ def _build_base(
     base.same_inputs = comparable
     same_placement(head.model, base_model)  # before either is compiled
     # its own config says how it compiles: recorded as the head's only where it can be
-    if head.traced is not None and traces(kind, base_req):
-        base.traced = Traced(base_req.base_path)
-    else:
+    if head.traced is not None:
+        kwargs = compile_kwargs(base_req.model, base_req.mode, base_req.dynamic)
+        base.traced = Traced.of(kwargs, base_req.base_path)
+    if base.traced is None:
         base.graphs = kind.graphs(base_model, base_req, base.inputs, amp)
     return base
 

@@ -94,7 +94,7 @@ def measure_train(req: MeasureRequest) -> Response:
 
     # graphs and breaks from the compile's own trace; else explain(), which runs the
     # step and resets dynamo: on throwaway copies, before compiling
-    traced = step_traced(req)
+    traced = Traced.of(compile_kwargs(cfg, req.mode, req.dynamic, False), base_dir)
     graphs = {} if traced else graph_breaks(new(model).step, inputs, base_dir, grad=True)
     # paired: the base commit's target, as its own config defines it (its optimizer,
     # loss and steps too)
@@ -160,12 +160,6 @@ def measure_train(req: MeasureRequest) -> Response:
     )
 
 
-def step_traced(req: MeasureRequest) -> Traced | None:
-    """Where the step's compile can record the graphs it traces (else: explained)."""
-    kwargs = compile_kwargs(req.model, req.mode, req.dynamic, fullgraph=False)
-    return Traced(req.base_path) if Traced.wraps(kwargs) else None
-
-
 class _BaseSteps:
     """Paired: the base commit's training step, built by its own config (its optimizer,
     loss and steps too) from its own checkout; its graphs from its compile's own trace
@@ -176,7 +170,8 @@ class _BaseSteps:
     ) -> None:
         self.req, self.model, self.inputs, self.deps, self.same = req, model, inputs, deps, same
         self.loss = prepare(req, req.base_path, model, inputs)
-        self.traced = step_traced(req)
+        kwargs = compile_kwargs(req.model, req.mode, req.dynamic, False)
+        self.traced = Traced.of(kwargs, req.base_path)
         self.graphs = (
             {} if self.traced else graph_breaks(self.new().step, inputs, req.base_path, grad=True)
         )
