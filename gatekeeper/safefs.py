@@ -65,6 +65,18 @@ def read_regular(path: Path | str, cap: int) -> bytes:
     return data
 
 
+def read_tail(path: Path | str, size: int = 64 * 2**10) -> str:
+    """The last ``size`` bytes of a log, as text ('' when it cannot be read, or is not
+    a plain file: never followed, never waited on)."""
+    try:
+        with os.fdopen(open_regular(path), "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(0, end - size))
+            return f.read(size).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def sha256_regular(path: Path | str) -> tuple[str, int]:
     """The sha256 and size of a plain file (:func:`open_regular`)."""
     h, size = hashlib.sha256(), 0

@@ -21,7 +21,6 @@ from .spawn import (
     devices_for,
     headers_worker,
     read_answer,
-    read_tail,
     worker_command,
     worker_folders,
     writable_for,
@@ -62,7 +61,7 @@ def run_worker(
             env=env,
         )
     parts = kinds.get(request.kind.name).headers if request.device == "cpu" else ()
-    shared = headers.ensure(headers_worker, parts)
+    shared = headers.ensure(headers_worker, parts, forkable=forkable(request))
     timeout = box.max_timeout(timeout)
     with scratch_dir("gk-worker-") as tmp:
         # the run's folder is the parent's (the request, the log); the worker writes in
@@ -99,7 +98,7 @@ def run_worker(
 
             confirm_facts(resp.facts)  # what the parent remembered, against the worker's
             return resp
-        text = read_tail(log_path)  # empty when it went to the terminal
+        text = safefs.read_tail(log_path)  # empty when it went to the terminal
         death = breadcrumbs.read(resp_path, started.proc.returncode or 0, text, request.base_path)
         raise WorkerDied(label, death, text)
 

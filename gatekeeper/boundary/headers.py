@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .. import facts_cache
+from .. import facts_cache, safefs
 from ..scratch import scratch_dir
 from . import box
 
@@ -111,13 +111,16 @@ def _owned(path: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and mine and not st.st_mode & 0o022
 
 
-def ensure(boxed: Boxed, parts: tuple[str, ...] = ()) -> Path | None:
+def ensure(boxed: Boxed, parts: tuple[str, ...] = (), forkable: bool = False) -> Path | None:
     """The shared folder, its headers built for this machine first if they are not
     (once per process, by ``boxed``'s worker: :func:`gatekeeper.boundary.spawn.headers_worker`);
     None where there is none or its build failed (each worker then builds its own:
     slower, still right). ``parts``: the headers a worker's kind builds beyond the JIT
     kernels' (:attr:`gatekeeper.kinds.base.Kind.headers`: ``aoti``), built the first
-    time a run asks for them; where they fail, only that kind's workers build their own."""
+    time a run asks for them; where they fail, only that kind's workers build their own.
+    ``forkable``: the header worker may be forked from the warm server the run's model
+    workers are forked from (:func:`gatekeeper.boundary.box.start`), which then imports
+    torch once for both: a run that forks its workers passes it."""
     where, k = folder(), key()
     if where is None or k is None:
         return None
@@ -136,7 +139,7 @@ def ensure(boxed: Boxed, parts: tuple[str, ...] = ()) -> Path | None:
                     for staged in (ISA_PART, f"{part}.part"):  # a killed build's
                         shutil.rmtree(where / staged, ignore_errors=True)
                     _seed(where, where / f"{part}.part")
-                    if (why := _build(where, boxed, (part,))) is not None:
+                    if (why := _build(where, boxed, (part,), forkable)) is not None:
                         log.warning(
                             "precompiled headers not shared (%s): each worker builds its own",
                             why,
@@ -246,28 +249,36 @@ def _write_new(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _build(where: Path, boxed: Boxed, parts: tuple[str, ...]) -> str | None:
+def _build(where: Path, boxed: Boxed, parts: tuple[str, ...], forkable: bool) -> str | None:
     """Run :mod:`gatekeeper.worker.headers` for ``parts`` in its box (``boxed``: its
     command line and environment), ``where`` its one writable folder besides its
-    scratch; why it failed, or None."""
+    scratch, forked from a warm server where ``forkable`` and one can start, else a
+    fresh process; why it failed, or None."""
     with scratch_dir("gk-headers-") as tmp:
         cmd, env = boxed(where, Path(tmp), parts)
+        log_path = Path(tmp) / "headers.log"  # the run's folder, not the worker's
         # a box that cannot be made is no reason to build each worker's own: it ends
         # the run here, in one line (BoxUnavailable), before any model code runs
-        started = box.start(
-            cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+        with safefs.new_file(log_path) as log:
+            started = box.start(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                forkable=forkable,
+            )
         try:
-            _, err = started.popen.communicate(timeout=_TIMEOUT)
+            started.proc.wait(_TIMEOUT)
         except subprocess.TimeoutExpired:
-            started.popen.kill()
-            started.popen.wait()
+            started.proc.kill()
+            started.proc.wait()
             return f"timed out after {_TIMEOUT:.0f} s"
         finally:
             started.close()
-        if started.popen.returncode != 0:
-            lines = err.decode(errors="replace").strip().splitlines()
-            return f"exit {started.popen.returncode}: {lines[-1] if lines else 'no output'}"
+        if started.proc.returncode != 0:
+            lines = safefs.read_tail(log_path).strip().splitlines()
+            return f"exit {started.proc.returncode}: {lines[-1] if lines else 'no output'}"
     return None
 
 

@@ -37,7 +37,6 @@ from .spawn import (
     devices_for,
     headers_worker,
     read_answer,
-    read_tail,
     worker_command,
     worker_folders,
     writable_for,
@@ -206,7 +205,7 @@ def _wait(
 def _log_tail(tmp: Path, rank: int) -> str:
     """The end of a rank's output, from the agent's per-rank logs."""
     for path in sorted(tmp.glob(f"logs/*/attempt_*/{rank}/stderr.log")):
-        if text := read_tail(path, 20000):
+        if text := safefs.read_tail(path, 20000):
             return text
     return ""
 

@@ -263,9 +263,8 @@ def headers_worker(
 
 
 # what a worker's answer may weigh (a response with every shape set's timings and
-# counters is a few hundred KiB); a log is read only from its end
+# counters is a few hundred KiB); a log is read only from its end (safefs.read_tail)
 ANSWER_CAP = 64 * 2**20
-LOG_TAIL = 64 * 2**10
 
 
 def answered(path: Path) -> bool:
@@ -295,18 +294,6 @@ def read_answer(path: Path, what: str, cap: int = ANSWER_CAP) -> str:
             "an answer may have"
         )
     return data.decode(errors="replace")
-
-
-def read_tail(path: Path, size: int = LOG_TAIL) -> str:
-    """The last ``size`` bytes of a log ('' when it cannot be read, or is not a plain
-    file)."""
-    try:
-        with os.fdopen(safefs.open_regular(path), "rb") as f:
-            end = f.seek(0, os.SEEK_END)
-            f.seek(max(0, end - size))
-            return f.read(size).decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def configs_of(request: Build) -> list[Path]:

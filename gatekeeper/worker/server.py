@@ -1,8 +1,9 @@
 """``python -m gatekeeper.worker.server FD``: a worker server. It imports torch, Dynamo,
 inductor and the worker's modules once, runs no model code, and forks a child per
 request; the child enters the same box a fresh worker's ``confine.py`` builds, then runs
-the worker's ``main`` in that box instead of exec'ing a new interpreter (which would
-import torch again: about 5 CPU-seconds a worker). docs/hardening.md, "Forked workers".
+the worker's ``main`` (or the header worker's, :mod:`gatekeeper.worker.headers`) in that
+box instead of exec'ing a new interpreter (which would import torch again: about 5
+CPU-seconds a worker). docs/hardening.md, "Forked workers".
 
 It talks to one parent only, over the socket FD the parent handed it (no path a box could
 reach): each request, a JSON line with the child's arguments, environment, working
@@ -43,7 +44,7 @@ def _preload() -> None:
     import torch._inductor.codecache
     import torch._inductor.compile_fx  # noqa: F401
 
-    from . import __main__, compile, measure, model, verify  # noqa: F401
+    from . import __main__, compile, headers, measure, model, verify  # noqa: F401
 
 
 def forkable() -> str | None:
@@ -114,20 +115,29 @@ def _this_processes_temp_dir() -> None:
 
 
 def _run(argv: list[str]) -> None:
-    raise SystemExit(_worker(argv))
+    raise SystemExit(_main(argv))
 
 
-def _worker(argv: list[str]) -> int:
-    """The worker's main, in the box's worker process (argv: PROGRAM's, whose last two
-    are the request and response paths)."""
+def _main(argv: list[str]) -> int:
+    """The program's main, in the box's worker process (argv: PROGRAM's, ``python -m
+    MODULE ARGS``): the worker's (whose last two are the request and response paths) or
+    the header worker's (which runs no model code: :mod:`gatekeeper.worker.headers`),
+    the only two a server forks."""
     import faulthandler
 
-    from . import __main__ as worker
+    module, args = (argv[2], argv[3:]) if argv[1:2] == ["-m"] else ("", argv)
+    if module == "gatekeeper.worker.headers":
+        from . import headers
 
+        main, args = headers.main, args
+    else:
+        from . import __main__ as worker
+
+        module, main, args = "gatekeeper.worker", worker.main, argv[-2:]
     faulthandler.enable(all_threads=False)
-    sys.argv = ["gatekeeper.worker", *argv[-2:]]
+    sys.argv = [module, *args]
     try:
-        code = worker.main(argv[-2:])
+        code = main(args)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:
