@@ -129,7 +129,7 @@ def _main(argv: list[str]) -> int:
     if module == "gatekeeper.worker.headers":
         from . import headers
 
-        main, args = headers.main, args
+        main = headers.main
     else:
         from . import __main__ as worker
 
