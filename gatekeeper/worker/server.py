@@ -125,11 +125,10 @@ def _main(argv: list[str]) -> int:
     the only two a server forks."""
     import faulthandler
 
-    module, args = (argv[2], argv[3:]) if argv[1:2] == ["-m"] else ("", argv)
-    if module == "gatekeeper.worker.headers":
+    if argv[1:3] == ["-m", "gatekeeper.worker.headers"]:
         from . import headers
 
-        main = headers.main
+        module, main, args = "gatekeeper.worker.headers", headers.main, argv[3:]
     else:
         from . import __main__ as worker
 
