@@ -42,6 +42,9 @@ _isa: dict[Path, Path] = {}  # the folder -> its ISA check for this process's ke
 # the header worker's staging names, shared with it (gatekeeper.worker.headers):
 ISA_PART = "isa.part"  # where it leaves the ISA check, for the parent to name by its key
 USED = "used.json"  # in a part's staging folder: the headers its build asked inductor for
+# what a folder of this key holds, in the key: a folder that kept less is built again once
+# (2: every ISA check program, not the vector ISA's own only)
+LAYOUT = 2
 
 
 def folder() -> Path | None:
@@ -73,7 +76,8 @@ def _compiler() -> list[object]:
 def key() -> str | None:
     """What the headers follow from: the interpreter, torch's files and the CPU
     (:func:`gatekeeper.facts_cache.fingerprint`, less the thread settings), the
-    compiler and inductor's settings from the environment. None without torch."""
+    compiler and inductor's settings from the environment, and what the folder keeps
+    (:data:`LAYOUT`). None without torch."""
     if facts_cache.fingerprint() is None:
         return None
     ignored = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_")
@@ -85,7 +89,7 @@ def key() -> str | None:
         for k, v in os.environ.items()
         if k.startswith("TORCHINDUCTOR_") and not k.endswith("_DIR")
     )
-    doc = [torch_and_cpu, _compiler(), inductor]
+    doc = [torch_and_cpu, _compiler(), inductor, LAYOUT]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24]
 
 

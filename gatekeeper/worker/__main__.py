@@ -185,4 +185,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from . import end
+
+    end(main(sys.argv[1:]))

@@ -63,18 +63,35 @@ def build(folder: str, aoti: bool = False) -> int:
     return sum(1 for name in os.listdir(folder) if name.endswith(".gch"))
 
 
-def keep_isa_check(into: str) -> int:
-    """Copy the program inductor built in this process's cache dir to check that the
-    compiler builds this CPU's vector instructions (its ``.cpp`` and ``.so``, known by
-    their source) to ``into``, laid out as in a cache dir; the number of programs kept.
-    Every process with a new cache dir builds it again (about 4 CPU-seconds, the most
-    of a small model's cold compile after the header) unless it finds it there, so the
-    parent lends a copy to each worker (:func:`gatekeeper.boundary.headers.lend`)."""
+def _isa_programs() -> set[str]:
+    """The sources inductor compiles to check this CPU's vector instructions: every
+    ``*_code`` of ``VecISA`` and its subclasses (the ISA's own, and AVX-512's bf16 and
+    VNNI and AMX's extra checks, each built with its own flags)."""
     from torch._inductor import cpu_vec_isa
+
+    codes, seen, todo = set(), set(), [cpu_vec_isa.VecISA]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        codes |= {v for k, v in vars(cls).items() if k.endswith("_code") and isinstance(v, str)}
+    return codes
+
+
+def keep_isa_check(into: str) -> int:
+    """Copy the programs inductor built in this process's cache dir to check that the
+    compiler builds this CPU's vector instructions (each ``.cpp`` and ``.so``, known by
+    their source: :func:`_isa_programs`) to ``into``, laid out as in a cache dir; the
+    number of programs kept. Every process with a new cache dir builds them again
+    (about 4 CPU-seconds, the most of a small model's cold compile after the header)
+    unless it finds them there, so the parent lends a copy to each worker
+    (:func:`gatekeeper.boundary.headers.lend`)."""
     from torch._inductor.runtime.runtime_utils import cache_dir
 
-    code = getattr(cpu_vec_isa.VecISA, "_avx_code", None)
-    if not isinstance(code, str):  # a torch that checks otherwise
+    codes = _isa_programs()
+    if not codes:  # a torch that checks otherwise
         return 0
     root, kept = cache_dir(), 0
     for sub in sorted(os.listdir(root)):
@@ -85,7 +102,7 @@ def keep_isa_check(into: str) -> int:
             if not name.endswith(".cpp") or not os.path.isfile(src[:-4] + ".so"):
                 continue
             with open(src) as f:
-                if f.read() != code:
+                if f.read() not in codes:
                     continue
             os.makedirs(os.path.join(into, sub), exist_ok=True)
             for path in (src, src[:-4] + ".so"):
@@ -140,4 +157,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from . import end
+
+    end(main(sys.argv[1:]))

@@ -66,10 +66,9 @@ def child(req: dict[str, Any], log: int, status: int, channel: socket.socket) ->
     """In the forked child: the request's environment, working directory and log, then
     the box (``confine.enter``, this process its supervisor, ``status`` the pipe it says
     ``held`` or ``refused`` on) around the worker's main, called in the box's worker
-    process (``confine.run``). Never returns: the worker's end is a
-    ``SystemExit`` that ends this process as an interpreter ends (its ``atexit``
-    functions run, as a fresh worker's would); the box's other processes end by
-    ``os._exit``."""
+    process (``confine.run``). Never returns: the worker ends by
+    :func:`gatekeeper.worker.end` (its threads joined and ``atexit`` functions run, as a
+    fresh worker's end runs them); the box's other processes end by ``os._exit``."""
     try:
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -93,7 +92,7 @@ def child(req: dict[str, Any], log: int, status: int, channel: socket.socket) ->
             confine._refuse(confine.Box(opts), str(e))
         confine.run(box, lambda: _run(program))
     except SystemExit:
-        raise  # the worker's exit: out through the server's frames, as an interpreter exits
+        raise  # an exit before the worker's main (a bad box option): as an interpreter exits
     except BaseException as e:  # never back into the server's loop
         os.write(2, f"gatekeeper worker server: the child failed: {e!r}\n".encode())
     os._exit(70)
@@ -115,7 +114,9 @@ def _this_processes_temp_dir() -> None:
 
 
 def _run(argv: list[str]) -> None:
-    raise SystemExit(_main(argv))
+    from . import end
+
+    end(_main(argv))
 
 
 def _main(argv: list[str]) -> int:
@@ -300,4 +301,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from . import end
+
+    end(main(sys.argv[1:]))

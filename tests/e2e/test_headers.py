@@ -12,6 +12,7 @@ agree between them. One tiny model: a compile and a ``warm --probe``."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 
@@ -124,18 +125,30 @@ def test_the_service_finds_the_headers_in_its_temp_dir(steps: dict) -> None:
         assert copy.stat().st_size == header.stat().st_size
 
 
+def _sources(lines: list[str], temp: str) -> set[str]:
+    """The C++ sources the compiler was asked to build by processes of that temp dir."""
+    return {
+        m for line in lines if temp in line.split()[0] for m in re.findall(r"[\w.]+\.cpp\b", line)
+    }
+
+
 def test_no_models_worker_builds_the_isa_check(steps: dict) -> None:
     """Inductor checks that the compiler builds the CPU's vector instructions by building
-    a small program into its cache dir (about 4 CPU-seconds, most of a small model's cold
+    small programs into its cache dir (about 4 CPU-seconds, most of a small model's cold
     compile after the header), once per new cache dir: every compile worker. The header
-    worker keeps the one it built (``isa-<key>``) and the parent lends each worker a copy,
-    so the model's worker asks the compiler for none: fails where it builds its own."""
+    worker keeps those it built (``isa-<key>``) and the parent lends each worker a copy,
+    so the model's worker asks the compiler for none of them: fails where it builds its
+    own, as it did for AVX-512's bf16 and VNNI checks and AMX's (each its own program)
+    until every program was kept, not the vector ISA's own only."""
     kept = sorted(p.name for p in steps["shared"].glob("isa-*/*/*.cpp"))
     assert kept, sorted(steps["shared"].iterdir())
-    worker = [line for line in steps["compile"] if "/gk-worker-" in line.split()[0]]
-    assert worker and not [line for line in worker if any(n in line for n in kept)], worker
-    # and a header worker built it: the same program, under the same name
-    assert any(n in line for line in steps["compile"] for n in kept), steps["compile"]
+    worker = _sources(steps["compile"], "/gk-worker-")
+    assert worker and not worker & set(kept), (worker, kept)
+    # a header worker built them: the same programs, under the same names; and nothing
+    # it built (ISA checks, its own small kernel) is built again by a model's worker
+    header_worker = _sources(steps["compile"], "/gk-headers-")
+    assert set(kept) <= header_worker, (kept, header_worker)
+    assert not header_worker & worker, header_worker & worker
 
 
 def test_a_folder_stamped_before_the_isa_check_was_kept_is_built_again(steps: dict) -> None:
