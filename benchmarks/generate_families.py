@@ -64,6 +64,38 @@ FAMILIES = {
         "GPT2Config, GPT2LMHeadModel",
         "GPT2Config(vocab_size=2048, n_embd=64, n_layer=1, n_head=4, n_positions=64)",
     ),
+    # families the sweep added later, each with what the four above lack: Phi-3's fused
+    # QKV and gate-up projections, Gemma's tied and scaled embedding, GPT-NeoX's partial
+    # rotary and parallel residual, OPT's learned positions offset by 2, OLMo's
+    # non-parametric layer norm
+    "phi3": (
+        "Phi3Config, Phi3ForCausalLM",
+        "Phi3Config(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,"
+        " max_position_embeddings=64, pad_token_id=0)",
+    ),
+    "gemma": (
+        "GemmaConfig, GemmaForCausalLM",
+        "GemmaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,"
+        " max_position_embeddings=64)",
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig, GPTNeoXForCausalLM",
+        "GPTNeoXConfig(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=64)",
+    ),
+    "opt": (
+        "OPTConfig, OPTForCausalLM",
+        "OPTConfig(vocab_size=2048, hidden_size=64, ffn_dim=128, num_hidden_layers=1,"
+        " num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=64)",
+    ),
+    "olmo": (
+        "OlmoConfig, OlmoForCausalLM",
+        "OlmoConfig(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,"
+        " max_position_embeddings=64, pad_token_id=0)",
+    ),
 }
 FACTORY = '''from transformers import {imports}
 
