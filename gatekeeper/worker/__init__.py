@@ -27,7 +27,7 @@ def end(code: int) -> NoReturn:
     Python's non-daemon threads joined and its ``atexit`` functions run (inductor's
     compile pool shut down, logging flushed, temporary folders removed), the standard
     streams flushed, then ``os._exit``. What is skipped is the interpreter freeing every
-    object of torch, Dynamo and inductor one by one: about 1.2 seconds of every worker's
+    object of torch, Dynamo and inductor one by one: about 1.1 seconds of every worker's
     wall and CPU, spent after its answer is written and before the parent can go on
     (docs/benchmarks.md, "A worker's end")."""
     import atexit

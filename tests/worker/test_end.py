@@ -1,5 +1,5 @@
 """A worker ends by ``gatekeeper.worker.end``: ``os._exit`` once what an interpreter's exit
-promises is done, skipping only the freeing of every object of torch (about 1.2 s of
+promises is done, skipping only the freeing of every object of torch (about 1.1 s of
 every worker's end: docs/benchmarks.md, "A worker's end"). What model code or torch left
 to an exit still happens: its ``atexit`` functions run (the box's tests have a factory's
 rewrite its answer at exit), its non-daemon threads are joined (a thread pool finishes
