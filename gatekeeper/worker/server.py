@@ -18,6 +18,7 @@ from __future__ import annotations
 import array
 import contextlib
 import ctypes
+import gc
 import hmac
 import json
 import os
@@ -286,6 +287,11 @@ def main(argv: list[str]) -> int:
     else:
         first = socket.socket(fileno=int(argv[0]))
     _preload()
+    # what the imports made, out of the collector's sight (Python's gc.freeze, for a
+    # process that forks without exec): a child's collections would write to each of
+    # those objects and copy the server's pages into the child, about 0.6 s of a forked
+    # worker's first compile (docs/configuration.md, "Forked workers")
+    gc.freeze()
     if (why := forkable()) is not None:
         if first is not None:
             _answer(first, {"refused": why})
