@@ -201,17 +201,18 @@ class HFLoop(Loop):
         self, inputs: Inputs, compiled: bool, scores: bool, clock: Clock
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         kw = {**self.generate_kwargs(compiled, scores), "streamer": clock}
+        ids = prompt_of(inputs)
         if "attention_mask" not in inputs.kwargs:
             # as a tokenizer returns one prompt: every token attended. Left to
             # generate(), a prompt that holds the model's pad token (a seeded one may)
             # gets a mask that masks it, and a decode step of other inputs: graphs a
             # service's prompt never asks for, and the ones it asks for left out
-            kw["attention_mask"] = torch.ones_like(prompt_of(inputs))
+            kw["attention_mask"] = torch.ones_like(ids)
         with self._forward(compiled):
             out = inputs.call(lambda *a, **k: self.model.generate(*a, **k, **kw))
         if not scores:
             return None
-        prompt = prompt_of(inputs).shape[1]
+        prompt = ids.shape[1]
         return out.sequences[:, prompt:], torch.stack(out.scores, dim=1), out.logits[0]
 
 
