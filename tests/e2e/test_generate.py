@@ -3,11 +3,12 @@ built from a tiny config with random weights, as a user configures it (the minim
 form): compile publishes the prefill and decode graphs, warm restores them and a fresh
 service interpreter running docs/generation.md's own code block on the warmed cache dir
 compiles nothing (torch's counters: 0 FX graph misses), though the prompt gatekeeper
-compiled with holds the model's pad token and the service's does not; check reports TTFT, TPOT and
-tokens/s and passes parity by tokens; baseline publishes; an unchanged pull request
-passes. Then pull requests the gate must catch: a step count kept on a module that the
-output reads (every decode step recompiles: `regressed`, naming recompiles), and a
-compiled decode that chooses other tokens than eager (`parity-failed`, naming the step).
+compiled with holds the model's pad token (the service's block passes its attention mask);
+check reports TTFT, TPOT and tokens/s and passes parity by tokens; baseline publishes;
+an unchanged pull request passes. Then pull requests the gate must catch: a step count
+kept on a module that the output reads (every decode step recompiles: `regressed`,
+naming recompiles), and a compiled decode that chooses other tokens than eager
+(`parity-failed`, naming the step).
 
 One cold compile for the module; every pull request is checked paired with main (its
 base warm from main's bundle), with timing rules too wide to decide anything here (the
