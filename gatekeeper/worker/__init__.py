@@ -7,6 +7,7 @@ gatekeeper.worker`` in a fresh process with an isolated inductor cache dir, so a
 compile is really cold and torch's counters describe one target. Every module here
 runs in the child; the parent's side of the boundary is :mod:`gatekeeper.boundary`.
 
+* ``imports``  what every worker imports before its action, fresh or forked
 * ``model``    build the user's model and its seeded inputs (and a base version's, paired)
 * ``compiler`` torch.compile as configured, and the counters that say what it did
 * ``kinds``    each artifact kind's worker half: how it builds, records, loads

@@ -32,8 +32,12 @@ from ..errors import ConfigError, first_line
 
 
 def handle(req: Request) -> Response:
-    """The request's action; each imports torch only when it runs (a package's probe
-    times that import itself)."""
+    """The request's action, after the imports every worker makes ahead
+    (:mod:`gatekeeper.worker.imports`) but for a probe, which times them itself."""
+    if not isinstance(req, ProbeRequest):
+        from .imports import preload
+
+        preload()
     if isinstance(req, ProbeRequest) and req.load is not None and not req.eager:
         from .kinds import package_half
 

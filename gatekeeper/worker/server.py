@@ -18,7 +18,6 @@ from __future__ import annotations
 import array
 import contextlib
 import ctypes
-import gc
 import hmac
 import json
 import os
@@ -32,20 +31,58 @@ import threading
 from typing import Any
 
 from ..boundary.forks import env_digest, receive
+from .imports import preload
 
 PR_SET_PDEATHSIG = 1
 SO_PEERCRED = 17
 
 
-def _preload() -> None:
-    """What every worker imports: torch, Dynamo, inductor and the worker's modules (a
-    worker's own imports are then dictionary lookups)."""
-    import torch
-    import torch._dynamo
-    import torch._inductor.codecache
-    import torch._inductor.compile_fx  # noqa: F401
+MADV_POPULATE_READ = 22  # Linux 5.14
+# the file pages (libraries, bytecode) this server's imports mapped: (address, length)
+_resident: list[tuple[int, int]] = []
 
-    from . import __main__, compile, headers, measure, model, verify  # noqa: F401
+
+def resident_file_pages() -> list[tuple[int, int]]:
+    """The runs of file-backed pages mapped in this process (``/proc/self/pagemap``'s
+    present and file bits, readable mappings): the library code and data its imports
+    touched. A fork copies the page tables of anonymous memory only, so a child starts
+    without these mapped though they are resident in the server."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    runs: list[tuple[int, int]] = []
+    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
+        for line in maps:
+            fields = line.split()
+            if len(fields) < 6 or not fields[5].startswith("/") or "r" not in fields[1]:
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            pagemap.seek(lo // page * 8)
+            data = pagemap.read((hi - lo) // page * 8)
+            entries = struct.unpack(f"{len(data) // 8}Q", data)
+            start = None
+            for i, e in enumerate([*entries, 0]):
+                mapped = (e >> 63) & 1 and (e >> 61) & 1  # present, a file page
+                if mapped and start is None:
+                    start = i
+                elif not mapped and start is not None:
+                    runs.append((lo + start * page, (i - start) * page))
+                    start = None
+    return runs
+
+
+def map_again(runs: list[tuple[int, int]]) -> None:
+    """Map ``runs`` (:func:`resident_file_pages` of the server) in this forked child,
+    as a fresh worker's own imports mapped them: its resident set, and so its peak
+    (:func:`gatekeeper.worker.memory.process_peak`), then counts the same library pages
+    a fresh worker's counts (about 80 MB of torch's, a few milliseconds: the pages are in
+    the page cache). Where the kernel has no ``MADV_POPULATE_READ``, a byte of each page
+    is read."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = os.sysconf("SC_PAGE_SIZE")
+    for address, length in runs:
+        if libc.madvise(address, length, MADV_POPULATE_READ) != 0:
+            for at in range(address, address + length, page):
+                ctypes.string_at(at, 1)
 
 
 def forkable() -> str | None:
@@ -117,6 +154,7 @@ def _this_processes_temp_dir() -> None:
 def _run(argv: list[str]) -> None:
     from . import end
 
+    map_again(_resident)  # in the box's worker process, whose peak is read
     end(_main(argv))
 
 
@@ -286,12 +324,12 @@ def main(argv: list[str]) -> int:
         listener.listen(16)
     else:
         first = socket.socket(fileno=int(argv[0]))
-    _preload()
-    # what the imports made, out of the collector's sight (Python's gc.freeze, for a
-    # process that forks without exec): a child's collections would write to each of
-    # those objects and copy the server's pages into the child, about 0.6 s of a forked
-    # worker's first compile (docs/configuration.md, "Forked workers")
-    gc.freeze()
+    from . import __main__  # noqa: F401  (the worker's main, run in each child)
+
+    # what every worker imports ahead, then frozen (gc.freeze: a child's collections
+    # would write to each object of the imports and copy the server's pages into it)
+    preload()
+    _resident[:] = resident_file_pages()
     if (why := forkable()) is not None:
         if first is not None:
             _answer(first, {"refused": why})
