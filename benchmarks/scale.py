@@ -80,6 +80,12 @@ ARCHS = {
                      num_attention_heads=4, num_key_value_heads=1, head_dim=256,
                      vocab_size=262144, sliding_window=512),  # 268M
     }),
+    # GPT-2: tied, learned positions, Conv1D weights stored transposed ([in, out]),
+    # fused QKV, a 50,257-word vocabulary (31% of the 124M model)
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", True, {
+        "tiny": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=50257),  # 3.3M
+        "124m": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257),  # 124M
+    }),
 }  # fmt: skip
 SIZES = ARCHS["llama"][3]
 STAGES = ("build", "compile", "warm", "check", "paired", "aot", "aot-paired", "aot-warm", "load")
