@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__, bundle, distributed, facts_cache, kinds
+from .boundary import headers
 from .boundary.client import run_or_fail
 from .boundary.protocol import CompileRequest, PackageRef, Response
 from .bundle import signing_key
@@ -163,7 +164,9 @@ def _shipped(
     if used is None:
         why = "the worker could not tell which files it used"
     else:
-        read = {rel for rel in used if rel in now}
+        # the ISA check lent to the worker: a compile needs it, read or not (its
+        # process may have the answer from its server: boundary/headers.lent_isa_files)
+        read = {rel for rel in [*used, *headers.lent_isa_files()] if rel in now}
         # inductor's counters say what hit: the entries it hit must be among what it read
         for kind, counter in (
             ("fxgraph/", "fxgraph_cache_hit"),

@@ -20,6 +20,7 @@ import select
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from .. import units
 from ..errors import BoxUnavailable, ConfigError
@@ -143,13 +144,16 @@ class Boxed:
             self._status = None
 
 
-def start(cmd: list[str], forkable: bool = False, **popen) -> Boxed:
+def start(cmd: list[str], forkable: bool = False, isa_check: Path | None = None, **popen) -> Boxed:
     """Start ``cmd`` (:func:`gatekeeper.boundary.spawn.worker_command`) and wait until
     its box is made: raises :class:`BoxUnavailable` (the process reaped) where it was
     refused, and where it is only partly made unless the owner chose to run unconfined.
     ``forkable``: the box and its worker may be a child forked from a warm server
     (:func:`gatekeeper.boundary.forks.fork`: the same box, made by the same code, around
-    the same worker's main), where one can start; else a fresh process."""
+    the same worker's main), where one can start; else a fresh process. ``isa_check``:
+    the header worker's ISA check, with which the server checks the CPU's vector
+    instructions once before it forks a model's worker (its children inherit the
+    answer)."""
     if "--" not in cmd:  # no confine.py: a system without the box
         _without_box(f"no box on {sys.platform} (Linux only)")
         return Boxed(subprocess.Popen(cmd, **popen), None)
@@ -159,7 +163,7 @@ def start(cmd: list[str], forkable: bool = False, **popen) -> Boxed:
         full = [*cmd[:at], "--status-fd", str(w), *cmd[at:]]
         proc: subprocess.Popen | Forked | None = None
         if forkable:
-            proc = forks.fork(full, popen["env"], popen.get("stdout"), w)
+            proc = forks.fork(full, popen["env"], popen.get("stdout"), w, isa_check)
         if proc is None:
             proc = subprocess.Popen(full, pass_fds=(w,), **popen)
     except BaseException:

@@ -90,6 +90,7 @@ def run_worker(
                 stdout=None if verbose else log,
                 stderr=None if verbose else subprocess.STDOUT,
                 forkable=forkable(request),
+                isa_check=headers.isa_check(shared),
             )
             _wait(started, timeout, resp_path, label)
         if answered(resp_path):

@@ -163,10 +163,19 @@ class Server:
         return "no output"
 
     def fork(
-        self, argv: list[str], env: Mapping[str, str], cwd: str, fds: list[int], box: list[str]
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        cwd: str,
+        fds: list[int],
+        box: list[str],
+        isa_check: Path | None = None,
     ) -> Forked:
-        """Fork ``argv`` in ``box``; ``fds``: its log and the box's status pipe."""
+        """Fork ``argv`` in ``box``; ``fds``: its log and the box's status pipe;
+        ``isa_check``: the ISA check the server checks the CPU with first, once."""
         doc = {"argv": argv, "env": dict(env), "cwd": cwd, "box": box}
+        if isa_check is not None:
+            doc["isa_check"] = str(isa_check)
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         with self.lock:
             self.sock.sendmsg([json.dumps(doc).encode()], anc)
@@ -250,11 +259,18 @@ def close_all() -> None:
     _shared.clear()
 
 
-def fork(cmd: list[str], env: Mapping[str, str], log_file, status_fd: int) -> Forked | None:
+def fork(
+    cmd: list[str],
+    env: Mapping[str, str],
+    log_file,
+    status_fd: int,
+    isa_check: Path | None = None,
+) -> Forked | None:
     """The boxed worker ``cmd`` (``confine.py OPTIONS -- PROGRAM``, its ``--status-fd``
     ``status_fd``) forked from its environment's server, or None where there is none
     (``GATEKEEPER_FORKS=off``, a server that could not start): then the caller starts a
-    fresh process. ``log_file``: its output (None: this process's own stderr)."""
+    fresh process. ``log_file``: its output (None: this process's own stderr);
+    ``isa_check``: :meth:`Server.fork`'s."""
     if not enabled() or "--" not in cmd or not cmd[3].endswith("confine.py"):
         return None
     split = cmd.index("--")  # python -I -S confine.py BOX... -- PROGRAM
@@ -267,7 +283,7 @@ def fork(cmd: list[str], env: Mapping[str, str], log_file, status_fd: int) -> Fo
         return None
     try:
         out = log_file.fileno() if log_file is not None else sys.stderr.fileno()
-        return server.fork(program, env, os.getcwd(), [out, status_fd], box)
+        return server.fork(program, env, os.getcwd(), [out, status_fd], box, isa_check)
     except OSError as e:
         log.warning("%s: this worker starts a fresh process", e)
         return None

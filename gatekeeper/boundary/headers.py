@@ -339,7 +339,7 @@ def lend(
                 os.symlink(src, dest / name)
             put += 1
     if not copy and env.get("TORCHINDUCTOR_CACHE_DIR") and where in _isa:
-        _lend_isa_check(_isa[where], Path(env["TORCHINDUCTOR_CACHE_DIR"]))
+        lend_isa_check(_isa[where], Path(env["TORCHINDUCTOR_CACHE_DIR"]))
     return put
 
 
@@ -351,7 +351,26 @@ def _plain(path: Path) -> bool:
         return False
 
 
-def _lend_isa_check(isa: Path, cache: Path) -> None:
+def isa_check(where: Path | None) -> Path | None:
+    """The ISA check the header worker kept in ``where`` for this machine's key (the
+    folder :func:`ensure` returned), where it holds one."""
+    isa = _isa.get(where) if where is not None else None
+    return isa if isa is not None and isa.is_dir() else None
+
+
+def lent_isa_files() -> set[str]:
+    """Every file of the ISA checks this process lends its workers, as a path in a
+    cache dir: a compile ships them whether or not its process read them (a worker
+    forked from a server that ran the check has its answer, not the files' reads), so a
+    deploy warmed from its bundle builds none."""
+    names: set[str] = set()
+    for isa in _isa.values():
+        with contextlib.suppress(OSError):
+            names |= {p.relative_to(isa).as_posix() for p in isa.rglob("*") if _plain(p)}
+    return names
+
+
+def lend_isa_check(isa: Path, cache: Path) -> None:
     """Copy the ISA check the header worker kept (:func:`gatekeeper.worker.headers.keep_isa_check`)
     into a worker's cache dir, where inductor looks for it before it builds one: a copy
     per worker, filled as a bundle is (a worker of the run may have written the cache

@@ -8,6 +8,7 @@ import logging
 
 from ..config import Config
 from ..errors import StoreError
+from ..project import expand
 from ..results import Baseline, Results
 from ..store import Store, baselines
 from ..store.base import store_error
@@ -49,6 +50,7 @@ def judge(
     except StoreError as e:
         raise store_error(store.uri, e, f"cannot read the baselines of {base_ref}") from e
     measured = {r.target for r in results.targets}
+    defined = {t.id for t in expand(config)}
     models = {m.name: m for m in config.models}
 
     def rules_for(target_id: str):  # the change's own (the base's govern: gate.governing)
@@ -60,9 +62,10 @@ def judge(
         found,
         rules_for,
         base_ref=base_ref,
-        # stored: baselines of targets not measured now; paired: the base commit's
-        # targets that this change's config no longer defines
-        removed=sorted((with_baseline - measured) | set(results.removed)),
+        # stored: baselines of targets this change's config no longer defines (one it
+        # defines and this run left out, by --target or --shard, is not removed);
+        # paired: the base commit's targets that this change's config no longer defines
+        removed=sorted((with_baseline - measured - defined) | set(results.removed)),
         require_baseline=require_baseline,
         creator=results.creator,
         accepted=lambda t: any(fnmatch.fnmatchcase(t, g) for g in accept or []),

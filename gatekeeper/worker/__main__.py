@@ -35,9 +35,11 @@ def handle(req: Request) -> Response:
     """The request's action, after the imports every worker makes ahead
     (:mod:`gatekeeper.worker.imports`) but for a probe, which times them itself."""
     if not isinstance(req, ProbeRequest):
-        from .imports import preload
+        from .imports import check_isa, preload
 
         preload()
+        if req.device == "cpu" and not isinstance(req, DepsRequest):
+            check_isa()
     if isinstance(req, ProbeRequest) and req.load is not None and not req.eager:
         from .kinds import package_half
 

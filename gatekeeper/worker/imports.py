@@ -31,9 +31,32 @@ def preload() -> None:
     import torch
     import torch._dynamo
     import torch._inductor.codecache
-    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.compile_fx
+    import torch._inductor.cpu_vec_isa
+    import torch.utils.cpp_extension  # what the ISA check imports (setuptools, packaging)
 
     from . import compile, headers, measure, model, verify  # noqa: F401
 
+    torch._inductor.codecache.torch_key()  # a hash of torch's sources, once per process
     _done = True
+    gc.freeze()
+
+
+_isa_checked = False
+
+
+def check_isa() -> None:
+    """Inductor's check of the CPU's vector instructions, which a process's first CPU
+    compile makes otherwise (inside its compile seconds): each ISA check library, built
+    by the header worker and lent into this process's cache dir, loaded by a new Python
+    process (six on an AVX-512 CPU, about 1 s here; ``cpu_vec_isa._probe_load``). Its
+    answer is kept for the process (inductor's own caches): a server's children inherit
+    it. Not for a probe, which times a deploy's first call, this check included."""
+    global _isa_checked
+    if _isa_checked:
+        return
+    from torch._inductor import cpu_vec_isa
+
+    cpu_vec_isa.pick_vec_isa()
+    _isa_checked = True
     gc.freeze()

@@ -28,6 +28,7 @@ import socket
 import struct
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from ..boundary.forks import env_digest, receive
@@ -189,6 +190,25 @@ def _main(argv: list[str]) -> int:
     return code
 
 
+_isa_tried: list[str] = []
+
+
+def _check_isa(isa: str) -> None:
+    """Inductor's check of the CPU's vector instructions, once, before forking a
+    model's worker (:func:`gatekeeper.worker.imports.check_isa`: each child inherits
+    the answer instead of loading six libraries in six new processes, about 1 s a
+    worker): with the header worker's ISA check ``isa`` lent into this server's cache
+    dir, as the parent lends it to a worker's. Where it fails, each child checks."""
+    from ..boundary.headers import lend_isa_check
+    from .imports import check_isa
+
+    try:
+        lend_isa_check(Path(isa), Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
+        check_isa()
+    except Exception as e:  # never the server's end: its children check for themselves
+        os.write(2, f"gatekeeper worker server: no ISA check ahead: {e!r}\n".encode())
+
+
 class _Child:
     """A forked child: its client, the channel its end is reported on, its scratch."""
 
@@ -254,6 +274,9 @@ class Server:
             self._drop(client)
             return
         req, fds = got
+        if req.get("isa_check") and not _isa_tried:
+            _isa_tried.append(req["isa_check"])
+            _check_isa(req["isa_check"])
         why = forkable()
         if why is not None or len(fds) != 2:
             _answer(client, {"refused": why or "a log and a status descriptor expected"})

@@ -49,11 +49,16 @@ CONFIG = textwrap.dedent("""
 """)
 
 
+def files(root: Path, code_hash: str) -> set[str]:
+    """The members a stored bundle carries."""
+    (manifest,) = (root / "store" / "bundles").rglob(f"{code_hash}/manifest.json")
+    return set(json.loads(manifest.read_text())["files"])
+
+
 def fx_entries(root: Path, code_hash: str) -> set[str]:
     """The FX graph cache entries a stored bundle carries (``fxgraph/<k>/<key>``)."""
-    (manifest,) = (root / "store" / "bundles").rglob(f"{code_hash}/manifest.json")
-    files = json.loads(manifest.read_text())["files"]
-    return {"/".join(n.split("/")[1:4]) for n in files if n.startswith("cache/fxgraph/")}
+    names = files(root, code_hash)
+    return {"/".join(n.split("/")[1:4]) for n in names if n.startswith("cache/fxgraph/")}
 
 
 def probe(root: Path, cache: Path) -> dict:
@@ -71,7 +76,7 @@ def compiled(tmp_path_factory) -> dict:
 
 
 def test_a_comment_only_change_reuses_every_graph_and_its_bundle_warms(
-    compiled: dict, tmp_path: Path
+    compiled: dict, tmp_path: Path, shared_headers: Path
 ):
     root = compiled["root"]
     model = root / "tinymodel.py"
@@ -86,6 +91,14 @@ def test_a_comment_only_change_reuses_every_graph_and_its_bundle_warms(
     # it keeps the graphs it reused, not a byte of the seed it never touched
     assert fx_entries(root, entry["code_hash"]) == fx_entries(root, seed["code_hash"])
     assert seed["dropped"] > 0, seed  # the kernels' C++ sources: a hit never reads them
+    # the ISA check the header worker kept ships too, though this compile's process may
+    # never have read it (forked from a server that ran the check: it inherits the
+    # answer); without it a deploy warmed from this bundle builds six programs again
+    isa = {
+        p.relative_to(d).as_posix() for d in shared_headers.glob("isa-*") for p in d.rglob("*.so")
+    }
+    assert isa, sorted(shared_headers.iterdir())
+    assert {f"cache/{rel}" for rel in isa} <= files(root, entry["code_hash"]), isa
 
     warmed = probe(root, tmp_path / "deploy")  # a fresh process on the new bundle alone
     assert warmed["status"] == "hit" and warmed["bundle_code_hash"] == entry["code_hash"]
