@@ -13,7 +13,7 @@ from ..git import resolve as resolve_git
 from ..scratch import scratch_dir
 from ..secrecy import seal
 from . import box, breadcrumbs, headers
-from .protocol import Build, Response
+from .protocol import Build, DepsRequest, Response
 from .spawn import (
     answered,
     cache_env,
@@ -90,7 +90,8 @@ def run_worker(
                 stdout=None if verbose else log,
                 stderr=None if verbose else subprocess.STDOUT,
                 forkable=forkable(request),
-                isa_check=headers.isa_check(shared),
+                # a build alone (key's deps) compiles nothing: no ISA check for it
+                isa_check=None if isinstance(request, DepsRequest) else headers.isa_check(shared),
             )
             _wait(started, timeout, resp_path, label)
         if answered(resp_path):
