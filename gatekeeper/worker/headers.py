@@ -80,6 +80,25 @@ def _isa_programs() -> set[str]:
     return codes
 
 
+def forget_isa_check() -> None:
+    """Forget the answer to inductor's ISA check this process may hold (a server's
+    child inherits it: :func:`gatekeeper.worker.imports.check_isa`), so that this
+    worker's compile builds the ISA check programs it keeps (:func:`keep_isa_check`)."""
+    from torch._inductor import cpu_vec_isa
+
+    seen, todo = set(), [cpu_vec_isa.VecISA]
+    caches = [f for f in vars(cpu_vec_isa).values() if hasattr(f, "cache_clear")]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        caches += [f for f in vars(cls).values() if hasattr(f, "cache_clear")]
+    for cache in caches:
+        cache.cache_clear()
+
+
 def keep_isa_check(into: str) -> int:
     """Copy the programs inductor built in this process's cache dir to check that the
     compiler builds this CPU's vector instructions (each ``.cpp`` and ``.so``, known by
@@ -141,6 +160,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     folder, parts = argv[0], argv[1:]
+    forget_isa_check()
     used = _recorded()
     for part in parts:  # each into its own staging folder: the parent names what it built
         staged = os.path.join(folder, f"{part}.part")
