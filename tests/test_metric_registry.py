@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.factories import RULES, make_baseline, make_result
+from support.factories import RULES, make_baseline, make_result, make_results
 
 from gatekeeper import cli, metrics
 from gatekeeper.bisect.metrics import (
@@ -29,7 +29,7 @@ from gatekeeper.bisect.stored import hints
 from gatekeeper.config import GateConfig
 from gatekeeper.gate import rules
 from gatekeeper.gate.baseline import publish_result
-from gatekeeper.results import Paired, ParityCheck, Results, TargetResult, Work
+from gatekeeper.results import Paired, ParityCheck, TargetResult, Work
 from gatekeeper.store import open_store
 from gatekeeper.store.baselines import BaselineKey, history
 
@@ -88,13 +88,7 @@ def project(tmp_path: Path, base_graphs: list[int], pr_graphs: int) -> Path:
         r.measured_at = f"2025-01-0{i + 1}T00:00:00Z"
         assert publish_result(store, r, ref="main", commit=f"{i + 1:040x}") == "published"
     pr = graphs(make_result(TARGET, seed=1), pr_graphs)
-    doc = Results(
-        created_at="2025-01-09T00:00:00Z",
-        gatekeeper_version="0",
-        creator={},
-        base_ref="main",
-        targets=[pr],
-    )
+    doc = make_results([pr])
     (root / "results.json").write_text(doc.dump())
     return root
 

@@ -63,21 +63,30 @@ def build(folder: str, aoti: bool = False) -> int:
     return sum(1 for name in os.listdir(folder) if name.endswith(".gch"))
 
 
+def _isa_classes() -> list[type]:
+    """Inductor's ``VecISA`` and every subclass of it, transitively."""
+    from torch._inductor import cpu_vec_isa
+
+    found: list[type] = []
+    todo: list[type] = [cpu_vec_isa.VecISA]
+    while todo:
+        cls = todo.pop()
+        if cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
+
+
 def _isa_programs() -> set[str]:
     """The sources inductor compiles to check this CPU's vector instructions: every
     ``*_code`` of ``VecISA`` and its subclasses (the ISA's own, and AVX-512's bf16 and
     VNNI and AMX's extra checks, each built with its own flags)."""
-    from torch._inductor import cpu_vec_isa
-
-    codes, seen, todo = set(), set(), [cpu_vec_isa.VecISA]
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        todo.extend(cls.__subclasses__())
-        codes |= {v for k, v in vars(cls).items() if k.endswith("_code") and isinstance(v, str)}
-    return codes
+    return {
+        v
+        for cls in _isa_classes()
+        for k, v in vars(cls).items()
+        if k.endswith("_code") and isinstance(v, str)
+    }
 
 
 def forget_isa_check() -> None:
@@ -86,17 +95,10 @@ def forget_isa_check() -> None:
     worker's compile builds the ISA check programs it keeps (:func:`keep_isa_check`)."""
     from torch._inductor import cpu_vec_isa
 
-    seen, todo = set(), [cpu_vec_isa.VecISA]
-    caches = [f for f in vars(cpu_vec_isa).values() if hasattr(f, "cache_clear")]
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        todo.extend(cls.__subclasses__())
-        caches += [f for f in vars(cls).values() if hasattr(f, "cache_clear")]
-    for cache in caches:
-        cache.cache_clear()
+    for holder in [cpu_vec_isa, *_isa_classes()]:
+        for f in list(vars(holder).values()):
+            if hasattr(f, "cache_clear"):
+                f.cache_clear()
 
 
 def keep_isa_check(into: str) -> int:

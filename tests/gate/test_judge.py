@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.factories import make_baseline, make_result
+from support.factories import make_baseline, make_result, make_results
 
 from gatekeeper.gate.judge import judge
 from gatekeeper.project import expand, load_config
-from gatekeeper.results import Results
 from gatekeeper.store import baselines, open_store
 
 CONFIG = """\
@@ -44,13 +43,7 @@ def test_a_target_the_run_left_out_is_not_removed_only_one_the_config_dropped(tm
         assert doc.env_key == measured.env_key
         key = baselines.BaselineKey(target, doc.env_key, "main")
         assert baselines.publish(store, key, doc) == "published"
-    results = Results(
-        created_at="2026-11-30T00:00:00Z",
-        gatekeeper_version="0",
-        creator={},
-        base_ref="main",
-        targets=[measured],
-    )
+    results = make_results([measured])
     report = judge(results, config, store, base_ref="main")
     assert report.removed == ["gone/b4/default"], report.removed
     assert [row.result.target for row in report.rows] == [ids[0]]

@@ -21,6 +21,7 @@ from gatekeeper.results import (
     Paired,
     Parity,
     ParityCheck,
+    Results,
     TargetResult,
     Work,
 )
@@ -204,3 +205,15 @@ def base_side(result: TargetResult, samples: list[float] | None = None, **fields
     doc |= {"compile_seconds": 3.0, "graphs": result.graphs}
     doc["samples"] = result.latency.samples["compiled"] if samples is None else samples
     return Paired(**(doc | fields))
+
+
+def make_results(targets: list[TargetResult], **fields) -> Results:
+    """A results document of ``targets`` (a run on ``main``)."""
+    doc = dict(
+        created_at="2025-01-09T00:00:00Z",
+        gatekeeper_version="0",
+        creator={},
+        base_ref="main",
+        targets=targets,
+    )
+    return Results(**(doc | fields))
