@@ -190,15 +190,19 @@ def _main(argv: list[str]) -> int:
     return code
 
 
-_isa_tried: list[str] = []
+_isa_tried = False
 
 
 def _check_isa(isa: str) -> None:
-    """Inductor's check of the CPU's vector instructions, once, before forking a
+    """Inductor's check of the CPU's vector instructions, tried once, before forking a
     model's worker (:func:`gatekeeper.worker.imports.check_isa`: each child inherits
     the answer instead of loading six libraries in six new processes, about 1 s a
     worker): with the header worker's ISA check ``isa`` lent into this server's cache
     dir, as the parent lends it to a worker's. Where it fails, each child checks."""
+    global _isa_tried
+    if _isa_tried:
+        return
+    _isa_tried = True
     from ..boundary.headers import lend_isa_check
     from .imports import check_isa
 
@@ -274,8 +278,7 @@ class Server:
             self._drop(client)
             return
         req, fds = got
-        if req.get("isa_check") and not _isa_tried:
-            _isa_tried.append(req["isa_check"])
+        if req.get("isa_check"):
             _check_isa(req["isa_check"])
         why = forkable()
         if why is not None or len(fds) != 2:
