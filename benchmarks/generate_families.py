@@ -96,6 +96,44 @@ FAMILIES = {
         " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,"
         " max_position_embeddings=64, pad_token_id=0)",
     ),
+    # a third wave: Gemma 2's logit soft-capping and Gemma 3's q/k norms, each with
+    # sliding-window layers between global ones (two layers, a 16-token window: a hybrid
+    # cache), Qwen 3's q/k norms, Mixtral's mixture of experts (top-2 of 4 routed per
+    # token), Falcon's parallel attention and multi-query heads, GPT-BigCode's multi-query
+    # attention with fused KV
+    "gemma2": (
+        "Gemma2Config, Gemma2ForCausalLM",
+        "Gemma2Config(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,"
+        " max_position_embeddings=64, sliding_window=16)",
+    ),
+    "gemma3": (
+        "Gemma3TextConfig, Gemma3ForCausalLM",
+        "Gemma3TextConfig(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=16,"
+        " max_position_embeddings=64, sliding_window=16)",
+    ),
+    "qwen3": (
+        "Qwen3Config, Qwen3ForCausalLM",
+        "Qwen3Config(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,"
+        " max_position_embeddings=64)",
+    ),
+    "mixtral": (
+        "MixtralConfig, MixtralForCausalLM",
+        "MixtralConfig(vocab_size=2048, hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,"
+        " num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64)",
+    ),
+    "falcon": (
+        "FalconConfig, FalconForCausalLM",
+        "FalconConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=1,"
+        " num_attention_heads=4, max_position_embeddings=64)",
+    ),
+    "gpt_bigcode": (
+        "GPTBigCodeConfig, GPTBigCodeForCausalLM",
+        "GPTBigCodeConfig(vocab_size=2048, n_embd=64, n_layer=1, n_head=4, n_positions=64)",
+    ),
 }
 FACTORY = '''from transformers import {imports}
 

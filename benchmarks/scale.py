@@ -86,6 +86,14 @@ ARCHS = {
         "tiny": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=50257),  # 3.3M
         "124m": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257),  # 124M
     }),
+    # GPT-NeoX (Pythia): untied, rotary on a quarter of each head, attention and MLP in
+    # parallel from one residual, fused QKV, biases everywhere
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", False, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=256,
+                     num_attention_heads=4, vocab_size=50304),  # 6.6M
+        "410m": dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=4096,
+                     num_attention_heads=16, vocab_size=50304),  # 405M (Pythia-410M shape)
+    }),
 }  # fmt: skip
 SIZES = ARCHS["llama"][3]
 STAGES = ("build", "compile", "warm", "check", "paired", "aot", "aot-paired", "aot-warm", "load")
@@ -116,6 +124,23 @@ def make():
     finally:
         torch.set_default_dtype(default)
     return model.eval()
+"""
+
+
+# --load checkpoint: the factory a service has, loading the weights a checkpoint holds
+# (saved once by the config factory above, outside the project, as safetensors)
+LOADER = """\
+import torch
+from transformers import {model_cls}
+
+CHECKPOINT = {checkpoint!r}
+DTYPE = {dtype!r}
+DEVICE = {device!r}
+
+
+def make():
+    model = {model_cls}.from_pretrained(CHECKPOINT, dtype=getattr(torch, DTYPE))
+    return model.to(DEVICE).eval()
 """
 
 
@@ -200,12 +225,30 @@ def git(repo: Path, *args: str) -> None:
 
 
 def scratch(
-    work: Path, size: str, dtype: str, min_time: float, device: str = "cpu", arch: str = "llama"
+    work: Path,
+    size: str,
+    dtype: str,
+    min_time: float,
+    device: str = "cpu",
+    arch: str = "llama",
+    load: str = "config",
 ) -> Path:
+    """The scratch project. ``load="checkpoint"``: the config factory's model is saved
+    once (``save_pretrained``, beside the project) and the factory loads it, as a service
+    loads its weights; ``"config"``: the factory builds the model from its config."""
     repo = work / "repo"
     repo.mkdir()
     preset = ARCHS[arch][3][size]
     (repo / "scale_model.py").write_text(factory(preset, dtype, device, arch))
+    if load == "checkpoint":
+        checkpoint = work / "checkpoint"
+        save = f"import scale_model; scale_model.make().save_pretrained({str(checkpoint)!r})"
+        subprocess.run([sys.executable, "-c", save], cwd=repo, check=True,
+                       env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+        loader = LOADER.format(
+            model_cls=ARCHS[arch][1], checkpoint=str(checkpoint), dtype=dtype, device=device
+        )
+        (repo / "scale_model.py").write_text(loader)
     vocab = preset["vocab_size"]
     (repo / "gatekeeper.toml").write_text(
         CONFIG.format(min_time=min_time, vocab=vocab, device=device)
@@ -375,6 +418,13 @@ def main() -> None:
     ap.add_argument(
         "--stages", default=",".join(STAGES), help="comma-separated: " + ",".join(STAGES)
     )
+    ap.add_argument(
+        "--load",
+        choices=("config", "checkpoint"),
+        default="config",
+        help="the factory builds the model from its config (random weights), or loads a "
+        "checkpoint of it saved once beside the project (from_pretrained)",
+    )
     ap.add_argument("--min-time", type=float, default=1.0, help="measure.min_time (s)")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     ap.add_argument("--keep", action="store_true", help="keep the scratch project")
@@ -384,7 +434,7 @@ def main() -> None:
     wanted = set(a.stages.split(","))
     dtype = {"fp32": "float32", "bf16": "bfloat16"}[a.dtype]
     work = Path(tempfile.mkdtemp(prefix="gk-scale-"))
-    repo = scratch(work, a.size, dtype, a.min_time, a.device, a.arch)
+    repo = scratch(work, a.size, dtype, a.min_time, a.device, a.arch, a.load)
     try:
         info, rows = run_stages(repo, wanted)
     finally:
@@ -394,7 +444,7 @@ def main() -> None:
             print(f"scratch project: {repo}", file=sys.stderr)
     w = info["weight_bytes"]
     print(f"{ARCHS[a.arch][1]} {a.size}: {info['params'] / 1e6:.1f}M parameters, {a.dtype}, "
-          f"{a.device}, weights {gb(w)}\n")  # fmt: skip
+          f"{a.device}, weights {gb(w)}, the factory from its {a.load}\n")  # fmt: skip
     print(table(info, rows))
     for label, key in (("store after compile", "store_after_compile"),
                        ("aot bundle", "aot_bundle"), (".pt2", "pt2")):  # fmt: skip
@@ -409,7 +459,8 @@ def main() -> None:
     if a.json:
         for r in rows:
             r.pop("stdout", None), r.pop("stderr", None)
-        doc = {"arch": a.arch, "size": a.size, "dtype": a.dtype, **info, "rows": rows}
+        doc = {"arch": a.arch, "size": a.size, "dtype": a.dtype, "load": a.load, **info,
+               "rows": rows}  # fmt: skip
         a.json.write_text(json.dumps(doc, indent=2))
     if "failed" in info:
         sys.exit(f"stopped: {info['failed']}")
