@@ -37,11 +37,11 @@ from .generate import HFLoop, Loop, Run, describe, loop_of
 from .generate_parity import Generated, check, prefill_fp64
 from .generate_timing import PER_ROUND, generation_rounds, side_figures
 from .graphs import _reason
-from .measure import same_placement
 from .memory import footprint, give_back, peak_memory
 from .model import build_base, build_recorded, make_inputs, same_inputs
 from .outputs import Outputs
 from .parity import read_reference, save_reference
+from .placement import same_placement, share_identical
 from .plan import fits
 from .precision import check_precision, parity_tolerance
 from .profile import profile_calls
@@ -154,6 +154,7 @@ def measure_generate(req: MeasureRequest) -> Response:
     head = loop_of(model, req, inputs)
     base = _Base(req.for_base(), inputs) if req.paired_base is not None else None
     if base is not None:
+        share_identical(model, base.model, device)  # one copy of what both hold
         same_placement(model, base.model)  # before either is compiled
     torch._dynamo.reset()
     counters.clear()

@@ -34,6 +34,7 @@ from .kinds import Builder, Job, Refused, builder
 from .memory import allocated, footprint, give_back, last_level_cache
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
+from .placement import same_placement, share_identical
 from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance, under_autocast
 from .recompiles import start_counting
@@ -67,65 +68,6 @@ def next_device(model: torch.nn.Module) -> str:
     """The device of the model's first parameter or buffer ("cpu" without any)."""
     t = next(iter([*model.parameters(), *model.buffers()]), None)
     return str(t.device) if t is not None else "cpu"
-
-
-# same_placement hands freed pages back after every this many bytes copied: a 1B model's
-# second placement (halfway through the timed rounds) left 0.9 GiB more resident without
-_GIVE_BACK_EVERY = 256 << 20
-# a CPU tensor this large is its own mapping, whatever the allocator's state: glibc
-# serves every request of its mmap threshold or more by mmap, and that threshold never
-# rises past 32 MiB on a 64-bit machine (DEFAULT_MMAP_THRESHOLD_MAX)
-_OWN_MAPPING = 32 << 20
-
-
-def same_placement(first: object, second: object) -> None:
-    """Paired: give the head's and the base's weights memory placed alike. Built
-    one after the other, they are not: the head's tensors are allocated first, into an
-    allocator that has served little yet, and the base's after the head was built,
-    explained and copied, from an allocator in another state (glibc serves large
-    blocks by ``mmap`` until frees raise its threshold, then from the heap). With 2
-    threads an identical head read slower than its base: a median of +1.7% over 48
-    unchanged pull requests, +1.0% over 45 with this (docs/statistics.md). Each side's
-    parameters and buffers are copied into new memory, alternately, ``first``'s before
-    ``second``'s (head, base, head, base, ... before the first compiles; base first
-    again halfway through the timed rounds, so that neither side is always placed
-    first), so both draw on the same allocator state. Only tensors that own their whole
-    storage move (a tied weight keeps its tie; a view keeps its base); the model's own
-    objects are kept. A CPU tensor of :data:`_OWN_MAPPING` or more stays: it is a fresh
-    mapping on either side, placed alike already, and its copy would add its own size to
-    the peak (a 152k-word vocabulary's embedding: 0.28x of a Qwen2-0.5B's weights)."""
-    if not isinstance(first, torch.nn.Module) or not isinstance(second, torch.nn.Module):
-        return
-
-    def movable(m: torch.nn.Module) -> list[torch.Tensor]:
-        seen: dict[int, list[torch.Tensor]] = {}
-        for t in [*m.parameters(), *m.buffers()]:
-            if type(t.data) is not torch.Tensor:  # a DTensor's shard has no storage here
-                continue
-            seen.setdefault(t.untyped_storage().data_ptr(), []).append(t)
-        return [
-            ts[0]
-            for ts in seen.values()
-            if len(ts) == 1
-            and ts[0].storage_offset() == 0
-            and ts[0].untyped_storage().nbytes() == ts[0].numel() * ts[0].element_size()
-            and not (
-                ts[0].device.type == "cpu" and ts[0].untyped_storage().nbytes() >= _OWN_MAPPING
-            )
-        ]
-
-    with torch.no_grad():
-        firsts, seconds = movable(first), movable(second)
-        moved = 0
-        for i in range(max(len(firsts), len(seconds))):
-            for ts in (firsts, seconds):
-                if i < len(ts):
-                    ts[i].data = ts[i].data.clone()
-                    moved += ts[i].numel() * ts[i].element_size()
-            if moved >= _GIVE_BACK_EVERY:  # the old copies' pages, as they are freed
-                give_back()
-                moved = 0
-    give_back()
 
 
 @dataclass
@@ -255,6 +197,7 @@ def _build_base(
     comparable = same_inputs(head.inputs, base_inputs)
     base = _Side(base_req, base_model, head.inputs if comparable else base_inputs, base_deps)
     base.same_inputs = comparable
+    share_identical(head.model, base_model, base_req.device)  # one copy of what both hold
     same_placement(head.model, base_model)  # before either is compiled
     # its own config says how it compiles: recorded as the head's only where it can be
     if head.traced is not None:

@@ -16,7 +16,8 @@ from gatekeeper.config import MeasureConfig, ModelConfig
 from gatekeeper.gate.stats import compare
 from gatekeeper.worker import timing
 from gatekeeper.worker.calls import Inputs
-from gatekeeper.worker.measure import eager_model, same_placement
+from gatekeeper.worker.measure import eager_model
+from gatekeeper.worker.placement import same_placement, share_identical
 from gatekeeper.worker.recompiles import start_counting
 from gatekeeper.worker.task import compile_again, fresh_frames, measure_calls
 from gatekeeper.worker.timing import latency
@@ -130,6 +131,104 @@ def test_a_tensor_that_is_its_own_mapping_is_not_placed_again():
 def test_placement_leaves_a_plain_function_alone():
     """A ``function`` target has no weights of its own: nothing to place."""
     same_placement(torch.tanh, torch.tanh)
+
+
+def _checkpoint_lm(where: Path) -> tuple[nn.Module, nn.Module]:
+    """A stock Qwen2 (tied embeddings), saved once as safetensors and loaded twice with
+    ``from_pretrained``, as a service's factory loads its weights: the head's and the
+    base's tensors lie in two mappings of the one file, unread."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(where)
+    cls = transformers.Qwen2ForCausalLM
+    return cls.from_pretrained(where).eval(), cls.from_pretrained(where).eval()
+
+
+def _in_file(m: nn.Module, path: Path) -> set[str]:
+    """The parameters of ``m`` whose bytes lie in a mapping of ``path``."""
+    maps = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[5] == str(path):
+            maps.append(tuple(int(x, 16) for x in fields[0].split("-")))
+    return {
+        n
+        for n, p in m.named_parameters()
+        if any(lo <= p.data_ptr() and p.data_ptr() + p.nbytes <= hi for lo, hi in maps)
+    }
+
+
+def test_weights_a_checkpoint_maps_stay_in_the_file_and_the_base_shares_the_heads(tmp_path):
+    """Issue 53: a Qwen2-0.5B that ``from_pretrained`` loads, paired, peaked at 4.05x its
+    weights (8.00 GB): each side's tensors lie in a mapping of the checkpoint file, and
+    ``same_placement`` copied every one under 32 MiB into the heap while the file's pages
+    stayed mapped, and the two sides' mappings of the one file counted its pages twice.
+    Now the base's tensors that are the same bytes of the same file become the head's
+    (unread: a mapped page is the file's own), and nothing in a file is copied: every
+    weight stays in the file, one mapping serves both sides, and both compute as before.
+    Fails on the old ``same_placement``, which moved them out of the file."""
+    head, base = _checkpoint_lm(tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    names = {n for n, _ in head.named_parameters()}
+    assert _in_file(head, weights) == names and _in_file(base, weights) == names
+    ids = torch.tensor([[5, 7, 11, 13]])
+    with torch.no_grad():
+        want = head(ids).logits
+    before = {n: p.data_ptr() for n, p in head.named_parameters()}
+
+    shared = share_identical(head, base, cache=1 << 40)  # no compare by value: the file's
+    same_placement(head, base)
+
+    total = sum(p.nbytes for p in head.parameters())
+    assert shared == total
+    assert {n: p.data_ptr() for n, p in head.named_parameters()} == before
+    assert {n: p.data_ptr() for n, p in base.named_parameters()} == before
+    assert base.lm_head.weight is base.model.embed_tokens.weight  # still tied
+    with torch.no_grad():
+        assert torch.equal(head(ids).logits, want) and torch.equal(base(ids).logits, want)
+
+
+def test_a_weight_written_after_its_load_is_compared_not_taken_as_the_files(tmp_path):
+    """A page of the file's mapping that the model wrote (copied on write) no longer
+    holds the file's bytes: the base's weight of the same place is compared by value
+    (here: the weights outgrow a 1-byte cache), and kept apart where it differs."""
+    head, base = _checkpoint_lm(tmp_path / "ckpt")
+    with torch.no_grad():
+        base.model.layers[0].mlp.up_proj.weight.mul_(2)  # the PR's factory scales it
+    shared = share_identical(head, base, cache=1)
+    up = "model.layers.0.mlp.up_proj.weight"
+    params = dict(base.named_parameters())
+    assert params[up].data_ptr() != dict(head.named_parameters())[up].data_ptr()
+    assert shared == sum(p.nbytes for n, p in params.items() if n != up)
+
+
+def test_equal_weights_in_the_heap_are_shared_only_past_the_cache():
+    """Two sides built from one seed hold equal weights in memory of their own. Where
+    the weights outgrow twice the last-level cache, the base takes the head's (one copy
+    held, not two: a whole model's bytes); within it, each keeps its own, or the side
+    that runs second would find the weights the other just read in the cache."""
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))  # 17 KiB
+
+    head, base = model(), model()
+    assert share_identical(head, base, cache=16 << 10) == 0  # 17 KiB < 2 x 16 KiB
+    assert not {p.data_ptr() for p in head.parameters()} & {p.data_ptr() for p in base.parameters()}
+    with torch.no_grad():
+        base[2].bias.add_(1)  # a PR that changes one weight
+    assert share_identical(head, base, cache=4 << 10) == 64 * 64 * 4 + 64 * 4 + 2 * 64 * 4
+    assert base[0].weight.data_ptr() == head[0].weight.data_ptr()
+    assert base[2].bias.data_ptr() != head[2].bias.data_ptr()
+    before = {n: p.data_ptr() for n, p in base.named_parameters()}
+    same_placement(base, head)  # halfway: what both hold stays one copy
+    assert base[0].weight.data_ptr() == head[0].weight.data_ptr()
+    assert {n: p.data_ptr() for n, p in base.named_parameters()}["2.bias"] != before["2.bias"]
 
 
 class _Plus(nn.Module):
