@@ -7,7 +7,10 @@ size when given.
 
 Reads ``/proc/<pid>/status`` (``VmRSS``) of each process whose command line runs
 ``gatekeeper.worker``, and ``<response>.step`` beside the response path the worker was
-given (its last argument). Nothing in the worker changes; a sample every ``--every``
+given (its last argument). Every worker starts fresh (``GATEKEEPER_FORKS=off``): a worker
+forked from a worker server carries the server's command line, not its response path,
+and reads the same peak as a fresh one (docs/configuration.md, "Forked workers").
+Nothing in the worker changes; a sample every ``--every``
 seconds can miss a peak shorter than that (the worker's own ``VmHWM``, its whole run's
 peak, is printed beside it at the end).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -78,7 +82,7 @@ def main() -> None:
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env={**os.environ, "GATEKEEPER_FORKS": "off"})
     peaks: dict[tuple[int, str], int] = {}
     hwm: dict[int, int] = {}
     order: list[tuple[int, str]] = []
