@@ -26,9 +26,14 @@ stage's own.
 
 Usage, from the repo root (the 1B model in fp32 needs ~20 GB free for the paired stage):
 
-    python benchmarks/scale.py --size tiny|100m|300m|1b|8b [--dtype fp32|bf16]
-        [--device cpu|cuda] [--stages compile,warm,...] [--min-time 1] [--json out.json]
-        [--keep]
+    python benchmarks/scale.py [--arch llama|qwen2|gemma3|gpt2|gpt_neox]
+        --size tiny|100m|300m|1b|8b|... [--dtype fp32|bf16] [--device cpu|cuda]
+        [--load config|checkpoint] [--stages compile,warm,...] [--min-time 1]
+        [--json out.json] [--keep]
+
+``--load checkpoint``: the model is saved once beside the project (``save_pretrained``)
+and the factory loads it (``from_pretrained``), as a service loads its weights; the
+safetensors file is mapped, so its pages are the page cache's until read.
 
 ``8b`` is the Llama-3-8B shape (hidden 4096, 32 layers, 128k vocabulary): in bf16 on a
 GPU (16 GB of weights), the check issue 43 asks for on one 80 GB card. The last column
