@@ -59,7 +59,7 @@ class Built:
     package: dict[str, Any] | None = None
     after_first_calls: Callable[[], None] | None = None
     # to call once the model's weights were copied into new memory (paired placement,
-    # gatekeeper.worker.measure.same_placement): a package bound to them binds them again
+    # gatekeeper.worker.placement.same_placement): a package bound to them binds them again
     moved: Callable[[], None] | None = None
 
 
