@@ -154,7 +154,7 @@ def measure_generate(req: MeasureRequest) -> Response:
     head = loop_of(model, req, inputs)
     base = _Base(req.for_base(), inputs) if req.paired_base is not None else None
     if base is not None:
-        share_identical(model, base.model, device)  # one copy of what both hold
+        share_identical(model, base.model)  # one copy of what both hold
         same_placement(model, base.model)  # before either is compiled
     torch._dynamo.reset()
     counters.clear()

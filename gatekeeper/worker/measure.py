@@ -28,13 +28,12 @@ from .counters import (
     record_inductor_metrics,
     reset_inductor_metrics,
 )
-from .fp64 import weight_bytes
 from .graphs import Traced
 from .kinds import Builder, Job, Refused, builder
-from .memory import allocated, footprint, give_back, last_level_cache
+from .memory import allocated, footprint, give_back
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
-from .placement import same_placement, share_identical
+from .placement import outgrows_cache, same_placement, share_identical
 from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance, under_autocast
 from .recompiles import start_counting
@@ -55,19 +54,12 @@ def eager_model(model: torch.nn.Module, paired: bool, cache: int | None = None) 
     (a whole model's bytes) is not held."""
     if not paired:
         return model
-    limit = 2 * (cache if cache is not None else last_level_cache(next_device(model)))
-    if weight_bytes(model) > limit:
+    if outgrows_cache(model, cache):
         return model
     try:
         return copy.deepcopy(model)
     except Exception:  # FSDP2 refuses a deep copy: eager then runs on the head's own
         return model
-
-
-def next_device(model: torch.nn.Module) -> str:
-    """The device of the model's first parameter or buffer ("cpu" without any)."""
-    t = next(iter([*model.parameters(), *model.buffers()]), None)
-    return str(t.device) if t is not None else "cpu"
 
 
 @dataclass
@@ -197,7 +189,7 @@ def _build_base(
     comparable = same_inputs(head.inputs, base_inputs)
     base = _Side(base_req, base_model, head.inputs if comparable else base_inputs, base_deps)
     base.same_inputs = comparable
-    share_identical(head.model, base_model, base_req.device)  # one copy of what both hold
+    share_identical(head.model, base_model)  # one copy of what both hold
     same_placement(head.model, base_model)  # before either is compiled
     # its own config says how it compiles: recorded as the head's only where it can be
     if head.traced is not None:

@@ -27,6 +27,18 @@ _GIVE_BACK_EVERY = 256 << 20
 _OWN_MAPPING = 32 << 20
 
 
+def outgrows_cache(model: torch.nn.Module, cache: int | None = None) -> bool:
+    """Whether ``model``'s weights outgrow twice its device's last-level cache
+    (``cache``: its bytes, else :func:`~gatekeeper.worker.memory.last_level_cache`).
+    Within it, a paired side that reads the weights the other side (or eager) just
+    read finds them in the cache: each side keeps weights of its own. Past it,
+    nothing of the start of the model is left in the cache by the next call."""
+    t = next(iter([*model.parameters(), *model.buffers()]), None)
+    device = str(t.device) if t is not None else "cpu"
+    limit = 2 * (cache if cache is not None else last_level_cache(device))
+    return weight_bytes(model) > limit
+
+
 class FileMaps:
     """This process's mappings of files (``/proc/self/maps``), read once: where a CPU
     tensor's bytes lie in a file mapped into memory (a safetensors checkpoint that
@@ -88,26 +100,22 @@ def _same_file_bytes(a: torch.Tensor, b: torch.Tensor, maps: FileMaps) -> bool:
     )
 
 
-def share_identical(
-    head: object, base: object, device: str = "cpu", cache: int | None = None
-) -> int:
-    """Paired: each base parameter that holds the head's bytes (the same name, shape,
-    dtype and strides) becomes the head's tensor, so the two sides keep one copy of
-    what they share; the bytes shared. A tensor both loaded from the same bytes of one
-    checkpoint file (a safetensors file ``from_pretrained`` maps: the same pages of the
-    page cache, counted twice in the resident set) is shared without a read of either.
-    Any other is compared (``torch.equal``) and shared only where the weights exceed
-    twice the device's last-level cache (``cache``: its bytes, else
-    :func:`~gatekeeper.worker.memory.last_level_cache`), the rule of
-    :func:`gatekeeper.worker.measure.eager_model`: smaller, the side that runs second
-    would find the weights the other just read in the cache. The modules' own Parameter
-    objects stay (a tied weight stays tied); a tensor subclass (a quantized weight, a
-    DTensor's shard) is left as it is."""
+def share_identical(head: object, base: object, cache: int | None = None) -> int:
+    """Paired, where the weights outgrow the cache (:func:`outgrows_cache`; within it
+    each side keeps its own, or the side that runs second would find the weights the
+    other just read in the cache): each base parameter that holds the head's bytes (the
+    same name, shape, dtype and strides) becomes the head's tensor, so the two sides
+    keep one copy of what they share; the bytes shared. A tensor both loaded from the
+    same bytes of one checkpoint file (a safetensors file ``from_pretrained`` maps: the
+    same pages of the page cache, counted twice in the resident set) is shared without
+    a read of either; any other is compared (``torch.equal``). The modules' own
+    Parameter objects stay (a tied weight stays tied); a tensor subclass (a quantized
+    weight, a DTensor's shard) is left as it is."""
     if not isinstance(head, torch.nn.Module) or not isinstance(base, torch.nn.Module):
         return 0
+    if not outgrows_cache(head, cache):
+        return 0
     ours = dict(head.named_parameters())
-    limit = 2 * (cache if cache is not None else last_level_cache(device))
-    compare = weight_bytes(head) > limit
     maps = FileMaps()
     shared = 0
     with torch.no_grad():
@@ -119,14 +127,14 @@ def share_identical(
                 continue
             if (h.shape, h.dtype, h.device, h.stride()) != (p.shape, p.dtype, p.device, p.stride()):
                 continue
-            if _same_file_bytes(h.data, p.data, maps) or (compare and torch.equal(h.data, p.data)):
+            if _same_file_bytes(h.data, p.data, maps) or torch.equal(h.data, p.data):
                 p.data = h.data
                 shared += h.numel() * h.element_size()
     give_back()  # the base's own copies, now freed
     return shared
 
 
-def same_placement(first: object, second: object) -> None:
+def same_placement(first: object, second: object, cache: int | None = None) -> None:
     """Paired: give the head's and the base's weights memory placed alike. Built
     one after the other, they are not: the head's tensors are allocated first, into an
     allocator that has served little yet, and the base's after the head was built,
@@ -144,13 +152,14 @@ def same_placement(first: object, second: object) -> None:
     - a CPU tensor of :data:`_OWN_MAPPING` or more: it is a fresh mapping on either
       side, placed alike already, and its copy would add its own size to the peak (a
       152k-word vocabulary's embedding: 0.28x of a Qwen2-0.5B's weights);
-    - a tensor that lies in a mapped file (a checkpoint's safetensors): its pages are
-      the page cache's, and its copy would add its size while the file's pages stay
-      mapped (a Qwen2-0.5B loaded by ``from_pretrained``, paired: 4.05x its weights);
+    - where the weights outgrow the cache (:func:`outgrows_cache`), a tensor that lies
+      in a mapped file (a checkpoint's safetensors): its pages are the page cache's, and
+      its copy would add its size while the file's pages stay mapped (a Qwen2-0.5B
+      loaded by ``from_pretrained``, paired: 4.05x its weights); within the cache, each
+      side gets a copy of its own, as of any weight;
     - a tensor both sides hold (:func:`share_identical`): one placement serves both."""
     if not isinstance(first, torch.nn.Module) or not isinstance(second, torch.nn.Module):
         return
-    maps = FileMaps()
 
     def storages(m: torch.nn.Module) -> dict[int, list[torch.Tensor]]:
         seen: dict[int, list[torch.Tensor]] = {}
@@ -162,6 +171,7 @@ def same_placement(first: object, second: object) -> None:
 
     ones, twos = storages(first), storages(second)
     both = ones.keys() & twos.keys()
+    files = FileMaps() if outgrows_cache(first, cache) else None
 
     def movable(seen: dict[int, list[torch.Tensor]]) -> list[torch.Tensor]:
         return [
@@ -174,7 +184,7 @@ def same_placement(first: object, second: object) -> None:
             and not (
                 ts[0].device.type == "cpu" and ts[0].untyped_storage().nbytes() >= _OWN_MAPPING
             )
-            and maps.place(ts[0].data) is None
+            and (files is None or files.place(ts[0].data) is None)
         ]
 
     with torch.no_grad():

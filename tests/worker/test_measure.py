@@ -168,10 +168,11 @@ def test_weights_a_checkpoint_maps_stay_in_the_file_and_the_base_shares_the_head
     weights (8.00 GB): each side's tensors lie in a mapping of the checkpoint file, and
     ``same_placement`` copied every one under 32 MiB into the heap while the file's pages
     stayed mapped, and the two sides' mappings of the one file counted its pages twice.
-    Now the base's tensors that are the same bytes of the same file become the head's
-    (unread: a mapped page is the file's own), and nothing in a file is copied: every
-    weight stays in the file, one mapping serves both sides, and both compute as before.
-    Fails on the old ``same_placement``, which moved them out of the file."""
+    Now, where the weights outgrow the cache (here: a 1-byte one), the base's tensors
+    that are the same bytes of the same file become the head's (unread: a mapped page
+    is the file's own), and nothing in a file is copied: every weight stays in the file,
+    one mapping serves both sides, and both compute as before. Fails on the old
+    ``same_placement``, which moved them out of the file."""
     head, base = _checkpoint_lm(tmp_path / "ckpt")
     weights = tmp_path / "ckpt" / "model.safetensors"
     names = {n for n, _ in head.named_parameters()}
@@ -181,14 +182,32 @@ def test_weights_a_checkpoint_maps_stay_in_the_file_and_the_base_shares_the_head
         want = head(ids).logits
     before = {n: p.data_ptr() for n, p in head.named_parameters()}
 
-    shared = share_identical(head, base, cache=1 << 40)  # no compare by value: the file's
-    same_placement(head, base)
+    shared = share_identical(head, base, cache=1)
+    same_placement(head, base, cache=1)
 
     total = sum(p.nbytes for p in head.parameters())
     assert shared == total
     assert {n: p.data_ptr() for n, p in head.named_parameters()} == before
     assert {n: p.data_ptr() for n, p in base.named_parameters()} == before
     assert base.lm_head.weight is base.model.embed_tokens.weight  # still tied
+    with torch.no_grad():
+        assert torch.equal(head(ids).logits, want) and torch.equal(base(ids).logits, want)
+
+
+def test_a_checkpoints_weights_within_the_cache_get_a_copy_for_each_side(tmp_path):
+    """Weights the cache holds are not shared, from a file or not: the side that runs
+    second would read what the other just read from the cache. Each side's are copied
+    out of the file into memory of its own, as any small weights are, and compute as
+    before."""
+    head, base = _checkpoint_lm(tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    ids = torch.tensor([[5, 7, 11, 13]])
+    with torch.no_grad():
+        want = head(ids).logits
+    assert share_identical(head, base, cache=1 << 40) == 0
+    same_placement(head, base, cache=1 << 40)
+    assert not _in_file(head, weights) and not _in_file(base, weights)
+    assert not {p.data_ptr() for p in head.parameters()} & {p.data_ptr() for p in base.parameters()}
     with torch.no_grad():
         assert torch.equal(head(ids).logits, want) and torch.equal(base(ids).logits, want)
 
@@ -219,6 +238,7 @@ def test_equal_weights_in_the_heap_are_shared_only_past_the_cache():
 
     head, base = model(), model()
     assert share_identical(head, base, cache=16 << 10) == 0  # 17 KiB < 2 x 16 KiB
+    assert share_identical(head, base) == 0  # this machine's cache: MiBs
     assert not {p.data_ptr() for p in head.parameters()} & {p.data_ptr() for p in base.parameters()}
     with torch.no_grad():
         base[2].bias.add_(1)  # a PR that changes one weight
