@@ -763,9 +763,9 @@ def test_generate_defaults_and_settings(tmp_path):
         ('tasks = ["generate"]\ngenerate = { prefill = "m:f" }', "models[0]", "both"),
         ('tasks = ["generate"]\ndynamic = true', "models[0]", "drop dynamic"),
         (
-            'tasks = ["generate"]\nstrategies = ["whole", "regional"]',
+            'tasks = ["generate"]\nstrategies = ["whole", "aot"]',
             "models[0]",
-            "a generation is compiled whole; regional applies to inference targets only",
+            "a generation is compiled whole or regional; aot applies to inference targets only",
         ),
         ('tasks = ["generate"]\ngenerate = { top_k = 3 }', "generate.top_k", "unknown field"),
     ],

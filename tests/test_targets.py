@@ -365,3 +365,20 @@ def test_generate_joins_the_variant_and_infer_keeps_its_id():
     infer, gen = expand(config(lm))
     assert gen.task == "generate" and gen.describe()["generate"]["new_tokens"] == 8
     assert "generate" not in infer.describe() and "task" not in infer.describe()
+
+
+def test_a_generation_may_be_regional_and_infer_keeps_its_aot():
+    lm = model(
+        "lm",
+        [{"batch": 1}],
+        inputs={"input_ids": {"shape": ["batch", 32], "dtype": "int64"}},
+        tasks=["infer", "generate"],
+        strategies=["whole", "regional", "aot"],
+    )
+    assert ids(config(lm)) == [
+        "lm/b1/default",
+        "lm/b1/default+regional",
+        "lm/b1/default+aot",
+        "lm/b1/default+generate",
+        "lm/b1/default+generate+regional",
+    ]

@@ -152,16 +152,18 @@ def check(model: ModelConfig) -> str | None:
                 f"'strategies': a distributed model is compiled {DEFAULT} in each rank; "
                 f'"{name}" does not run as ranks (drop it, or drop distributed)'
             )
-    if "infer" not in model.tasks:  # a training step, a generation: compiled whole
+    if "infer" not in model.tasks:  # a training step, a generation: not every kind
         other = [
             s
             for s in model.strategies
             if not any(_kinds[s].applies(model, t, "fp32") for t in model.tasks)
         ]
-        what = "a training step" if "train" in model.tasks else "a generation"
         if other:
+            task = "train" if "train" in model.tasks else "generate"
+            what = {"train": "a training step", "generate": "a generation"}[task]
+            ways = " or ".join(n for n, k in _kinds.items() if k.applies(model, task, "fp32"))
             return (
-                f"'strategies': {what} is compiled whole; {', '.join(other)} "
+                f"'strategies': {what} is compiled {ways}; {', '.join(other)} "
                 'applies to inference targets only (add "infer" to tasks, or drop it)'
             )
     return None

@@ -27,6 +27,7 @@ from ..generation import TIE_TOP_K, Generation
 from .calls import Inputs
 from .compiler import compile_kwargs, import_inductor, snapshot_counters
 from .counters import record_inductor_metrics
+from .kinds import builder
 from .model import build_recorded, load_callable
 from .plan import fits
 from .precision import check_precision
@@ -84,6 +85,20 @@ class Loop:
 
     def compile(self) -> None:
         raise NotImplementedError
+
+    def regions(self, dynamic: bool = False) -> bool:
+        """The target's kind's model for generating (``regional``: a copy of the model
+        sharing its weights, its blocks compiled), kept as ``extra["model"]``; False
+        when the kind compiles the loop's own entry points (whole)."""
+        compiled = builder(self.req).generation(self.model, self.req, self.kwargs(dynamic))
+        if compiled is None:
+            return False
+        self.extra["model"] = compiled
+        return True
+
+    def of(self, compiled: bool) -> Any:
+        """The model a generation calls: the kind's compiled copy, else the model."""
+        return self.extra.get("model", self.model) if compiled else self.model
 
     def generate(
         self, inputs: Inputs, compiled: bool, scores: bool, clock: Clock
@@ -147,7 +162,8 @@ def _top(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class HFLoop(Loop):
     """``generate()`` of a transformers causal LM, its ``forward`` compiled (the
-    transformers way: ``model.forward = torch.compile(model.forward, ...)``), greedy,
+    transformers way: ``model.forward = torch.compile(model.forward, ...)``; a regional
+    target: ``generate()`` of a copy whose decoder layers are compiled), greedy,
     ``min_new_tokens = max_new_tokens`` (EOS ignored), the configured cache; eager runs
     the same ``generate()`` on the eager ``forward`` with transformers' default dynamic
     cache (as its own tests compare them)."""
@@ -162,7 +178,8 @@ class HFLoop(Loop):
         # Python int a cache keeps per step (a sliding-window layer's length: a stock
         # Mistral's static cache) goes dynamic on its first change, as in the service,
         # instead of recompiling every decode step (an nn.Module's int still does)
-        self.extra["forward"] = torch.compile(self.model.forward, **self.kwargs(dynamic=True))
+        if not self.regions(dynamic=True):
+            self.extra["forward"] = torch.compile(self.model.forward, **self.kwargs(dynamic=True))
 
     def generate_kwargs(self, compiled: bool, scores: bool) -> dict[str, Any]:
         """``generate()``'s arguments: greedy, exactly ``new_tokens`` tokens."""
@@ -186,7 +203,7 @@ class HFLoop(Loop):
     @contextlib.contextmanager
     def _forward(self, compiled: bool) -> Iterator[None]:
         own = self.model.__dict__.get("forward")
-        if compiled:
+        if compiled and "forward" in self.extra:
             self.model.forward = self.extra["forward"]
         elif own is not None:
             del self.model.forward
@@ -208,8 +225,9 @@ class HFLoop(Loop):
             # gets a mask that masks it, and a decode step of other inputs: graphs a
             # service's prompt never asks for, and the ones it asks for left out
             kw["attention_mask"] = torch.ones_like(ids)
+        model = self.of(compiled)
         with self._forward(compiled):
-            out = inputs.call(lambda *a, **k: self.model.generate(*a, **k, **kw))
+            out = inputs.call(lambda *a, **k: model.generate(*a, **k, **kw))
         if not scores:
             return None
         prompt = ids.shape[1]
@@ -220,13 +238,17 @@ class OwnLoop(Loop):
     """The model's own loop, gpt-fast style: ``prefill(model, input_ids, cache_length)``
     returns the first token's logits and sets up the model's cache; ``decode(model,
     token, position)`` the next token's. Compiled, both are ``torch.compile``'d with
-    the target's mode; eager, they run as they are."""
+    the target's mode (a regional target: both run as they are on a copy whose blocks
+    are compiled); eager, they run as they are."""
 
     def compile(self) -> None:
         cfg, base = self.req.model.generation, self.req.base_path
         assert cfg.prefill is not None and cfg.decode is not None  # the config says both
         prefill, decode = load_callable(cfg.prefill, base), load_callable(cfg.decode, base)
         self.extra.update(prefill=prefill, decode=decode)
+        if self.regions():  # the functions run eager over the compiled blocks
+            self.extra.update(cprefill=prefill, cdecode=decode)
+            return
         self.extra["cprefill"] = torch.compile(prefill, **self.kwargs())
         self.extra["cdecode"] = torch.compile(decode, **self.kwargs())
 
@@ -236,16 +258,17 @@ class OwnLoop(Loop):
         ids, cfg = prompt_of(inputs), self.req.model.generation
         prefill = self.extra["cprefill" if compiled else "prefill"]
         decode = self.extra["cdecode" if compiled else "decode"]
+        model = self.of(compiled)
         clock.put(ids)  # the prompt, as generate() hands it over first
         steps = []
-        logits = prefill(self.model, ids, cfg.cache_length or ids.shape[1] + cfg.new_tokens)
+        logits = prefill(model, ids, cfg.cache_length or ids.shape[1] + cfg.new_tokens)
         for n in range(cfg.new_tokens):
             token = logits.argmax(dim=-1, keepdim=True)
             steps.append((token, logits))
             clock.put(token)
             if n + 1 < cfg.new_tokens:
                 position = torch.tensor([ids.shape[1] + n], device=ids.device)
-                logits = decode(self.model, token, position)
+                logits = decode(model, token, position)
         if not scores:
             return None
         stacked = torch.stack([s for _, s in steps], dim=1)

@@ -50,12 +50,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def make_lm():
-    """A stock LlamaForCausalLM, one layer, random weights."""
+    """A stock LlamaForCausalLM, {layers} layer(s), random weights."""
     config = LlamaConfig(
         vocab_size=2048,
         hidden_size={hidden},
         intermediate_size={intermediate},
-        num_hidden_layers=1,
+        num_hidden_layers={layers},
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
@@ -64,10 +64,11 @@ def make_lm():
 '''
 
 
-def tiny_llama(hidden: int = 64, intermediate: int = 128) -> str:
-    """A factory module whose ``make_lm()`` returns a stock one-layer LlamaForCausalLM
-    (a vocabulary of 2048; tests/e2e/test_generate.py's generate targets)."""
-    return TINY_LLAMA.format(hidden=hidden, intermediate=intermediate)
+def tiny_llama(hidden: int = 64, intermediate: int = 128, layers: int = 1) -> str:
+    """A factory module whose ``make_lm()`` returns a stock LlamaForCausalLM of one
+    layer (or ``layers``), a vocabulary of 2048 (tests/e2e/test_generate.py's generate
+    targets)."""
+    return TINY_LLAMA.format(hidden=hidden, intermediate=intermediate, layers=layers)
 
 
 def parity_only_config(shapes: str, precompile: bool = False) -> str:

@@ -3,7 +3,9 @@ in place, the rest of the model runs eager; the blocks share their class's
 ``forward``, so one FX graph serves N layers, and a change to the code around them
 leaves their graphs' cache keys alone. The blocks are the submodules ``regions`` names
 (globs over dotted names), or by default the children of every ``nn.ModuleList`` that
-share a class with a sibling (the worker's half: :mod:`gatekeeper.kinds.regional.worker`)."""
+share a class with a sibling (the worker's half: :mod:`gatekeeper.kinds.regional.worker`).
+A generation compiles its blocks too: ``generate()`` (or the model's own loop) runs
+eager around them (docs/generation.md)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ class Regional(Kind):
         ):
             return "'regions' must list submodule names or globs, e.g. [\"layers.*\"]"
         return None
+
+    def applies(self, model: ModelConfig, task: str, precision: str) -> bool:
+        return task in ("infer", "generate")  # a training step is compiled whole
 
     def spec(self, model: ModelConfig) -> dict[str, Any]:
         # None: every ModuleList's shared-class children

@@ -188,5 +188,36 @@ class Regional(Builder):
         """Its blocks', one of each class."""
         return regional_graphs(model, req.model, inputs, req.base_path, context)
 
+    def generation(self, model: Any, req: Build, kwargs: dict[str, Any]) -> Any:
+        """A copy of ``model`` sharing its weights, its blocks compiled; Dynamo's
+        recompile limits raised to :data:`GRAPHS_PER_BLOCK` per block."""
+        target = shared_copy(model)
+        blocks = compile_regions(target, req.model, kwargs)
+        allow_graphs(GRAPHS_PER_BLOCK * len(blocks))
+        return target
+
+
+# A generation's blocks are compiled a graph each: a stock transformers decoder layer reads
+# its own entry of the KV cache (``cache.layers[self.layer_idx]``), and Dynamo guards on
+# that index, so each layer is a graph of its own (one FX graph of inductor's for them all:
+# the cache hits the others). A graph per layer for the prefill, one for the decode, one
+# more where a dynamic cache grows (its length goes dynamic), and the paired base commit's
+# blocks beside them: 8 leaves room. Past the limit (8 per code object by default) the
+# other layers run eager, without a word.
+GRAPHS_PER_BLOCK = 8
+
+
+def allow_graphs(count: int) -> None:
+    """Let Dynamo keep at least ``count`` graphs of one code object (and in all)."""
+    cfg = torch._dynamo.config
+    # named cache_size_limit before torch 2.7
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), count))
+    total = "accumulated_recompile_limit"
+    if not hasattr(cfg, total):
+        total = "accumulated_cache_size_limit"
+    if hasattr(cfg, total):
+        setattr(cfg, total, max(getattr(cfg, total), 2 * count))
+
 
 REGIONAL = Regional()

@@ -97,6 +97,13 @@ class Builder:
 
         return graph_breaks(entry(model, req.model.call), inputs, req.base_path, context=context)
 
+    def generation(self, model: Any, req: Build, kwargs: dict[str, Any]) -> Any | None:
+        """A generate target of this kind: a model whose calls run the code this kind
+        compiles (``torch.compile``'s ``kwargs``), around which the generation's loop runs
+        eager; None (the default, whole): the loop compiles its own entry points, the
+        model's ``forward`` or its prefill and decode functions."""
+        return None
+
     def refused_base(self, model: Any, inputs: Inputs, req: Build) -> dict[str, Any]:
         """Paired, when the head's model was refused: what the base commit's model
         says (merged into the ``export`` document)."""
