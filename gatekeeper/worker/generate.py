@@ -90,11 +90,17 @@ class Loop:
         """The target's kind's model for generating (``regional``: a copy of the model
         sharing its weights, its blocks compiled), kept as ``extra["model"]``; False
         when the kind compiles the loop's own entry points (whole)."""
-        compiled = builder(self.req).generation(self.model, self.req, self.kwargs(dynamic))
-        if compiled is None:
+        found = builder(self.req).generation(self.model, self.req, self.kwargs(dynamic))
+        if found is None:
             return False
-        self.extra["model"] = compiled
+        self.extra["model"], self.extra["checked"] = found
         return True
+
+    def checked(self) -> None:
+        """After the first compiled generation: the kind's check that it compiled what
+        the config asks (a regional target's blocks: a ConfigError when none ran)."""
+        if (check := self.extra.pop("checked", None)) is not None:
+            check()
 
     def of(self, compiled: bool) -> Any:
         """The model a generation calls: the kind's compiled copy, else the model."""
@@ -324,6 +330,7 @@ def first_generations(req: CompileRequest | ProbeRequest) -> tuple[Response, Cal
     for n in range(3 if isinstance(req, CompileRequest) else 2):
         breadcrumbs.enter("first generation" if n == 0 else "generation")
         runs.append(loop.run(inputs))
+        loop.checked()
     first = runs[0]
     resp = Response(
         ok=True,

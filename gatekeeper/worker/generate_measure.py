@@ -128,6 +128,7 @@ class _Base:
         with on_purpose():
             self.loop.compile()
             first = self.loop.run(self.inputs, scores=True)
+            self.loop.checked()
             graphs = _graphs(before)
             work = _work(self.loop, self.inputs)
         paired = {
@@ -164,6 +165,7 @@ def measure_generate(req: MeasureRequest) -> Response:
     breadcrumbs.enter("compile")
     head.compile()
     first = _first(head, inputs)
+    head.checked()
     cache, graphs = snapshot_counters(), _graphs()
     breadcrumbs.enter("parity")
     cand = Generated.of([first, head.run(other, scores=True)])

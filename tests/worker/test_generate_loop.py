@@ -14,9 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from gatekeeper import kinds
+from gatekeeper.boundary.protocol import KindRef
 from gatekeeper.config import ModelConfig
+from gatekeeper.errors import ConfigError
 from gatekeeper.worker.calls import Inputs
-from gatekeeper.worker.generate import HFLoop
+from gatekeeper.worker.compiler import snapshot_counters
+from gatekeeper.worker.generate import HFLoop, OwnLoop
 from gatekeeper.worker.recompiles import recompiles, start_counting
 
 transformers = pytest.importorskip("transformers")
@@ -37,6 +41,25 @@ def _mistral() -> torch.nn.Module:
     return transformers.MistralForCausalLM(config).eval()
 
 
+def _req(model: ModelConfig, kind: str = "whole") -> SimpleNamespace:
+    ref = KindRef.of(kinds.get(kind))
+    return SimpleNamespace(model=model, mode="default", dynamic=False, device="cpu", kind=ref)
+
+
+def _lm(**extra) -> ModelConfig:
+    return ModelConfig.model_validate(
+        {
+            "name": "lm",
+            "factory": "lm:make_lm",
+            "inputs": {"input_ids": {"shape": [1, 8], "dtype": "int64", "high": 2048}},
+            "tasks": ["generate"],
+            "generate": {"new_tokens": 4},
+            "backend": "eager",
+            **extra,
+        }
+    )
+
+
 def test_a_stock_mistral_decodes_on_a_static_cache_with_no_recompile():
     torch._dynamo.reset()
     model = ModelConfig.model_validate(
@@ -49,8 +72,7 @@ def test_a_stock_mistral_decodes_on_a_static_cache_with_no_recompile():
             "backend": "eager",
         }
     )
-    req = SimpleNamespace(model=model, mode="default", dynamic=False, device="cpu")
-    loop = HFLoop(_mistral(), req, prompt=(1, 32))  # type: ignore[arg-type]
+    loop = HFLoop(_mistral(), _req(model), prompt=(1, 32))  # type: ignore[arg-type]
     loop.compile()
     ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 32))})
 
@@ -64,3 +86,58 @@ def test_a_stock_mistral_decodes_on_a_static_cache_with_no_recompile():
     assert count == 0, guards
     loop.run(ids)  # a second generation compiles nothing either
     assert recompiles()[0] == 0
+
+
+def test_a_regional_generation_keeps_a_graph_per_layer_past_dynamos_default_limit():
+    """Ten layers: each is a graph of its own for the prefill and for the decode (a stock
+    layer reads its own entry of the KV cache), 20 graphs of one code object, where
+    Dynamo keeps 8 by default and runs the other layers eager."""
+    torch._dynamo.reset()
+    config = transformers.LlamaConfig(
+        vocab_size=2048,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=10,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    lm = transformers.LlamaForCausalLM(config).eval()
+    loop = HFLoop(lm, _req(_lm(strategies=["regional"]), "regional"), prompt=(1, 8))  # type: ignore[arg-type]
+    before = snapshot_counters()["graphs"]
+    loop.compile()
+    ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 8))})
+    compiled, eager = loop.run(ids, scores=True), loop.run(ids, compiled=False, scores=True)
+    loop.checked()
+    assert snapshot_counters()["graphs"] - before == 20
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert lm.model.layers[0]._compiled_call_impl is None  # eager runs the model as it is
+
+
+def test_a_regional_generation_whose_blocks_never_run_is_a_config_error():
+    """examples/tiny_models.py's TinyLM calls its layers' parts, not the layers: its
+    default blocks compile nothing, and the generation says so."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        import tiny_models
+    finally:
+        sys.path.pop(0)
+    cfg = _lm(
+        strategies=["regional"],
+        generate={
+            "new_tokens": 4,
+            "prefill": "tiny_models:prefill",
+            "decode": "tiny_models:decode",
+        },
+        inputs={"input_ids": {"shape": [1, 8], "dtype": "int64", "high": 512}},
+    )
+    req = _req(cfg, "regional")
+    req.base_path = Path(tiny_models.__file__).parent
+    loop = OwnLoop(tiny_models.tiny_lm(), req, prompt=(1, 8))  # type: ignore[arg-type]
+    loop.compile()
+    loop.run(Inputs(kwargs={"input_ids": torch.randint(0, 512, (1, 8))}))
+    with pytest.raises(ConfigError, match="layers.0, layers.1: never called by the generation"):
+        loop.checked()

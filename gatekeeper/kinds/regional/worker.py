@@ -110,15 +110,22 @@ def _note_first_call(block: torch.nn.Module, name: str, called: set[str]) -> Non
     handle = block.register_forward_pre_hook(hook)
 
 
-def uncalled(blocks: list[tuple[str, torch.nn.Module]], called: set[str], cfg: ModelConfig) -> None:
-    """A config error where the model's first calls did not run a block ``regions``
-    names, or (the default regions) ran none of its blocks: a block not called compiles
-    nothing, and its part of the bundle would be empty without a word."""
+def uncalled(
+    blocks: list[tuple[str, torch.nn.Module]],
+    called: set[str],
+    cfg: ModelConfig,
+    by: str | None = None,
+) -> None:
+    """A config error where the model's first calls (``by``: else its call) did not
+    run a block ``regions`` names, or (the default regions) ran none of its blocks: a
+    block not called compiles nothing, and its part of the bundle would be empty
+    without a word."""
     missed = [n for n, _ in blocks if n not in called]
     if missed and (cfg.regions or len(missed) == len(blocks)):
         names = ", ".join(missed[:3]) + (f" and {len(missed) - 3} more" if len(missed) > 3 else "")
+        caller = by or cfg.call or "forward"
         raise ConfigError(
-            f"regions: {names}: never called by {cfg.call or 'forward'} of model {cfg.name!r}; "
+            f"regions: {names}: never called by {caller} of model {cfg.name!r}; "
             "a block the model does not call compiles nothing (name blocks it calls)"
         )
 
@@ -188,13 +195,17 @@ class Regional(Builder):
         """Its blocks', one of each class."""
         return regional_graphs(model, req.model, inputs, req.base_path, context)
 
-    def generation(self, model: Any, req: Build, kwargs: dict[str, Any]) -> Any:
-        """A copy of ``model`` sharing its weights, its blocks compiled; Dynamo's
-        recompile limits raised to :data:`GRAPHS_PER_BLOCK` per block."""
+    def generation(
+        self, model: Any, req: Build, kwargs: dict[str, Any]
+    ) -> tuple[Any, Callable[[], None]]:
+        """A copy of ``model`` sharing its weights, its blocks compiled (Dynamo's
+        recompile limits raised to :data:`GRAPHS_PER_BLOCK` per block), and the check
+        that the first generation ran them."""
         target = shared_copy(model)
-        blocks = compile_regions(target, req.model, kwargs)
+        called: set[str] = set()
+        blocks = compile_regions(target, req.model, kwargs, called)
         allow_graphs(GRAPHS_PER_BLOCK * len(blocks))
-        return target
+        return target, partial(uncalled, blocks, called, req.model, by="the generation")
 
 
 # A generation's blocks are compiled a graph each: a stock transformers decoder layer reads

@@ -97,11 +97,14 @@ class Builder:
 
         return graph_breaks(entry(model, req.model.call), inputs, req.base_path, context=context)
 
-    def generation(self, model: Any, req: Build, kwargs: dict[str, Any]) -> Any | None:
+    def generation(
+        self, model: Any, req: Build, kwargs: dict[str, Any]
+    ) -> tuple[Any, Callable[[], None]] | None:
         """A generate target of this kind: a model whose calls run the code this kind
         compiles (``torch.compile``'s ``kwargs``), around which the generation's loop runs
-        eager; None (the default, whole): the loop compiles its own entry points, the
-        model's ``forward`` or its prefill and decode functions."""
+        eager, and what to check after its first generation (as
+        :attr:`Built.after_first_calls`); None (the default, whole): the loop compiles
+        its own entry points, the model's ``forward`` or its prefill and decode functions."""
         return None
 
     def refused_base(self, model: Any, inputs: Inputs, req: Build) -> dict[str, Any]:
