@@ -14,8 +14,8 @@ through the CLI in a scratch git project:
 Usage, from the repo root:
 
     python benchmarks/generate.py --size tiny|100m|300m|1b|8b [--dtype fp32|bf16]
-        [--device cpu|cuda] [--mode default|reduce-overhead] [--prompt 32]
-        [--new-tokens 16] [--min-time 2] [--json out.json] [--keep]
+        [--device cpu|cuda] [--mode default|reduce-overhead] [--strategy whole|regional]
+        [--prompt 32] [--new-tokens 16] [--min-time 2] [--json out.json] [--keep]
 
 ``--record PATH --trials N``: instead, N unchanged pull requests of a one-layer tiny
 LlamaForCausalLM, each checked paired with main for 30 s of rounds (what a slower pull
@@ -60,6 +60,7 @@ tasks = ["generate"]
 generate = {{ new_tokens = {new_tokens} }}
 modes = ["{mode}"]
 device = "{device}"
+strategies = ["{strategy}"]
 """
 # docs/generation.md's service (its "A service that starts warm" block) for this model:
 # the first generate() of a fresh interpreter, timed, and the FX graph cache's counters
@@ -73,7 +74,7 @@ from torch._dynamo.utils import counters
 from scale_model import make
 
 model = make().eval()
-model.forward = torch.compile(model.forward, mode={mode!r})
+{compiled}
 torch.manual_seed(0)
 prompt = torch.randint(0, {vocab}, (1, {prompt}), device={device!r})
 with torch.no_grad():
@@ -93,6 +94,15 @@ inductor = counters["inductor"]
 print(json.dumps({{"first_generate_s": first, "hits": inductor["fxgraph_cache_hit"],
                   "misses": inductor["fxgraph_cache_miss"]}}))
 """
+# how the service compiles, by the target's strategy (docs/generation.md's blocks)
+COMPILED = {
+    "whole": "model.forward = torch.compile(model.forward, mode={mode!r})",
+    "regional": (
+        "torch._dynamo.config.recompile_limit = 8 * len(model.model.layers)\n"
+        "for layer in model.model.layers:\n"
+        "    layer.compile(mode={mode!r})"
+    ),
+}
 # the recorded trials' model: tests/e2e/test_generate.py's
 TINY = dict(
     hidden_size=64,
@@ -148,10 +158,12 @@ def project(repo: Path, size: dict, args: argparse.Namespace) -> None:
             new_tokens=args.new_tokens,
             mode=args.mode,
             device=args.device,
+            strategy=args.strategy,
         )
     )
     (repo / "service.py").write_text(
         SERVICE.format(
+            compiled=COMPILED[args.strategy].format(mode=args.mode),
             mode=args.mode,
             vocab=size["vocab_size"],
             prompt=args.prompt,
@@ -199,6 +211,7 @@ def bench(repo: Path) -> dict:
         "peak_fraction": gen.get("peak_fraction"),
         "weight_bytes": r["memory"].get("weight_bytes"),
         "rounds": len(gen["samples"]["per_token"]),
+        "graphs": r["graphs"]["count"],
     }
 
 
@@ -294,6 +307,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--mode", default="default")
+    ap.add_argument(
+        "--strategy", default="whole", choices=sorted(COMPILED), help="the target's strategies"
+    )
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--min-time", type=float, default=2.0)
@@ -319,7 +335,7 @@ def main() -> int:
         f"\ncold first generate {found['cold_first_generate_s']:.1f} s, warm "
         f"{found['warm_first_generate_s']:.2f} s (first token "
         f"{found['warm_first_token_s']:.2f} s; {found['warm_fx']}); "
-        f"{found['rounds']} timed rounds; parity: {found['parity']}"
+        f"{found['rounds']} timed rounds; {found['graphs']} graphs; parity: {found['parity']}"
     )
     warmed, hot = found["service_first_generate_s"], found["hot_service_first_generate_s"]
     print(
