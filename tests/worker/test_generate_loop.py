@@ -105,9 +105,10 @@ def test_a_regional_generation_keeps_a_graph_per_layer_past_dynamos_default_limi
     lm = transformers.LlamaForCausalLM(config).eval()
     loop = HFLoop(lm, _req(_lm(strategies=["regional"]), "regional"), prompt=(1, 8))  # type: ignore[arg-type]
     before = snapshot_counters()["graphs"]
-    loop.compile()
     ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 8))})
-    compiled, eager = loop.run(ids, scores=True), loop.run(ids, compiled=False, scores=True)
+    with torch._dynamo.config.patch(recompile_limit=8):  # the default, restored after
+        loop.compile()
+        compiled, eager = loop.run(ids, scores=True), loop.run(ids, compiled=False, scores=True)
     loop.checked()
     assert snapshot_counters()["graphs"] - before == 20
     assert torch.equal(compiled.tokens, eager.tokens)

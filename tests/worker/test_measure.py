@@ -585,6 +585,36 @@ def test_a_region_whose_forward_is_torchs_own_is_compiled_and_explained():
     assert graphs["count"] == 1 and graphs["breaks"] == 0
 
 
+def test_regional_keeps_a_graph_per_stock_layer_past_dynamos_default_limit():
+    """A stock transformers decoder layer reads its own entry of the cache its forward
+    makes (``use_cache`` at its default) and Dynamo guards on that index: each of ten
+    layers is a graph of its own. Dynamo keeps 8 per code object by default, and a
+    regional target's layers past the eighth ran eager without a word."""
+    from torch._dynamo.utils import counters
+
+    from gatekeeper.kinds.regional.worker import compile_regions
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=10,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    assert model.config.use_cache
+    cfg = ModelConfig(name="m", factory="m:make", inputs=[{"shape": [1, 16]}])
+    torch._dynamo.reset()
+    counters.clear()
+    ids = torch.randint(0, 512, (1, 16))
+    with torch._dynamo.config.patch(recompile_limit=8), torch.no_grad():  # restored after
+        blocks = compile_regions(model, cfg, {"backend": "eager"})
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert len(blocks) == 10 and counters["stats"]["unique_graphs"] == 10, dict(counters["stats"])
+
+
 class _TwoKinds(nn.Module):
     """Two repeated block classes in one list; the forward calls only the first kind
     (``skip`` is never called)."""

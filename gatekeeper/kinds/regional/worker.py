@@ -85,13 +85,38 @@ def traced(block: torch.nn.Module) -> Callable[..., Any]:
     return region
 
 
+# A block may be a graph of its own: a stock transformers decoder layer reads its own entry
+# of the KV cache (``cache.layers[self.layer_idx]``: a generation's, and the cache a forward
+# makes with ``use_cache`` at its default), and Dynamo guards on that index (one FX graph of
+# inductor's serves them all: its cache hits the others). A graph per layer for a forward or
+# a prefill, one for the decode, one more where a dynamic cache grows (its length goes
+# dynamic), and the paired base commit's blocks beside them: 8 leaves room. Past Dynamo's
+# limit (8 graphs per code object by default) the other layers run eager, without a word.
+GRAPHS_PER_BLOCK = 8
+
+
+def allow_graphs(count: int) -> None:
+    """Let Dynamo keep at least ``count`` graphs of one code object (and in all)."""
+    cfg = torch._dynamo.config
+    # named cache_size_limit before torch 2.7
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), count))
+    total = "accumulated_recompile_limit"
+    if not hasattr(cfg, total):
+        total = "accumulated_cache_size_limit"
+    if hasattr(cfg, total):
+        setattr(cfg, total, max(getattr(cfg, total), 2 * count))
+
+
 def compile_regions(
     model: torch.nn.Module, cfg: ModelConfig, kwargs: dict[str, Any], called: set[str] | None = None
 ) -> list[tuple[str, torch.nn.Module]]:
     """Compile every block of ``model`` in place: ``module.compile(**kwargs)``, or its
-    ``forward`` through :func:`traced` when that is torch's own. ``called``: each
-    block's name is added when it first runs (a hook that then removes itself)."""
+    ``forward`` through :func:`traced` when that is torch's own, with room for
+    :data:`GRAPHS_PER_BLOCK` graphs each. ``called``: each block's name is added when
+    it first runs (a hook that then removes itself)."""
     blocks = find_regions(model, cfg)
+    allow_graphs(GRAPHS_PER_BLOCK * len(blocks))
     for name, block in blocks:
         if called is not None:
             _note_first_call(block, name, called)
@@ -198,37 +223,12 @@ class Regional(Builder):
     def generation(
         self, model: Any, req: Build, kwargs: dict[str, Any]
     ) -> tuple[Any, Callable[[], None]]:
-        """A copy of ``model`` sharing its weights, its blocks compiled (Dynamo's
-        recompile limits raised to :data:`GRAPHS_PER_BLOCK` per block), and the check
+        """A copy of ``model`` sharing its weights, its blocks compiled, and the check
         that the first generation ran them."""
         target = shared_copy(model)
         called: set[str] = set()
         blocks = compile_regions(target, req.model, kwargs, called)
-        allow_graphs(GRAPHS_PER_BLOCK * len(blocks))
         return target, partial(uncalled, blocks, called, req.model, by="the generation")
-
-
-# A generation's blocks are compiled a graph each: a stock transformers decoder layer reads
-# its own entry of the KV cache (``cache.layers[self.layer_idx]``), and Dynamo guards on
-# that index, so each layer is a graph of its own (one FX graph of inductor's for them all:
-# the cache hits the others). A graph per layer for the prefill, one for the decode, one
-# more where a dynamic cache grows (its length goes dynamic), and the paired base commit's
-# blocks beside them: 8 leaves room. Past the limit (8 per code object by default) the
-# other layers run eager, without a word.
-GRAPHS_PER_BLOCK = 8
-
-
-def allow_graphs(count: int) -> None:
-    """Let Dynamo keep at least ``count`` graphs of one code object (and in all)."""
-    cfg = torch._dynamo.config
-    # named cache_size_limit before torch 2.7
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    setattr(cfg, name, max(getattr(cfg, name), count))
-    total = "accumulated_recompile_limit"
-    if not hasattr(cfg, total):
-        total = "accumulated_cache_size_limit"
-    if hasattr(cfg, total):
-        setattr(cfg, total, max(getattr(cfg, total), 2 * count))
 
 
 REGIONAL = Regional()
