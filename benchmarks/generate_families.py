@@ -19,7 +19,13 @@ Prints a table, family x step, with the figures; exit 1 when any step failed.
 Usage, from the repo root:
 
     python benchmarks/generate_families.py [--families llama,qwen2,mistral,gpt2]
-        [--new-tokens 16] [--timeout 1800] [--keep DIR] [--json PATH]
+        [--new-tokens 16] [--strategy whole|regional] [--layers N] [--timeout 1800]
+        [--keep DIR] [--json PATH]
+
+``--strategy regional`` makes each target regional and runs docs/generation.md's
+regional service block (the family's layers in place of ``model.model.layers``); a
+regional target needs two layers or more (``--layers``; ten pass Dynamo's default
+recompile limit of 8 graphs).
 """
 
 from __future__ import annotations
@@ -150,7 +156,19 @@ factory = "lm:make_lm"
 inputs = {{ input_ids = {{ shape = [1, 32], dtype = "int64", high = 2048 }} }}
 tasks = ["generate"]
 generate = {{ new_tokens = {new_tokens} }}
+strategies = ["{strategy}"]
 """
+# where each family keeps its decoder layers (the regional service block's
+# ``model.model.layers``), where that is not Llama's
+LAYERS = {
+    "gpt2": "model.transformer.h",
+    "gpt_bigcode": "model.transformer.h",
+    "falcon": "model.transformer.h",
+    "gpt_neox": "model.gpt_neox.layers",
+    "opt": "model.model.decoder.layers",
+}
+# the service block of each strategy: docs/generation.md's section that shows it
+SERVICE = {"whole": "## A service that starts warm", "regional": "### A regional generation"}
 
 
 def _zoo() -> Any:
@@ -166,28 +184,37 @@ def _zoo() -> Any:
 zoo = _zoo()
 
 
-def service_code(new_tokens: int) -> str:
-    """docs/generation.md's service block as the page shows it (its 16 new tokens set to
-    the sweep's), then torch's inductor counters printed as JSON."""
+def service_code(new_tokens: int, strategy: str, family: str) -> str:
+    """docs/generation.md's service block of the strategy as the page shows it (its 16
+    new tokens set to the sweep's; a regional block's layers where the family keeps
+    them), then torch's inductor counters printed as JSON."""
     text = (ROOT / "docs" / "generation.md").read_text()
-    section = text.split("## A service that starts warm", 1)[1]
+    section = text.split(SERVICE[strategy], 1)[1]
     found = re.search(r"```python\n(.*?)```", section, re.S)
     assert found, "docs/generation.md: no service block"
     code = found.group(1).replace("max_new_tokens=16", f"max_new_tokens={new_tokens}")
+    code = code.replace("model.model.layers", LAYERS.get(family, "model.model.layers"))
     return code + (
         "\nimport json\nfrom torch._dynamo.utils import counters\n"
         "print(json.dumps(dict(counters['inductor'])))\n"
     )
 
 
-def project(name: str, new_tokens: int, where: Path) -> Path:
-    """A scratch git project (branch main) with the family's factory and the minimal config."""
+def project(name: str, args: argparse.Namespace, where: Path) -> Path:
+    """A scratch git project (branch main) with the family's factory and the minimal
+    config (its ``strategies``, the factory's layers ``--layers`` where given)."""
     imports, config = FAMILIES[name]
+    if args.layers is not None:
+        config = re.sub(r"\b(num_hidden_layers|n_layer)=\d+", rf"\1={args.layers}", config)
     repo = where / name
     repo.mkdir(parents=True)
     cls = imports.split(", ")[1]
-    (repo / "lm.py").write_text(FACTORY.format(imports=imports, cls=cls, config=config))
-    (repo / "gatekeeper.toml").write_text(CONFIG.format(new_tokens=new_tokens))
+    factory = FACTORY.format(imports=imports, cls=cls, config=config)
+    if args.layers is not None:
+        factory = factory.replace("one layer,", f"{args.layers} layers,")
+    (repo / "lm.py").write_text(factory)
+    toml = CONFIG.format(new_tokens=args.new_tokens, strategy=args.strategy)
+    (repo / "gatekeeper.toml").write_text(toml)
     (repo / ".gitignore").write_text("store/\nout/\nwarm/\n.gatekeeper/\n")
     zoo.git(repo, "init", "-q", "-b", "main")
     zoo.git(repo, "add", ".")
@@ -195,10 +222,11 @@ def project(name: str, new_tokens: int, where: Path) -> Path:
     return repo
 
 
-def sweep(name: str, repo: Path, new_tokens: int, timeout: float) -> dict[str, Any]:
+def sweep(name: str, repo: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Every step of one family: ``steps`` (step -> "ok" or why not) and the figures."""
     steps: dict[str, str] = {}
     fig: dict[str, Any] = {"family": name, "steps": steps}
+    timeout = args.timeout
 
     def cli(*args: str) -> tuple[int, dict, str]:
         return zoo.gk(repo, "gatekeeper.toml", *args, target="lm/*", timeout=timeout)
@@ -218,7 +246,7 @@ def sweep(name: str, repo: Path, new_tokens: int, timeout: float) -> dict[str, A
     steps["warm"] = "ok" if ok else f"{t.get('status')}: {t.get('probe_error') or err}"
 
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(repo / "warm")}
-    cmd = [sys.executable, "-c", service_code(new_tokens)]
+    cmd = [sys.executable, "-c", service_code(args.new_tokens, args.strategy, name)]
     try:
         ran = subprocess.run(
             cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
@@ -304,6 +332,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated")
     ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--strategy", choices=sorted(SERVICE), default="whole")
+    ap.add_argument("--layers", type=int, help="each factory's layers (default: its own)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per command")
     ap.add_argument("--keep", metavar="DIR", help="the scratch projects here (kept)")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
@@ -315,8 +345,8 @@ def main() -> int:
     rows = []
     for name in names:
         start = time.perf_counter()
-        repo = project(name, args.new_tokens, where)
-        rows.append(sweep(name, repo, args.new_tokens, args.timeout))
+        repo = project(name, args, where)
+        rows.append(sweep(name, repo, args))
         rows[-1]["seconds"] = round(time.perf_counter() - start)
         print(f"[{name}] {rows[-1]['steps']} ({rows[-1]['seconds']} s)", file=sys.stderr)
     print(table(rows))

@@ -17,18 +17,22 @@ timing verdict is tests/e2e/test_generate_timing.py's, a serial test)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.helpers import git, gk, tiny_llama, unchanged_passes
+from support.helpers import (
+    docs_code,
+    git,
+    gk,
+    inductor_counters,
+    main_branch,
+    tiny_llama,
+    unchanged_passes,
+)
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
 TARGET = "lm/fixed/default+generate"
 # its pad token is one the prompt holds (every token is 0 or 1): a service's prompt
 # (docs/generation.md's block: any token, the mask given) must still find its graphs
@@ -99,23 +103,12 @@ def make_changed():
 '''
 
 
-def _service() -> str:
-    """docs/generation.md's service, as the page shows it."""
-    text = (ROOT / "docs" / "generation.md").read_text()
-    section = text.split("## A service that starts warm", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """main: the minimal form, compiled and published, checked, its baseline published."""
     root = tmp_path_factory.mktemp("generate")
-    (root / "lm.py").write_text(LM)
-    (root / "gatekeeper.toml").write_text(CONFIG)
-    (root / ".gitignore").write_text("store/\nout/\nwarm/\n")
-    git(root, "init", "-q", "-b", "main")
-    git(root, "add", ".")
-    git(root, "commit", "-qm", "main")
+    ignored = "store/\nout/\nwarm/\n"
+    main_branch(root, {"lm.py": LM, "gatekeeper.toml": CONFIG, ".gitignore": ignored})
     gk("compile", cwd=root, check=True)
     gk("check", "--out", "out/main", cwd=root, check=True)
     gk("baseline", "--results", "out/main/results.json", "--ref", "main", cwd=root, check=True)
@@ -153,16 +146,8 @@ def test_warm_then_a_fresh_service_compiles_nothing(project):
     assert 0 < t["first_token_seconds"] < t["first_call_seconds"]
     assert "first token" in proc.stderr
     # docs/generation.md's service, as it is, in a fresh interpreter on the warmed dir
-    code = _service() + (
-        "\nimport json\nfrom torch._dynamo.utils import counters\n"
-        "print(json.dumps(dict(counters['inductor'])))\n"
-    )
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    ran = subprocess.run(
-        [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True
-    )
-    assert ran.returncode == 0, ran.stderr
-    found = json.loads(ran.stdout.strip().splitlines()[-1])
+    service = docs_code("generation.md", "## A service that starts warm")
+    found = inductor_counters(service, project, cache)
     assert found.get("fxgraph_cache_miss", 0) == 0 and found.get("fxgraph_cache_hit") == 2, found
 
 

@@ -13,18 +13,13 @@ compile of two FX graphs (the other layers hit inductor's cache)."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.helpers import git, gk, tiny_llama
+from support.helpers import docs_code, gk, inductor_counters, main_branch, tiny_llama
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
 LAYERS = 5
 CONFIG = """
 store = "store"
@@ -45,22 +40,11 @@ generate = { new_tokens = 16 }
 """
 
 
-def _service() -> str:
-    """docs/generation.md's regional service, as the page shows it."""
-    text = (ROOT / "docs" / "generation.md").read_text()
-    section = text.split("### A regional generation", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("generate-regional")
-    (root / "lm.py").write_text(tiny_llama(layers=LAYERS))
-    (root / "gatekeeper.toml").write_text(CONFIG)
-    (root / ".gitignore").write_text("store/\nout/\nwarm/\n")
-    git(root, "init", "-q", "-b", "main")
-    git(root, "add", ".")
-    git(root, "commit", "-qm", "main")
+    files = {"lm.py": tiny_llama(layers=LAYERS), "gatekeeper.toml": CONFIG}
+    main_branch(root, {**files, ".gitignore": "store/\nout/\nwarm/\n"})
     gk("compile", cwd=root, check=True)
     gk("check", "--out", "out", cwd=root, check=True)
     return root
@@ -85,15 +69,7 @@ def test_warm_then_the_docs_regional_service_compiles_nothing(project):
     proc = gk("warm", "--cache-dir", str(cache), "--json", cwd=project, check=True)
     (t,) = json.loads(proc.stdout)["targets"]
     assert t["status"] == "hit", t
-    code = _service() + (
-        "\nimport json\nfrom torch._dynamo.utils import counters\n"
-        "print(json.dumps(dict(counters['inductor'])))\n"
-    )
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    ran = subprocess.run(
-        [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True
-    )
-    assert ran.returncode == 0, ran.stderr
-    found = json.loads(ran.stdout.strip().splitlines()[-1])
+    service = docs_code("generation.md", "### A regional generation")
+    found = inductor_counters(service, project, cache)
     assert found.get("fxgraph_cache_miss", 0) == 0, found
     assert found.get("fxgraph_cache_hit") == 2 * LAYERS, found

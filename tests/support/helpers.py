@@ -71,6 +71,50 @@ def tiny_llama(hidden: int = 64, intermediate: int = 128, layers: int = 1) -> st
     return TINY_LLAMA.format(hidden=hidden, intermediate=intermediate, layers=layers)
 
 
+def stock_lm(
+    arch: str = "Llama", layers: int = 1, vocab: int = 2048, hidden: int = 64, heads: int = 4
+) -> Any:
+    """A stock transformers ``<arch>ForCausalLM`` built from a tiny config (random
+    weights), in eval mode: ``layers`` layers, MLP twice ``hidden``, half as many KV
+    heads as heads."""
+    import transformers
+
+    config = getattr(transformers, f"{arch}Config")(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        max_position_embeddings=64,
+    )
+    return getattr(transformers, f"{arch}ForCausalLM")(config).eval()
+
+
+def docs_code(page: str, heading: str) -> str:
+    """The first Python block after ``heading`` on ``docs/<page>``, as the page shows it."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / page).read_text()
+    section = text.split(heading, 1)[1]
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found, f"no python block after {heading!r} on docs/{page}"
+    return found.group(1)
+
+
+def inductor_counters(code: str, cwd: Path, cache: Path) -> dict[str, int]:
+    """``code`` in a fresh interpreter on the inductor cache dir ``cache``: torch's
+    inductor counters when it ends (``fxgraph_cache_hit``, ``fxgraph_cache_miss``)."""
+    code += (
+        "\nimport json\nfrom torch._dynamo.utils import counters\n"
+        "print(json.dumps(dict(counters['inductor'])))\n"
+    )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    ran = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout.strip().splitlines()[-1])
+
+
 def parity_only_config(shapes: str, precompile: bool = False) -> str:
     """The tiny model's config with timing rules so wide that only parity and errors
     decide a verdict (tests of plumbing, not of detection rates). Precompile packages
@@ -135,6 +179,16 @@ def git(root: Path, *args: str) -> None:
         check=True,
         capture_output=True,
     )
+
+
+def main_branch(root: Path, files: dict[str, str]) -> Path:
+    """``root`` a git repository whose one commit, on ``main``, holds ``files``."""
+    for name, text in files.items():
+        (root / name).write_text(text)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", ".")
+    git(root, "commit", "-qm", "main")
+    return root
 
 
 def gk_json(

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.helpers import stock_lm
 
 from gatekeeper import kinds
 from gatekeeper.boundary.protocol import KindRef
@@ -24,21 +25,6 @@ from gatekeeper.worker.generate import HFLoop, OwnLoop
 from gatekeeper.worker.recompiles import recompiles, start_counting
 
 transformers = pytest.importorskip("transformers")
-
-
-def _mistral() -> torch.nn.Module:
-    """A stock one-layer MistralForCausalLM: its config's sliding window (4096) makes
-    its static cache's every layer a sliding one."""
-    config = transformers.MistralConfig(
-        vocab_size=2048,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return transformers.MistralForCausalLM(config).eval()
 
 
 def _req(model: ModelConfig, kind: str = "whole") -> SimpleNamespace:
@@ -62,17 +48,12 @@ def _lm(**extra) -> ModelConfig:
 
 def test_a_stock_mistral_decodes_on_a_static_cache_with_no_recompile():
     torch._dynamo.reset()
-    model = ModelConfig.model_validate(
-        {
-            "name": "lm",
-            "factory": "lm:make_lm",
-            "inputs": {"input_ids": {"shape": [1, 32], "dtype": "int64", "high": 2048}},
-            "tasks": ["generate"],
-            "generate": {"new_tokens": 16},
-            "backend": "eager",
-        }
+    model = _lm(
+        inputs={"input_ids": {"shape": [1, 32], "dtype": "int64", "high": 2048}},
+        generate={"new_tokens": 16},
     )
-    loop = HFLoop(_mistral(), _req(model), prompt=(1, 32))  # type: ignore[arg-type]
+    # its config's sliding window (4096) makes its static cache's every layer a sliding one
+    loop = HFLoop(stock_lm("Mistral"), _req(model), prompt=(1, 32))  # type: ignore[arg-type]
     loop.compile()
     ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 32))})
 
@@ -93,16 +74,7 @@ def test_a_regional_generation_keeps_a_graph_per_layer_past_dynamos_default_limi
     layer reads its own entry of the KV cache), 20 graphs of one code object, where
     Dynamo keeps 8 by default and runs the other layers eager."""
     torch._dynamo.reset()
-    config = transformers.LlamaConfig(
-        vocab_size=2048,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=10,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    lm = transformers.LlamaForCausalLM(config).eval()
+    lm = stock_lm(layers=10, hidden=32, heads=2)
     loop = HFLoop(lm, _req(_lm(strategies=["regional"]), "regional"), prompt=(1, 8))  # type: ignore[arg-type]
     before = snapshot_counters()["graphs"]
     ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 8))})

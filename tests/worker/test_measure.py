@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.helpers import stock_lm
 from torch import nn
 
 from gatekeeper.config import MeasureConfig, ModelConfig
@@ -594,16 +595,8 @@ def test_regional_keeps_a_graph_per_stock_layer_past_dynamos_default_limit():
 
     from gatekeeper.kinds.regional.worker import compile_regions
 
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=512,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=10,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    pytest.importorskip("transformers")
+    model = stock_lm(layers=10, vocab=512, hidden=32, heads=2)
     assert model.config.use_cache
     cfg = ModelConfig(name="m", factory="m:make", inputs=[{"shape": [1, 16]}])
     torch._dynamo.reset()
