@@ -38,7 +38,8 @@ def test_scale_writes_a_factory_of_each_architecture(scale, arch, tmp_path):
     assert (embed.data_ptr() == head.data_ptr()) is tied
 
 
-def test_generate_writes_a_generate_target_of_the_scale_model(scale, tmp_path):
+@pytest.mark.parametrize("strategy", ["whole", "regional"])
+def test_generate_writes_a_generate_target_of_the_scale_model(scale, strategy, tmp_path):
     gen = load_file("generate_bench", ROOT / "benchmarks" / "generate.py")
     args = argparse.Namespace(
         dtype="fp32",
@@ -48,6 +49,7 @@ def test_generate_writes_a_generate_target_of_the_scale_model(scale, tmp_path):
         prompt=8,
         new_tokens=4,
         mode="default",
+        strategy=strategy,
     )
     repo = tmp_path / "project"
     gen.project(repo, scale.SIZES["tiny"], args)
@@ -57,8 +59,12 @@ def test_generate_writes_a_generate_target_of_the_scale_model(scale, tmp_path):
     config = tomllib.loads((repo / "gatekeeper.toml").read_text())
     (lm,) = config["models"]
     assert lm["tasks"] == ["generate"] and lm["generate"] == {"new_tokens": 4}
+    assert lm["strategies"] == [strategy]
     assert lm["inputs"]["input_ids"]["high"] == scale.SIZES["tiny"]["vocab_size"]
     # the service it times on the warmed dir: valid Python, the target's generation
     service = (repo / "service.py").read_text()
     compile(service, "service.py", "exec")
     assert "max_new_tokens=4" in service and "(1, 8)" in service
+    # compiled as the target is: its forward whole, or its layers in place
+    assert ("layer.compile(mode='default')" in service) == (strategy == "regional")
+    assert ("torch.compile(model.forward" in service) == (strategy == "whole")
