@@ -10,13 +10,12 @@ or a large model both build from one seed.
 from __future__ import annotations
 
 import bisect
-import os
-import struct
 
 import torch
 
 from .fp64 import weight_bytes
 from .memory import give_back, last_level_cache
+from .procmaps import PAGE, PAGEMAP, file_mappings, file_page, page_entries, present, swapped
 
 # same_placement hands freed pages back after every this many bytes copied: a 1B model's
 # second placement (halfway through the timed rounds) left 0.9 GiB more resident without
@@ -46,19 +45,8 @@ class FileMaps:
     file's own bytes (``/proc/self/pagemap``: none copied on write)."""
 
     def __init__(self) -> None:
-        self.maps: list[tuple[int, int, tuple[str, str], int]] = []
-        try:
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    fields = line.split()
-                    if len(fields) < 6 or fields[4] == "0" or not fields[5].startswith("/"):
-                        continue
-                    lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                    self.maps.append((lo, hi, (fields[3], fields[4]), int(fields[2], 16)))
-        except OSError:  # not Linux: no tensor is known to lie in a file
-            pass
-        self.maps.sort()
-        self._starts = [m[0] for m in self.maps]
+        self.maps = [m for m in file_mappings() if m.file[1] != "0"]
+        self._starts = [m.lo for m in self.maps]
 
     def place(self, t: torch.Tensor) -> tuple[tuple[str, str], int] | None:
         """The file (device, inode) and offset in it of ``t``'s bytes, where they lie
@@ -69,27 +57,22 @@ class FileMaps:
         i = bisect.bisect_right(self._starts, ptr) - 1
         if i < 0 or n == 0:
             return None
-        lo, hi, file, offset = self.maps[i]
-        return (file, offset + ptr - lo) if ptr + n <= hi else None
+        m = self.maps[i]
+        return (m.file, m.offset + ptr - m.lo) if ptr + n <= m.hi else None
 
     @staticmethod
     def unmodified(t: torch.Tensor) -> bool:
         """Whether every page under ``t`` that is in memory is the file's own page (none
         written, so copied on write, and none swapped out): its bytes are the file's."""
-        page = os.sysconf("SC_PAGE_SIZE")
         ptr, n = t.data_ptr(), t.numel() * t.element_size()
-        first, last = ptr // page, (ptr + n - 1) // page
         try:
-            with open("/proc/self/pagemap", "rb") as f:
-                f.seek(first * 8)
-                data = f.read((last - first + 1) * 8)
+            with open(PAGEMAP, "rb") as f:
+                entries = page_entries(ptr, ptr + n, f)
         except OSError:
             return False
-        for e in struct.unpack(f"{len(data) // 8}Q", data):
-            present, swapped, file_page = e >> 63, (e >> 62) & 1, (e >> 61) & 1
-            if swapped or (present and not file_page):
-                return False
-        return len(data) == (last - first + 1) * 8
+        pages = (ptr + n - 1) // PAGE - ptr // PAGE + 1
+        bad = any(swapped(e) or (present(e) and not file_page(e)) for e in entries)
+        return not bad and len(entries) == pages
 
 
 def _same_file_bytes(a: torch.Tensor, b: torch.Tensor, maps: FileMaps) -> bool:

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..boundary.forks import env_digest, receive
 from .imports import preload
+from .procmaps import PAGE, PAGEMAP, file_mappings, file_page, page_entries, present
 
 PR_SET_PDEATHSIG = 1
 SO_PEERCRED = 17
@@ -48,24 +49,18 @@ def resident_file_pages() -> list[tuple[int, int]]:
     present and file bits, readable mappings): the library code and data its imports
     touched. A fork copies the page tables of anonymous memory only, so a child starts
     without these mapped though they are resident in the server."""
-    page = os.sysconf("SC_PAGE_SIZE")
     runs: list[tuple[int, int]] = []
-    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
-        for line in maps:
-            fields = line.split()
-            if len(fields) < 6 or not fields[5].startswith("/") or "r" not in fields[1]:
+    with open(PAGEMAP, "rb") as pagemap:
+        for m in file_mappings():
+            if "r" not in m.perms:
                 continue
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            pagemap.seek(lo // page * 8)
-            data = pagemap.read((hi - lo) // page * 8)
-            entries = struct.unpack(f"{len(data) // 8}Q", data)
             start = None
-            for i, e in enumerate([*entries, 0]):
-                mapped = (e >> 63) & 1 and (e >> 61) & 1  # present, a file page
+            for i, e in enumerate([*page_entries(m.lo, m.hi, pagemap), 0]):
+                mapped = present(e) and file_page(e)
                 if mapped and start is None:
                     start = i
                 elif not mapped and start is not None:
-                    runs.append((lo + start * page, (i - start) * page))
+                    runs.append((m.lo + start * PAGE, (i - start) * PAGE))
                     start = None
     return runs
 
@@ -79,10 +74,9 @@ def map_again(runs: list[tuple[int, int]]) -> None:
     is read."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    page = os.sysconf("SC_PAGE_SIZE")
     for address, length in runs:
         if libc.madvise(address, length, MADV_POPULATE_READ) != 0:
-            for at in range(address, address + length, page):
+            for at in range(address, address + length, PAGE):
                 ctypes.string_at(at, 1)
 
 
