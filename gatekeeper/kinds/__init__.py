@@ -160,7 +160,7 @@ def check(model: ModelConfig) -> str | None:
         ]
         if other:
             task = "train" if "train" in model.tasks else "generate"
-            what = {"train": "a training step", "generate": "a generation"}[task]
+            what = "a training step" if task == "train" else "a generation"
             ways = " or ".join(n for n, k in _kinds.items() if k.applies(model, task, "fp32"))
             return (
                 f"'strategies': {what} is compiled {ways}; {', '.join(other)} "

@@ -205,15 +205,23 @@ def shared_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def compiled_in_place(
+    target: torch.nn.Module, cfg: ModelConfig, kwargs: dict[str, Any], by: str | None = None
+) -> Callable[[], None]:
+    """Compile ``target``'s blocks (:func:`compile_regions`); the check to run once its
+    first calls (``by``: what made them, else its call) ran: :func:`uncalled`."""
+    called: set[str] = set()
+    blocks = compile_regions(target, cfg, kwargs, called)
+    return partial(uncalled, blocks, called, cfg, by)
+
+
 class Regional(Builder):
     name = "regional"
 
     def compiled(self, job: Job) -> tuple[Callable[..., Any], Built]:
         cfg, req = job.req.model, job.req
         target = shared_copy(job.model) if job.keep_eager else job.model
-        called: set[str] = set()
-        blocks = compile_regions(target, cfg, compile_kwargs(cfg, req.mode, req.dynamic), called)
-        check = partial(uncalled, blocks, called, cfg)
+        check = compiled_in_place(target, cfg, compile_kwargs(cfg, req.mode, req.dynamic))
         return entry(target, cfg.call), Built(after_first_calls=check)
 
     def graphs(self, model: Any, req: Build, inputs: Inputs, context: Callable[[], Any]) -> dict:
@@ -226,9 +234,7 @@ class Regional(Builder):
         """A copy of ``model`` sharing its weights, its blocks compiled, and the check
         that the first generation ran them."""
         target = shared_copy(model)
-        called: set[str] = set()
-        blocks = compile_regions(target, req.model, kwargs, called)
-        return target, partial(uncalled, blocks, called, req.model, by="the generation")
+        return target, compiled_in_place(target, req.model, kwargs, by="the generation")
 
 
 REGIONAL = Regional()
