@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
+from support.helpers import stock_lm
 
 from gatekeeper.config import ParityTolerance
 from gatekeeper.worker.calls import Inputs
@@ -25,15 +26,7 @@ TOL = ParityTolerance(atol=1e-4, rtol=1e-4, cosine=0.99)
 
 def _llama(layers: int = 2):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
+    return stock_lm(layers=layers, vocab=64, hidden=32, heads=4)
 
 
 IDS = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
