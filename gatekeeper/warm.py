@@ -280,16 +280,19 @@ def _read_probe(result: WarmResult, resp: Any) -> Probe:
 
     first, cold = resp.compile_seconds, result.cold_compile_seconds
     speedup = cold / first if cold and first else None
+    token = resp.generation.first_token_s if resp.ok and resp.generation is not None else None
+    said = f"first token {token:.2f} s, generation {first:.2f} s" if token else f"{first:.2f} s"
     alone = next(iter(resp.packages.items()), None) if resp.ok else None
     if alone is not None and first is not None:  # a package loaded as a deploy loads it
         name, doc = alone
         return Probe(
             first_call_seconds=first,
+            first_token_seconds=token,
             import_torch_seconds=resp.import_seconds,
             speedup=speedup,
             dynamo="skipped",
             inductor_imported=doc.get("inductor_imported"),
-            note=f"{first:.2f} s (import torch {resp.import_seconds or 0:.2f} s apart), "
+            note=f"{said} (import torch {resp.import_seconds or 0:.2f} s apart), "
             f"{kinds.package(name).title} package",
         )
     if not (resp.ok and first is not None and resp.counters):
@@ -303,8 +306,6 @@ def _read_probe(result: WarmResult, resp: Any) -> Probe:
     for package in kinds.packages():
         package.probed(result, dynamo)
     stale = ", stale: every FX graph missed" if result.status == "stale" else ""
-    token = resp.generation.first_token_s if resp.generation is not None else None
-    said = f"first token {token:.2f} s, generation {first:.2f} s" if token else f"{first:.2f} s"
     return Probe(
         first_call_seconds=first,
         first_token_seconds=token,

@@ -653,7 +653,8 @@ def test_strategies_default_to_whole_and_take_regions_and_export(tmp_path):
         (
             'tasks = ["train"]\nstrategies = ["whole", "aot"]',
             "models[0]",
-            "a training step is compiled whole; aot applies to inference targets only",
+            "a training step is compiled whole; aot applies to float32 inference targets and "
+            "generate() generations on a static cache only",
         ),
     ],
 )
@@ -763,9 +764,16 @@ def test_generate_defaults_and_settings(tmp_path):
         ('tasks = ["generate"]\ngenerate = { prefill = "m:f" }', "models[0]", "both"),
         ('tasks = ["generate"]\ndynamic = true', "models[0]", "drop dynamic"),
         (
-            'tasks = ["generate"]\nstrategies = ["whole", "aot"]',
+            'tasks = ["generate"]\nstrategies = ["whole", "aot"]\ngenerate = { cache = "dynamic" }',
             "models[0]",
-            "a generation is compiled whole or regional; aot applies to inference targets only",
+            "a generation is compiled whole or regional; aot applies to float32 inference "
+            "targets and generate() generations on a static cache only",
+        ),
+        (
+            'tasks = ["generate"]\nstrategies = ["aot"]\n'
+            'generate = { prefill = "m:p", decode = "m:d" }',
+            "models[0]",
+            "a generation is compiled whole or regional; aot applies",
         ),
         ('tasks = ["generate"]\ngenerate = { top_k = 3 }', "generate.top_k", "unknown field"),
     ],

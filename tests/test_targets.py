@@ -367,18 +367,26 @@ def test_generate_joins_the_variant_and_infer_keeps_its_id():
     assert "generate" not in infer.describe() and "task" not in infer.describe()
 
 
-def test_a_generation_may_be_regional_and_infer_keeps_its_aot():
+def test_a_generation_may_be_regional_or_aot_beside_inference():
     lm = model(
         "lm",
         [{"batch": 1}],
         inputs={"input_ids": {"shape": ["batch", 32], "dtype": "int64"}},
         tasks=["infer", "generate"],
         strategies=["whole", "regional", "aot"],
+        precisions=["fp32", "bf16"],
     )
     assert ids(config(lm)) == [
         "lm/b1/default",
         "lm/b1/default+regional",
         "lm/b1/default+aot",
+        "lm/b1/default+bf16",
+        "lm/b1/default+bf16+regional",
         "lm/b1/default+generate",
         "lm/b1/default+generate+regional",
+        "lm/b1/default+generate+aot",  # transformers' static-cache forward, exported
+        "lm/b1/default+generate+bf16",
+        "lm/b1/default+generate+bf16+regional",  # aot: float32 only
     ]
+    dynamic = {**lm, "generate": {"cache": "dynamic"}}  # aot exports a static cache only
+    assert "lm/b1/default+generate+aot" not in ids(config(dynamic))

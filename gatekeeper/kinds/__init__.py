@@ -162,9 +162,10 @@ def check(model: ModelConfig) -> str | None:
             task = "train" if "train" in model.tasks else "generate"
             what = "a training step" if task == "train" else "a generation"
             ways = " or ".join(n for n, k in _kinds.items() if k.applies(model, task, "fp32"))
+            scopes = "; ".join(f"{s} applies to {_kinds[s].scope} only" for s in other)
             return (
-                f"'strategies': {what} is compiled {ways}; {', '.join(other)} "
-                'applies to inference targets only (add "infer" to tasks, or drop it)'
+                f"'strategies': {what} is compiled {ways}; {scopes} "
+                '(add "infer" to tasks, or drop it)'
             )
     return None
 

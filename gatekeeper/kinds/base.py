@@ -79,6 +79,9 @@ class Kind:
         """Why ``model`` cannot be compiled this way (a config error), None if it can."""
         return None
 
+    # what :meth:`applies` admits, as a config error names it
+    scope: ClassVar[str] = "inference targets"
+
     def applies(self, model: ModelConfig, task: str, precision: str) -> bool:
         """Whether the model's (task, precision) gets a target of this kind (default:
         inference only: a training step is compiled whole)."""

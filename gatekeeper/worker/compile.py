@@ -111,7 +111,7 @@ def _first_calls(
     if req.task == "generate":  # the prefill and decode graphs of a generation
         from .generate import first_generations
 
-        resp, gen = first_generations(req)
+        resp, gen = first_generations(req, out)
         return resp.model_copy(update={"megacache_load_seconds": megacache_load}), gen
     record_inductor_metrics()  # so the bundle's FX entries replay bytes accessed on hits
     if req.task == "train":

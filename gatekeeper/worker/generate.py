@@ -16,6 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from ..generation import TIE_TOP_K, Generation
 from .calls import Inputs
 from .compiler import compile_kwargs, import_inductor, snapshot_counters
 from .counters import record_inductor_metrics
-from .kinds import builder
+from .kinds import Built, Job, Refused, builder
 from .model import build_recorded, load_callable
 from .plan import fits
 from .precision import check_precision
@@ -80,27 +81,41 @@ class Loop:
 
     model: Any
     req: Build
+    inputs: Inputs
     prompt: tuple[int, int] = (1, 1)  # batch, tokens
     extra: dict[str, Any] = field(default_factory=dict)
+    out: Path | None = None  # where its kind's package goes (compile)
+    load: Path | None = None  # its kind's package, from the bundle
+    built: Built | None = None  # what its kind's build did (regional, aot)
 
     def compile(self) -> None:
         raise NotImplementedError
 
     def regions(self, dynamic: bool = False) -> bool:
-        """The target's kind's model for generating (``regional``: a copy of the model
-        sharing its weights, its blocks compiled), kept as ``extra["model"]``; False
-        when the kind compiles the loop's own entry points (whole)."""
-        found = builder(self.req).generation(self.model, self.req, self.kwargs(dynamic))
+        """The target's kind's model for generating (regional: a copy of the model
+        sharing its weights, its blocks compiled; aot: a generation on its package),
+        kept as ``extra["model"]``; False when the kind compiles the loop's own entry
+        points (whole). Raises :class:`~gatekeeper.worker.kinds.Refused` when the kind
+        cannot build it."""
+        job = Job(self.model, self.inputs, self.req, out=self.out, load=self.load)
+        found = builder(self.req).generation(job, self.kwargs(dynamic))
         if found is None:
             return False
-        self.extra["model"], self.extra["checked"] = found
+        self.extra["model"], self.built = found
         return True
 
     def checked(self) -> None:
         """After the first compiled generation: the kind's check that it compiled what
         the config asks (a regional target's blocks: a ConfigError when none ran)."""
-        if (check := self.extra.pop("checked", None)) is not None:
+        if self.built is not None and (check := self.built.after_first_calls) is not None:
+            self.built.after_first_calls = None
             check()
+
+    def moved(self) -> None:
+        """Once the model's weights were copied into new memory (paired placement): a
+        package bound to them binds them again (:attr:`Built.moved`)."""
+        if self.built is not None and self.built.moved is not None:
+            self.built.moved()
 
     def of(self, compiled: bool) -> Any:
         """The model a generation calls: the kind's compiled copy, else the model."""
@@ -286,14 +301,17 @@ class OwnLoop(Loop):
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def loop_of(model: Any, req: Build, inputs: Inputs) -> Loop:
+def loop_of(
+    model: Any, req: Build, inputs: Inputs, *, out: Path | None = None, load: Path | None = None
+) -> Loop:
     """The target's generation: its own loop when the config gives one, else
-    ``generate()``; the model in the target's precision."""
+    ``generate()``; the model in the target's precision. ``out``: where its kind's
+    package goes; ``load``: the bundle's package to load instead."""
     if req.precision in DTYPES:
         model.to(DTYPES[req.precision])
     ids = prompt_of(inputs)
     kind = OwnLoop if req.model.generation.prefill is not None else HFLoop
-    return kind(model, req, prompt=(ids.shape[0], ids.shape[1]))
+    return kind(model, req, inputs, prompt=(ids.shape[0], ids.shape[1]), out=out, load=load)
 
 
 def describe(loop: Loop, **figures: Any) -> Generation:
@@ -309,12 +327,15 @@ def describe(loop: Loop, **figures: Any) -> Generation:
     )
 
 
-def first_generations(req: CompileRequest | ProbeRequest) -> tuple[Response, Callable]:
+def first_generations(
+    req: CompileRequest | ProbeRequest, out: Path | None = None
+) -> tuple[Response, Callable]:
     """``compile`` and ``probe`` of a generate target: the compiled generation of the
     configured prompt until settled (the first compiles the prefill and the decode
     step; a CUDA-graph mode records on a later one), every graph it compiled now in the
-    cache dir; its first generation's time and first token. Also returns a function
-    that generates on other inputs."""
+    cache dir; its first generation's time and first token. ``out``: where the kind's
+    own package goes (aot: its export and package come before the first generation).
+    Also returns a function that generates on other inputs."""
     model, inputs, found = build_recorded(
         req.model, req.shapes, req.base_path, req.device, req.quantize
     )
@@ -323,25 +344,42 @@ def first_generations(req: CompileRequest | ProbeRequest) -> tuple[Response, Cal
     check_precision(req.device, req.precision)
     record_inductor_metrics()  # so the bundle's FX entries replay bytes accessed on hits
     imports = import_inductor()
-    loop = loop_of(model, req, inputs)
+    loop = loop_of(model, req, inputs, out=out)
     breadcrumbs.enter("compile")
-    loop.compile()
+    start = time.perf_counter()
+    try:
+        loop.compile()
+    except Refused as e:
+        failed = Response(
+            ok=False,
+            fault="export",
+            error=e.says(),
+            export=e.info,
+            deps=found,
+            torch=torch.__version__,
+        )
+        return failed, lambda ins: None
+    ahead = imports + time.perf_counter() - start  # aot: its export and package
     runs = []
     for n in range(3 if isinstance(req, CompileRequest) else 2):
         breadcrumbs.enter("first generation" if n == 0 else "generation")
         runs.append(loop.run(inputs))
         loop.checked()
     first = runs[0]
+    built = loop.built or Built()
+    own = builder(req).package
     resp = Response(
         ok=True,
-        compile_seconds=first.e2e + imports,
+        compile_seconds=first.e2e + ahead,
         call_seconds=[r.e2e for r in runs],
         import_seconds=imports,
         counters=snapshot_counters(),
         torch=torch.__version__,
         deps=found,
+        export=built.export,
+        packages={own: built.package} if own and built.package else {},
         generation=describe(
-            loop, first_generate_s=first.e2e + imports, first_token_s=first.ttft + imports
+            loop, first_generate_s=first.e2e + ahead, first_token_s=first.ttft + ahead
         ),
     )
     return resp, lambda ins: loop.run(ins)

@@ -13,7 +13,9 @@ the guard that failed. Paired, the base commit's model generates beside it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +39,7 @@ from .generate import HFLoop, Loop, Run, describe, loop_of
 from .generate_parity import Generated, check, prefill_fp64
 from .generate_timing import PER_ROUND, generation_rounds, side_figures
 from .graphs import _reason
+from .kinds import Built, Refused, builder
 from .memory import footprint, give_back, peak_memory
 from .model import build_base, build_recorded, make_inputs, same_inputs
 from .outputs import Outputs
@@ -53,9 +56,11 @@ from .task import compile_again, fresh_frames
 PEAK_BANDWIDTH = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12}
 
 
-def _graphs(before: dict[str, int] | None = None) -> dict[str, Any]:
+def _graphs(before: dict[str, int] | None = None, loop: Loop | None = None) -> dict[str, Any]:
     """Graphs Dynamo compiled and the breaks it took (since ``before``), with their
-    reasons as torch counts them."""
+    reasons as torch counts them; an ahead-of-time kind's: its one exported program."""
+    if loop is not None and builder(loop.req).ahead_of_time:
+        return {"count": 1, "breaks": 0, "break_reasons": []}
     now = snapshot_counters()
     was = before or {}
     reasons = [{"reason": _reason(str(r))} for r in counters["graph_break"]]
@@ -116,20 +121,24 @@ class _Base:
         )
         self.same = same_inputs(head_inputs, inputs)
         self.model, self.inputs = model, head_inputs if self.same else inputs
-        self.loop = loop_of(model, req, self.inputs)
+        self.loop = loop_of(model, req, self.inputs, load=_package(req))
 
-    def compile(self) -> tuple[dict, Run]:
+    def compile(self) -> tuple[dict, Run] | None:
         """Compiled beside the head (its compiles made on purpose: not the head's
-        recompiles); its first generation and figures."""
+        recompiles); its first generation and figures. None: the kind cannot build the
+        base's (this change makes it export: no base to time it with)."""
         fresh_frames()
         give_back()
         breadcrumbs.enter("base compile")
         before = snapshot_counters()
         with on_purpose():
-            self.loop.compile()
+            try:
+                self.loop.compile()
+            except Refused:
+                return None
             first = self.loop.run(self.inputs, scores=True)
             self.loop.checked()
-            graphs = _graphs(before)
+            graphs = _graphs(before, self.loop)
             work = _work(self.loop, self.inputs)
         paired = {
             "compile_seconds": first.e2e,
@@ -142,6 +151,11 @@ class _Base:
         return paired, first
 
 
+def _package(req: MeasureRequest) -> Path | None:
+    """The bundle's package of the target's kind, where the check restored one."""
+    return Path(req.load.path) if req.load is not None else None
+
+
 def measure_generate(req: MeasureRequest) -> Response:
     device = req.device
     tol = parity_tolerance(req.parity, req.precision)
@@ -152,7 +166,7 @@ def measure_generate(req: MeasureRequest) -> Response:
     fits(model, req, paired=req.paired_base is not None)
     # a second prompt of the same shape (transformers compares generations so)
     other = make_inputs(req.model, req.shapes, req.base_path, device, seed=req.model.seed + 1)
-    head = loop_of(model, req, inputs)
+    head = loop_of(model, req, inputs, load=_package(req))
     base = _Base(req.for_base(), inputs) if req.paired_base is not None else None
     if base is not None:
         share_identical(model, base.model)  # one copy of what both hold
@@ -163,10 +177,22 @@ def measure_generate(req: MeasureRequest) -> Response:
     reset_inductor_metrics()
     give_back()
     breadcrumbs.enter("compile")
-    head.compile()
+    start = time.perf_counter()
+    try:  # aot: the bundle's package loaded (or export + build one)
+        head.compile()
+    except Refused as e:
+        return Response(
+            ok=False,
+            fault="export",
+            error=e.says(),
+            export=e.info,
+            deps=deps,
+            torch=torch.__version__,
+        )
+    prepared = time.perf_counter() - start
     first = _first(head, inputs)
     head.checked()
-    cache, graphs = snapshot_counters(), _graphs()
+    cache, graphs = snapshot_counters(), _graphs(loop=head)
     breadcrumbs.enter("parity")
     cand = Generated.of([first, head.run(other, scores=True)])
     memory = {
@@ -176,7 +202,9 @@ def measure_generate(req: MeasureRequest) -> Response:
     }
     breadcrumbs.enter("work counters")
     work = _work(head, inputs)
-    paired, base_first = base.compile() if base is not None else (None, None)
+    paired, base_first = (base.compile() if base is not None else None) or (None, None)
+    if paired is None:
+        base = None
     parity = _parity(req, head, cand, [inputs, other], tol, base_first, paired)
     give_back()
     lat, gen = _timed(req, head, inputs, base)
@@ -197,16 +225,20 @@ def measure_generate(req: MeasureRequest) -> Response:
         compiled=gen["compiled"],
         eager=gen["eager"],
         samples=gen["samples"]["compiled"],
-        first_generate_s=first.e2e,
-        first_token_s=first.ttft,
+        first_generate_s=first.e2e + prepared,
+        first_token_s=first.ttft + prepared,
         decode_recompiles=count,
         decode_recompile_guards=guards,
         tokens=(parity["vs_eager"].get("detail") or "").removeprefix("tokens: "),
         **_bandwidth(model, device, gen["compiled"].tokens_per_s),
     )
+    built = head.built or Built()
+    own = builder(req).package
     return Response(
         ok=True,
-        compile_seconds=first.e2e,
+        compile_seconds=first.e2e + prepared,
+        export=built.export,
+        packages={own: built.package} if own and built.package else {},
         counters=cache,
         graphs=graphs,
         parity=parity,
@@ -276,6 +308,8 @@ def _timed(
 
         def halfway() -> None:
             same_placement(base.model, head.model)
+            for loop in (base.loop, head):  # a package bound to the weights binds them again
+                loop.moved()
             again()
 
     lat, per = generation_rounds(runs, req.device, req.budget, halfway, req.decide_at)

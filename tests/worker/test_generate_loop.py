@@ -53,9 +53,9 @@ def test_a_stock_mistral_decodes_on_a_static_cache_with_no_recompile():
         generate={"new_tokens": 16},
     )
     # its config's sliding window (4096) makes its static cache's every layer a sliding one
-    loop = HFLoop(stock_lm("Mistral"), _req(model), prompt=(1, 32))  # type: ignore[arg-type]
-    loop.compile()
     ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 32))})
+    loop = HFLoop(stock_lm("Mistral"), _req(model), ids, prompt=(1, 32))  # type: ignore[arg-type]
+    loop.compile()
 
     def at(tokens: int) -> None:
         if tokens == 2:  # the first decode step done: steady decode from here
@@ -75,9 +75,10 @@ def test_a_regional_generation_keeps_a_graph_per_layer_past_dynamos_default_limi
     Dynamo keeps 8 by default and runs the other layers eager."""
     torch._dynamo.reset()
     lm = stock_lm(layers=10, hidden=32, heads=2)
-    loop = HFLoop(lm, _req(_lm(strategies=["regional"]), "regional"), prompt=(1, 8))  # type: ignore[arg-type]
-    before = snapshot_counters()["graphs"]
     ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 8))})
+    req = _req(_lm(strategies=["regional"]), "regional")
+    loop = HFLoop(lm, req, ids, prompt=(1, 8))  # type: ignore[arg-type]
+    before = snapshot_counters()["graphs"]
     with torch._dynamo.config.patch(recompile_limit=8):  # the default, restored after
         loop.compile()
         compiled, eager = loop.run(ids, scores=True), loop.run(ids, compiled=False, scores=True)
@@ -109,8 +110,43 @@ def test_a_regional_generation_whose_blocks_never_run_is_a_config_error():
     )
     req = _req(cfg, "regional")
     req.base_path = Path(tiny_models.__file__).parent
-    loop = OwnLoop(tiny_models.tiny_lm(), req, prompt=(1, 8))  # type: ignore[arg-type]
+    ids = Inputs(kwargs={"input_ids": torch.randint(0, 512, (1, 8))})
+    loop = OwnLoop(tiny_models.tiny_lm(), req, ids, prompt=(1, 8))  # type: ignore[arg-type]
     loop.compile()
-    loop.run(Inputs(kwargs={"input_ids": torch.randint(0, 512, (1, 8))}))
+    loop.run(ids)
     with pytest.raises(ConfigError, match="layers.0, layers.1: never called by the generation"):
         loop.checked()
+
+
+class _Branching(transformers.LlamaForCausalLM):
+    """A stock Llama whose forward branches on its input's values: torch.compile breaks
+    the graph there, torch.export refuses it."""
+
+    def forward(self, input_ids=None, **kwargs):
+        if input_ids.sum() > 0:  # the line export names
+            input_ids = input_ids.clone()
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def test_an_aot_generation_that_export_refuses_is_not_exportable_naming_the_line():
+    """An ``aot`` generation exports the model's static-cache forward; a model torch
+    refuses is ``not-exportable`` (not an error of the run) with torch's reason and the
+    model's own line."""
+    from pathlib import Path
+
+    from gatekeeper.kinds.aot.worker import NotExportable
+
+    base = stock_lm()
+    lm = _Branching(base.config).eval()
+    req = _req(_lm(strategies=["aot"], backend="inductor"), "aot")
+    req.base_path = Path(__file__).parent
+    ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 8))})
+    loop = HFLoop(lm, req, ids, prompt=(1, 8))  # type: ignore[arg-type]
+    with pytest.raises(NotExportable) as refused:
+        loop.compile()
+    info = refused.value.info
+    assert info["exportable"] is False and info["strict"] is True, info
+    source = Path(__file__).read_text().splitlines()
+    assert info["file"] == Path(__file__).name, info
+    assert "the line export names" in source[info["line"] - 1], info
+    assert refused.value.says().startswith("not exportable: "), refused.value.says()

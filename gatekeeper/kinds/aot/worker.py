@@ -173,17 +173,27 @@ def export(
 ) -> tuple[Any, dict]:
     """``torch.export.export`` of the target (NotExportable when torch refuses it)."""
     strict = cfg.export_settings.strict
-    breadcrumbs.enter("export")
-    start = time.perf_counter()
     module = exported_module(model, cfg)
-    try:
-        program = torch.export.export(
+    return exporting(
+        lambda: torch.export.export(
             module,
             inputs.args,
             inputs.kwargs or None,
             dynamic_shapes=dynamic_shapes(cfg, module, inputs) if dynamic else None,
             strict=strict,
-        )
+        ),
+        strict,
+        base_dir,
+    )
+
+
+def exporting(run: Callable[[], Any], strict: bool, base_dir: Path) -> tuple[Any, dict]:
+    """``run``'s exported program and the result's ``export`` document (NotExportable,
+    with torch's reason and the user's ``file:line``, when torch refuses it)."""
+    breadcrumbs.enter("export")
+    start = time.perf_counter()
+    try:
+        program = run()
     except Exception as e:  # whatever torch raises, the model did not export
         file, line = _where(e, base_dir)
         raise NotExportable(
@@ -304,6 +314,31 @@ def load_timed(path: str | Path, model: Any = None) -> tuple[Callable[..., Any],
     return loaded, time.perf_counter() - start
 
 
+def package_of(program: Any, module: Any, model: Any, job: Job) -> tuple[Any, dict[str, Any]]:
+    """The job's package loaded as a deploy loads it: the bundle's (``job.load``), else
+    ``program``'s built (into ``job.out``, else a scratch file that lives as long as this
+    process: torch loads it from there), without its weights where the config says
+    (then ``module``'s constants are recorded as ``model``'s tensors); its document
+    (``from``, seconds, bytes)."""
+    req, path = job.req, job.load
+    doc: dict[str, Any] = {"from": "bundle"}
+    if path is None:
+        path = job.out or Path(tempfile.mkdtemp(prefix="gk-aot-"), "model.pt2")
+        bound = binds_weights(req.model, model)
+        seconds = aot_package(program, req.model, req.mode, path, bound)
+        doc = {"from": "compiled", "compile_seconds": seconds}
+        if bound:
+            record_weights(path, module, model)
+    fn, seconds = load_timed(path, model)
+    doc.update(
+        bytes=path.stat().st_size,
+        load_seconds=seconds,
+        weights=getattr(fn, "weights", None),
+        weight_bytes=weight_bytes(model),
+    )
+    return fn, doc
+
+
 class Aot(Builder):
     name = "aot"
     package = "aot"
@@ -314,9 +349,9 @@ class Aot(Builder):
         """The bundle's package (``load``), else the model exported and its package built
         (into ``out``, else a scratch file that lives as long as this process: torch
         loads it from there) and loaded."""
-        req, out, built = job.req, job.out, Built(package={})
+        req, built = job.req, Built()
         cfg, model = req.model, job.model
-        assert built.package is not None
+        program = None
         if job.load is None:
             example = job.inputs
             if req.dynamic:  # exported with its largest shape set: no size-1 specialisation
@@ -325,22 +360,18 @@ class Aot(Builder):
                 shapes = example_shapes(cfg, req.shapes, True)
                 example = make_inputs(cfg, shapes, req.base_path, req.device)
             program, built.export = export(model, example, cfg, req.dynamic, req.base_path)
-            out = out or Path(tempfile.mkdtemp(prefix="gk-aot-"), "model.pt2")
-            bound = binds_weights(cfg, model)
-            built.package["compile_seconds"] = aot_package(program, cfg, req.mode, out, bound)
-            if bound:
-                record_weights(out, exported_module(model, cfg), model)
-            fn, seconds = load_timed(out, model)
-            built.package.update({"from": "compiled", "bytes": out.stat().st_size})
-        else:
-            fn, seconds = load_timed(job.load, model)
-            built.package.update({"from": "bundle", "bytes": job.load.stat().st_size})
-        built.package.update(load_seconds=seconds, weights=getattr(fn, "weights", None))
+        fn, built.package = package_of(program, exported_module(model, cfg), model, job)
         built.moved = getattr(fn, "rebind", None)  # its kernels keep each weight's address
-        built.package["weight_bytes"] = weight_bytes(model)
         if ADDED_KWARGS.get("use_cache") is False:
             built.package["note"] = CACHE_OFF
         return fn, built
+
+    def generation(self, job: Job, kwargs: dict[str, Any]) -> tuple[Any, Built]:
+        """A transformers causal LM's forward over a static KV cache, exported and
+        packaged (:mod:`gatekeeper.kinds.aot.worker_generate`)."""
+        from .worker_generate import packaged_generation
+
+        return packaged_generation(job)
 
     def graphs(self, model: Any, req: Build, inputs: Inputs, context: Callable[[], Any]) -> dict:
         """An exported program: one graph, no break (a model that breaks does not export)."""

@@ -51,6 +51,8 @@ class AotPackageHalf(PackageHalf):
             )
         from ...worker.model import build_model, make_inputs
 
+        if req.task == "generate":
+            return self._generation(req, Path(path), imports)
         inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
         own = None  # a package without its weights: the deploy's model, built untimed
         if package_member(path, WEIGHTS_RECORD) is not None:
@@ -70,6 +72,42 @@ class AotPackageHalf(PackageHalf):
             import_seconds=imports,
             counters={},
             torch=torch.__version__,
+            packages={
+                self.name: {
+                    "load_seconds": loaded,
+                    "first_call_seconds": first,
+                    "inductor_imported": "torch._inductor" in sys.modules,
+                }
+            },
+        )
+
+    def _generation(self, req: ProbeRequest, path: Path, imports: float) -> Response:
+        """A deploy's first generation on the package (:mod:`.worker_generate`): the model
+        built untimed (a service has its own), the package loaded, the configured new
+        tokens generated; the first token's time and the generation's."""
+        import torch
+
+        from ...boundary.protocol import Response
+        from ...worker.generate import describe, loop_of
+        from ...worker.model import build_model, make_inputs
+
+        model = build_model(req.model, req.base_path, req.device)
+        inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
+        loop = loop_of(model, req, inputs, load=path)
+        start = time.perf_counter()
+        loop.compile()  # the package loaded
+        loaded = time.perf_counter() - start
+        breadcrumbs.enter("package first call")
+        run = loop.run(inputs)
+        first = loaded + run.e2e
+        return Response(
+            ok=True,
+            compile_seconds=first,
+            call_seconds=[first],
+            import_seconds=imports,
+            counters={},
+            torch=torch.__version__,
+            generation=describe(loop, first_generate_s=first, first_token_s=loaded + run.ttft),
             packages={
                 self.name: {
                     "load_seconds": loaded,

@@ -228,13 +228,12 @@ class Regional(Builder):
         """Its blocks', one of each class."""
         return regional_graphs(model, req.model, inputs, req.base_path, context)
 
-    def generation(
-        self, model: Any, req: Build, kwargs: dict[str, Any]
-    ) -> tuple[Any, Callable[[], None]]:
-        """A copy of ``model`` sharing its weights, its blocks compiled, and the check
+    def generation(self, job: Job, kwargs: dict[str, Any]) -> tuple[Any, Built]:
+        """A copy of the model sharing its weights, its blocks compiled, and the check
         that the first generation ran them."""
-        target = shared_copy(model)
-        return target, compiled_in_place(target, req.model, kwargs, by="the generation")
+        target = shared_copy(job.model)
+        check = compiled_in_place(target, job.req.model, kwargs, by="the generation")
+        return target, Built(after_first_calls=check)
 
 
 REGIONAL = Regional()

@@ -97,14 +97,15 @@ class Builder:
 
         return graph_breaks(entry(model, req.model.call), inputs, req.base_path, context=context)
 
-    def generation(
-        self, model: Any, req: Build, kwargs: dict[str, Any]
-    ) -> tuple[Any, Callable[[], None]] | None:
-        """A generate target of this kind: a model whose calls run the code this kind
-        compiles (``torch.compile``'s ``kwargs``), around which the generation's loop runs
-        eager, and what to check after its first generation (as
-        :attr:`Built.after_first_calls`); None (the default, whole): the loop compiles
-        its own entry points, the model's ``forward`` or its prefill and decode functions."""
+    def generation(self, job: Job, kwargs: dict[str, Any]) -> tuple[Any, Built] | None:
+        """A generate target of this kind: a model whose ``generate()`` runs what this
+        kind compiles (``torch.compile``'s ``kwargs``; regional: a copy whose blocks are
+        compiled, around which the loop runs eager; aot: a generation on its package,
+        built into ``job.out`` or loaded from ``job.load``), and what its build did
+        (:attr:`Built.after_first_calls`: checked after the first generation); None
+        (the default, whole): the loop compiles its own entry points, the model's
+        ``forward`` or its prefill and decode functions. Raises :class:`Refused` when
+        the kind cannot build the model's generation."""
         return None
 
     def refused_base(self, model: Any, inputs: Inputs, req: Build) -> dict[str, Any]:
