@@ -84,8 +84,9 @@ def export_generation(module: torch.nn.Module, ids: torch.Tensor, length: int, j
     )
 
 
-def _eos(model: Any) -> list[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
+def eos_of(model: Any) -> list[int]:
+    """The model's end-of-sequence tokens (none without a model)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
@@ -148,4 +149,4 @@ def packaged_generation(job: Job) -> tuple[PackagedLM, Built]:
         program, built.export = export_generation(module, ids, length, job)
     step, built.package = package_of(program, module, job.model, job)
     built.moved = getattr(step, "rebind", None)  # its kernels keep each weight's address
-    return PackagedLM(step, _eos(job.model)), built
+    return PackagedLM(step, eos_of(job.model)), built

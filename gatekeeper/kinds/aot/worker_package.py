@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ...boundary import breadcrumbs
@@ -82,24 +83,33 @@ class AotPackageHalf(PackageHalf):
         )
 
     def _generation(self, req: ProbeRequest, path: Path, imports: float) -> Response:
-        """A deploy's first generation on the package (:mod:`.worker_generate`): the model
-        built untimed (a service has its own), the package loaded, the configured new
-        tokens generated; the first token's time and the generation's."""
+        """A deploy's first generation on the package (:mod:`.worker_generate`), as
+        docs/generation.md's deploy makes it: the package loaded (bound to the model's
+        weights, built untimed, where it has none), the prefill, then the configured
+        new tokens' decode steps; the first token's time and the generation's. Nothing
+        here imports Dynamo or inductor."""
         import torch
 
         from ...boundary.protocol import Response
-        from ...worker.generate import describe, loop_of
+        from ...generation import Generation
         from ...worker.model import build_model, make_inputs
+        from .worker_generate import PackagedLM, eos_of
 
-        model = build_model(req.model, req.base_path, req.device)
-        inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
-        loop = loop_of(model, req, inputs, load=path)
+        own = None  # a package without its weights: the deploy's model, built untimed
+        if package_member(path, WEIGHTS_RECORD) is not None:
+            own = build_model(req.model, req.base_path, req.device)
+        ids = make_inputs(req.model, req.shapes, req.base_path, req.device).kwargs["input_ids"]
+        new = req.model.generation.new_tokens
+        times: list[float] = []
+        breadcrumbs.enter("load package")
         start = time.perf_counter()
-        loop.compile()  # the package loaded
+        step = load_package(path, model=own)
         loaded = time.perf_counter() - start
         breadcrumbs.enter("package first call")
-        run = loop.run(inputs)
-        first = loaded + run.e2e
+        clock = SimpleNamespace(put=lambda _: times.append(time.perf_counter()))
+        with torch.no_grad():
+            PackagedLM(step, eos_of(own)).generate(ids, max_new_tokens=new, streamer=clock)
+        first = time.perf_counter() - start
         return Response(
             ok=True,
             compile_seconds=first,
@@ -107,7 +117,15 @@ class AotPackageHalf(PackageHalf):
             import_seconds=imports,
             counters={},
             torch=torch.__version__,
-            generation=describe(loop, first_generate_s=first, first_token_s=loaded + run.ttft),
+            generation=Generation(
+                batch=ids.shape[0],
+                prompt=ids.shape[1],
+                new_tokens=new,
+                cache="static",
+                loop="generate",
+                first_generate_s=first,
+                first_token_s=times[1] - start,  # the first is the prompt's hand-over
+            ),
             packages={
                 self.name: {
                     "load_seconds": loaded,
