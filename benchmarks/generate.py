@@ -14,8 +14,13 @@ through the CLI in a scratch git project:
 Usage, from the repo root:
 
     python benchmarks/generate.py --size tiny|100m|300m|1b|8b [--dtype fp32|bf16]
-        [--device cpu|cuda] [--mode default|reduce-overhead] [--strategy whole|regional]
+        [--device cpu|cuda] [--mode default|reduce-overhead]
+        [--strategy whole|regional|aot]
         [--prompt 32] [--new-tokens 16] [--min-time 2] [--json out.json] [--keep]
+
+``--strategy aot``: the target's static-cache forward exported into one AOTInductor
+package; its service is docs/generation.md's deploy block (the package loaded and
+looped over: no FX graph cache, its hits and misses read 0).
 
 ``--record PATH --trials N``: instead, N unchanged pull requests of a one-layer tiny
 LlamaForCausalLM, each checked paired with main for 30 s of rounds (what a slower pull
@@ -94,6 +99,36 @@ inductor = counters["inductor"]
 print(json.dumps({{"first_generate_s": first, "hits": inductor["fxgraph_cache_hit"],
                   "misses": inductor["fxgraph_cache_miss"]}}))
 """
+# an aot target's deploy (docs/generation.md's "An AOTInductor generation" block): its
+# model built untimed (a service has it; a package without its weights binds them), the
+# package loaded and its first generation, timed together; no FX graph cache
+AOT_SERVICE = """\
+import json
+import time
+
+import torch
+
+import gatekeeper
+from scale_model import make
+
+model = make().eval()
+torch.manual_seed(0)
+prompt = torch.randint(0, {vocab}, (1, {prompt}), device={device!r})
+with torch.no_grad():
+    start = time.perf_counter()
+    step = gatekeeper.load_aot("gatekeeper.toml", "lm/fixed/{mode}+generate+aot", model=model)
+    at = torch.arange(prompt.shape[1], device=prompt.device)
+    logits = step(input_ids=prompt, cache_position=at)[:, -1]
+    tokens = [logits.argmax(dim=-1, keepdim=True)]
+    for n in range({new_tokens} - 1):
+        position = torch.tensor([prompt.shape[1] + n], device=prompt.device)
+        logits = step(input_ids=tokens[-1], cache_position=position)[:, -1]
+        tokens.append(logits.argmax(dim=-1, keepdim=True))
+    if {device!r} == "cuda":
+        torch.cuda.synchronize()
+    first = time.perf_counter() - start
+print(json.dumps({{"first_generate_s": first, "hits": 0, "misses": 0}}))
+"""
 # how the service compiles, by the target's strategy (docs/generation.md's blocks)
 COMPILED = {
     "whole": "model.forward = torch.compile(model.forward, mode={mode!r})",
@@ -102,6 +137,7 @@ COMPILED = {
         "for layer in model.model.layers:\n"
         "    layer.compile(mode={mode!r})"
     ),
+    "aot": "",  # AOT_SERVICE
 }
 # the recorded trials' model: tests/e2e/test_generate.py's
 TINY = dict(
@@ -162,7 +198,7 @@ def project(repo: Path, size: dict, args: argparse.Namespace) -> None:
         )
     )
     (repo / "service.py").write_text(
-        SERVICE.format(
+        (AOT_SERVICE if args.strategy == "aot" else SERVICE).format(
             compiled=COMPILED[args.strategy].format(mode=args.mode),
             mode=args.mode,
             vocab=size["vocab_size"],

@@ -281,7 +281,9 @@ def _read_probe(result: WarmResult, resp: Any) -> Probe:
     first, cold = resp.compile_seconds, result.cold_compile_seconds
     speedup = cold / first if cold and first else None
     token = resp.generation.first_token_s if resp.ok and resp.generation is not None else None
-    said = f"first token {token:.2f} s, generation {first:.2f} s" if token else f"{first:.2f} s"
+    said = (
+        f"first token {token:.2f} s, generation {first:.2f} s" if token else f"{first or 0:.2f} s"
+    )
     alone = next(iter(resp.packages.items()), None) if resp.ok else None
     if alone is not None and first is not None:  # a package loaded as a deploy loads it
         name, doc = alone

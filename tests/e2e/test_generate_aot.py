@@ -62,10 +62,19 @@ print(json.dumps({"same": torch.equal(generated, own), "inductor": inductor,
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("generate-aot")
     files = {"lm.py": tiny_llama(layers=2), "gatekeeper.toml": CONFIG}
-    main_branch(root, {**files, ".gitignore": "store/\nout/\nwarm/\n"})
+    main_branch(root, {**files, ".gitignore": "store/\nout/\nwarm/\nearly*\n"})
     gk("compile", cwd=root, check=True)
+    # before any check: nothing verified, so nothing served, and the probe says so
+    early = gk("warm", "--cache-dir", "early", "--probe", "--json", cwd=root, check=True)
+    (root / "early.json").write_text(early.stdout)
     gk("check", "--out", "out", cwd=root, check=True)
     return root
+
+
+def test_before_a_check_warm_serves_no_package_and_its_probe_says_why(project):
+    (t,) = json.loads((project / "early.json").read_text())["targets"]
+    assert t["status"] == "hit" and t["aot"] == "unverified", t
+    assert t["probe_error"].startswith("no AOTInductor package installed here"), t
 
 
 def test_an_aot_generation_is_one_verified_package_with_the_eager_tokens(project):
