@@ -27,7 +27,8 @@ regional service block (the family's layers in place of ``model.model.layers``);
 regional target needs two layers or more (``--layers``; ten pass Dynamo's default
 recompile limit of 8 graphs). ``--strategy aot`` exports each family's static-cache
 forward (a family torch.export refuses is ``not-exportable``, its reason in the JSON);
-its warm step asks for the package served, its service step runs docs/generation.md's
+it is checked before it is warmed (warm serves only a package a check verified), its
+warm step asks for the package served, its service step runs docs/generation.md's
 deploy block ("An AOTInductor generation"): the new tokens made without inductor.
 """
 
@@ -252,55 +253,61 @@ def sweep(name: str, repo: Path, args: argparse.Namespace) -> dict[str, Any]:
     steps["compile"] = "ok" if ok else (t.get("error") or err or f"exit {rc}")
     fig["compile_s"] = t.get("compile_seconds")
 
-    rc, doc, err = cli("warm", "--probe", "--cache-dir", str(repo / "warm"))
-    t = zoo._first(doc)
-    fig["warm_fx"] = f"{t.get('fxgraph_cache_hit')}/{t.get('fxgraph_cache_miss')}"
-    fig["warm_first_token_s"] = t.get("first_token_seconds")
-    ok = rc == 0 and t.get("status") == "hit" and not t.get("probe_error")
-    if args.strategy == "aot":  # no FX graph: its package served and loaded
-        fig["warm_fx"] = t.get("aot")
-        ok = ok and t.get("aot") == "served" and t.get("dynamo") == "skipped"
-    else:
-        ok = ok and t.get("fxgraph_cache_miss") == 0
-    steps["warm"] = "ok" if ok else f"{t.get('status')}: {t.get('probe_error') or err}"
+    def warm_and_serve() -> None:
+        rc, doc, err = cli("warm", "--probe", "--cache-dir", str(repo / "warm"))
+        t = zoo._first(doc)
+        fig["warm_fx"] = f"{t.get('fxgraph_cache_hit')}/{t.get('fxgraph_cache_miss')}"
+        fig["warm_first_token_s"] = t.get("first_token_seconds")
+        ok = rc == 0 and t.get("status") == "hit" and not t.get("probe_error")
+        if args.strategy == "aot":  # no FX graph: its package served and loaded
+            fig["warm_fx"] = t.get("aot")
+            ok = ok and t.get("aot") == "served" and t.get("dynamo") == "skipped"
+        else:
+            ok = ok and t.get("fxgraph_cache_miss") == 0
+        steps["warm"] = "ok" if ok else f"{t.get('status')}: {t.get('probe_error') or err}"
 
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(repo / "warm")}
-    cmd = [sys.executable, "-c", service_code(args.new_tokens, args.strategy, name)]
-    try:
-        ran = subprocess.run(
-            cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(repo / "warm")}
+        cmd = [sys.executable, "-c", service_code(args.new_tokens, args.strategy, name)]
+        try:
+            ran = subprocess.run(
+                cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+            )
+            lines = ran.stdout.strip().splitlines()
+            found = json.loads(lines[-1]) if ran.returncode == 0 and lines else {}
+            why = (ran.stderr.strip().splitlines() or ["no counters"])[-1]
+        except subprocess.TimeoutExpired:
+            found, why = {}, f"timed out after {timeout:.0f} s"
+        if args.strategy == "aot":
+            made = found.get("tokens") == args.new_tokens and found.get("inductor") is False
+            fig["service_fx"] = f"{found.get('tokens')} tokens" if found else None
+            steps["service"] = "ok" if made else (json.dumps(found) if found else why)
+        else:
+            hit, miss = found.get("fxgraph_cache_hit", 0), found.get("fxgraph_cache_miss", 0)
+            fig["service_fx"] = f"{hit}/{miss}" if found else None
+            ok = found and miss == 0 and hit
+            steps["service"] = "ok" if ok else (f"{hit}/{miss}" if found else why)
+
+    def check() -> None:
+        rc, doc, err = cli("check", "--out", "out/main")
+        r = zoo._result(repo / "out/main/results.json") or {}
+        parity = (r.get("parity") or {}).get("vs_eager") or {}
+        gen = (r.get("generation") or {}).get("compiled") or {}
+        fig.update(
+            parity=parity.get("detail"),
+            ttft_ms=gen.get("ttft_s") and 1e3 * gen["ttft_s"],
+            tpot_ms=gen.get("tpot_s") and 1e3 * gen["tpot_s"],
+            tokens_per_s=gen.get("tokens_per_s"),
+            decode_recompiles=(r.get("generation") or {}).get("decode_recompiles"),
         )
-        lines = ran.stdout.strip().splitlines()
-        found = json.loads(lines[-1]) if ran.returncode == 0 and lines else {}
-        why = (ran.stderr.strip().splitlines() or ["no counters"])[-1]
-    except subprocess.TimeoutExpired:
-        found, why = {}, f"timed out after {timeout:.0f} s"
-    if args.strategy == "aot":
-        made = found.get("tokens") == args.new_tokens and found.get("inductor") is False
-        fig["service_fx"] = f"{found.get('tokens')} tokens" if found else None
-        steps["service"] = "ok" if made else (json.dumps(found) if found else why)
-    else:
-        hit, miss = found.get("fxgraph_cache_hit", 0), found.get("fxgraph_cache_miss", 0)
-        fig["service_fx"] = f"{hit}/{miss}" if found else None
-        ok = found and miss == 0 and hit
-        steps["service"] = "ok" if ok else (f"{hit}/{miss}" if found else why)
+        ok = r.get("status") == "ok" and parity.get("passed") and gen.get("tpot_s")
+        why = r.get("error") or parity.get("detail") or err
+        if ok and fig["decode_recompiles"]:  # after warm-up, any recompile is a regression
+            ok, why = False, f"{fig['decode_recompiles']} recompiles during decode"
+        steps["check"] = "ok" if ok else why
 
-    rc, doc, err = cli("check", "--out", "out/main")
-    r = zoo._result(repo / "out/main/results.json") or {}
-    parity = (r.get("parity") or {}).get("vs_eager") or {}
-    gen = (r.get("generation") or {}).get("compiled") or {}
-    fig.update(
-        parity=parity.get("detail"),
-        ttft_ms=gen.get("ttft_s") and 1e3 * gen["ttft_s"],
-        tpot_ms=gen.get("tpot_s") and 1e3 * gen["tpot_s"],
-        tokens_per_s=gen.get("tokens_per_s"),
-        decode_recompiles=(r.get("generation") or {}).get("decode_recompiles"),
-    )
-    ok = r.get("status") == "ok" and parity.get("passed") and gen.get("tpot_s")
-    why = r.get("error") or parity.get("detail") or err
-    if ok and fig["decode_recompiles"]:  # after warm-up, any recompile is a regression
-        ok, why = False, f"{fig['decode_recompiles']} recompiles during decode"
-    steps["check"] = "ok" if ok else why
+    # an aot target's package is served only once a check verified it
+    for step in (check, warm_and_serve) if args.strategy == "aot" else (warm_and_serve, check):
+        step()
 
     if (repo / "out/main/results.json").is_file():
         rc, _, err = cli("baseline", "--results", "out/main/results.json", "--ref", "main")
