@@ -142,15 +142,7 @@ def _first_calls(
     try:  # an ahead-of-time kind exports and builds its package in here
         fn, built = kind.compiled(Job(model, inputs, req, out=out))
     except Refused as e:
-        failed = Response(
-            ok=False,
-            fault="export",
-            error=e.says(),
-            export=e.info,
-            deps=found,
-            torch=torch.__version__,
-        )
-        return failed, lambda ins: None
+        return e.response(found), lambda ins: None
     compiled = under_autocast(fn, req.device, req.precision)
     wrap = time.perf_counter() - start
     calls = []

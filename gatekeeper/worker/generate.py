@@ -350,15 +350,7 @@ def first_generations(
     try:
         loop.compile()
     except Refused as e:
-        failed = Response(
-            ok=False,
-            fault="export",
-            error=e.says(),
-            export=e.info,
-            deps=found,
-            torch=torch.__version__,
-        )
-        return failed, lambda ins: None
+        return e.response(found), lambda ins: None
     ahead = imports + time.perf_counter() - start  # aot: its export and package
     runs = []
     for n in range(3 if isinstance(req, CompileRequest) else 2):

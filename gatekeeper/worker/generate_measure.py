@@ -181,14 +181,7 @@ def measure_generate(req: MeasureRequest) -> Response:
     try:  # aot: the bundle's package loaded (or export + build one)
         head.compile()
     except Refused as e:
-        return Response(
-            ok=False,
-            fault="export",
-            error=e.says(),
-            export=e.info,
-            deps=deps,
-            torch=torch.__version__,
-        )
+        return e.response(deps)
     prepared = time.perf_counter() - start
     first = _first(head, inputs)
     head.checked()

@@ -148,17 +148,9 @@ def measure(req: MeasureRequest) -> Response:
             Job(model, inputs, req, keep_eager=True, load=head.load(), traced=head.traced)
         )
     except Refused as e:
-        info = dict(e.info)
-        if base is not None:
-            info.update(kind.refused_base(base.model, base.inputs, base.req))
-        return Response(
-            ok=False,
-            fault="export",
-            error=e.says(),
-            export=info,
-            deps=deps,
-            torch=torch.__version__,
-        )
+        if base is not None:  # did the base commit's model export?
+            e.info.update(kind.refused_base(base.model, base.inputs, base.req))
+        return e.response(deps)
     prepared = time.perf_counter() - start  # aot: export, build and load the package
     head.compiled = under_autocast(made, device, req.precision)
     head.checked, head.moved = built.after_first_calls, built.moved

@@ -20,27 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.helpers import docs_code, gk, main_branch, tiny_llama
+from support.helpers import docs_code, gk, main_branch, tiny_llama, tiny_llama_config
 
 pytest.importorskip("transformers")
 
-CONFIG = """
-store = "store"
-precompile = "off"
-
-[measure]
-warmup = 1
-min_time = 0.3
-shape_sweep = false
-
-[[models]]
-name = "lm"
-factory = "lm:make_lm"
-inputs = { input_ids = { shape = [1, 32], dtype = "int64", high = 2048 } }
-tasks = ["generate"]
-strategies = ["aot"]
-generate = { new_tokens = 16 }
-"""
 TARGET = "lm/fixed/default+generate+aot"
 # after the docs' block: were its tokens the model's own greedy ones (the model as
 # gatekeeper builds it: seeded with the config's seed, 0), and was inductor imported?
@@ -61,7 +44,7 @@ print(json.dumps({"same": torch.equal(generated, own), "inductor": inductor,
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("generate-aot")
-    files = {"lm.py": tiny_llama(layers=2), "gatekeeper.toml": CONFIG}
+    files = {"lm.py": tiny_llama(layers=2), "gatekeeper.toml": tiny_llama_config('["aot"]')}
     main_branch(root, {**files, ".gitignore": "store/\nout/\nwarm/\nearly*\n"})
     gk("compile", cwd=root, check=True)
     # before any check: nothing verified, so nothing served, and the probe says so

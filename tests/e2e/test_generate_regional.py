@@ -16,34 +16,27 @@ import json
 from pathlib import Path
 
 import pytest
-from support.helpers import docs_code, gk, inductor_counters, main_branch, tiny_llama
+from support.helpers import (
+    docs_code,
+    gk,
+    inductor_counters,
+    main_branch,
+    tiny_llama,
+    tiny_llama_config,
+)
 
 pytest.importorskip("transformers")
 
 LAYERS = 5
-CONFIG = """
-store = "store"
-precompile = "off"
-
-[measure]
-warmup = 1
-min_time = 0.3
-shape_sweep = false
-
-[[models]]
-name = "lm"
-factory = "lm:make_lm"
-inputs = { input_ids = { shape = [1, 32], dtype = "int64", high = 2048 } }
-tasks = ["generate"]
-strategies = ["regional"]
-generate = { new_tokens = 16 }
-"""
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("generate-regional")
-    files = {"lm.py": tiny_llama(layers=LAYERS), "gatekeeper.toml": CONFIG}
+    files = {
+        "lm.py": tiny_llama(layers=LAYERS),
+        "gatekeeper.toml": tiny_llama_config('["regional"]'),
+    }
     main_branch(root, {**files, ".gitignore": "store/\nout/\nwarm/\n"})
     gk("compile", cwd=root, check=True)
     gk("check", "--out", "out", cwd=root, check=True)

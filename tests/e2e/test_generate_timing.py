@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support.helpers import git, gk, tiny_llama
+from support.helpers import git, gk, tiny_llama, tiny_llama_config
 from support.projects import QUIET
 
 pytest.importorskip("transformers")
@@ -41,22 +41,7 @@ def make_lm_doubled():
         layer.mlp = Twice(layer.mlp)
     return model
 '''
-CONFIG = """
-store = "store"
-precompile = "off"
-
-[measure]
-warmup = 2
-min_time = 3.0
-shape_sweep = false
-
-[[models]]
-name = "lm"
-factory = "lm:make_lm"
-inputs = { input_ids = { shape = [1, 32], dtype = "int64", high = 2048 } }
-tasks = ["generate"]
-generate = { new_tokens = 16 }
-"""
+CONFIG = tiny_llama_config(warmup=2, min_time=3.0)
 
 
 @pytest.mark.serial  # a timing verdict: run alone

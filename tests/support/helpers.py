@@ -71,6 +71,32 @@ def tiny_llama(hidden: int = 64, intermediate: int = 128, layers: int = 1) -> st
     return TINY_LLAMA.format(hidden=hidden, intermediate=intermediate, layers=layers)
 
 
+def tiny_llama_config(strategies: str | None = None, warmup: int = 1, min_time: float = 0.3) -> str:
+    """The gatekeeper.toml of :func:`tiny_llama`'s generate target, the minimal form (16
+    new tokens after a 32-token prompt) with the local store, no precompile package and
+    no shape sweep; ``strategies``: its strategies (a TOML list), else the default."""
+    line = f"strategies = {strategies}\n" if strategies else ""
+    return TINY_LLAMA_CONFIG.format(warmup=warmup, min_time=min_time, strategies=line)
+
+
+TINY_LLAMA_CONFIG = """
+store = "store"
+precompile = "off"
+
+[measure]
+warmup = {warmup}
+min_time = {min_time}
+shape_sweep = false
+
+[[models]]
+name = "lm"
+factory = "lm:make_lm"
+inputs = {{ input_ids = {{ shape = [1, 32], dtype = "int64", high = 2048 }} }}
+tasks = ["generate"]
+{strategies}generate = {{ new_tokens = 16 }}
+"""
+
+
 def stock_lm(
     arch: str = "Llama", layers: int = 1, vocab: int = 2048, hidden: int = 64, heads: int = 4
 ) -> Any:

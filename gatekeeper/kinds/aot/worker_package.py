@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ...boundary import breadcrumbs
+from ...generation import Generation
 from ...runtime import WEIGHTS_RECORD, load_package, package_member
 from ...worker.kinds import Loaded, PackageHalf
 
@@ -52,8 +53,6 @@ class AotPackageHalf(PackageHalf):
             )
         from ...worker.model import build_model, make_inputs
 
-        if req.task == "generate":
-            return self._generation(req, Path(path), imports)
         inputs = make_inputs(req.model, req.shapes, req.base_path, req.device)
         own = None  # a package without its weights: the deploy's model, built untimed
         if package_member(path, WEIGHTS_RECORD) is not None:
@@ -63,8 +62,12 @@ class AotPackageHalf(PackageHalf):
         model = load_package(path, model=own)
         loaded = time.perf_counter() - start
         breadcrumbs.enter("package first call")
+        generation = None
         with torch.no_grad():
-            inputs.call(model)
+            if req.task == "generate":
+                generation = _first_generation(req, model, own, inputs.kwargs["input_ids"], start)
+            else:
+                inputs.call(model)
         first = time.perf_counter() - start
         return Response(
             ok=True,
@@ -73,59 +76,7 @@ class AotPackageHalf(PackageHalf):
             import_seconds=imports,
             counters={},
             torch=torch.__version__,
-            packages={
-                self.name: {
-                    "load_seconds": loaded,
-                    "first_call_seconds": first,
-                    "inductor_imported": "torch._inductor" in sys.modules,
-                }
-            },
-        )
-
-    def _generation(self, req: ProbeRequest, path: Path, imports: float) -> Response:
-        """A deploy's first generation on the package (:mod:`.worker_generate`), as
-        docs/generation.md's deploy makes it: the package loaded (bound to the model's
-        weights, built untimed, where it has none), the prefill, then the configured
-        new tokens' decode steps; the first token's time and the generation's. Nothing
-        here imports Dynamo or inductor."""
-        import torch
-
-        from ...boundary.protocol import Response
-        from ...generation import Generation
-        from ...worker.model import build_model, make_inputs
-        from .worker_generate import PackagedLM, eos_of
-
-        own = None  # a package without its weights: the deploy's model, built untimed
-        if package_member(path, WEIGHTS_RECORD) is not None:
-            own = build_model(req.model, req.base_path, req.device)
-        ids = make_inputs(req.model, req.shapes, req.base_path, req.device).kwargs["input_ids"]
-        new = req.model.generation.new_tokens
-        times: list[float] = []
-        breadcrumbs.enter("load package")
-        start = time.perf_counter()
-        step = load_package(path, model=own)
-        loaded = time.perf_counter() - start
-        breadcrumbs.enter("package first call")
-        clock = SimpleNamespace(put=lambda _: times.append(time.perf_counter()))
-        with torch.no_grad():
-            PackagedLM(step, eos_of(own)).generate(ids, max_new_tokens=new, streamer=clock)
-        first = time.perf_counter() - start
-        return Response(
-            ok=True,
-            compile_seconds=first,
-            call_seconds=[first],
-            import_seconds=imports,
-            counters={},
-            torch=torch.__version__,
-            generation=Generation(
-                batch=ids.shape[0],
-                prompt=ids.shape[1],
-                new_tokens=new,
-                cache="static",
-                loop="generate",
-                first_generate_s=first,
-                first_token_s=times[1] - start,  # the first is the prompt's hand-over
-            ),
+            generation=generation and generation.model_copy(update={"first_generate_s": first}),
             packages={
                 self.name: {
                     "load_seconds": loaded,
@@ -143,6 +94,29 @@ class AotPackageHalf(PackageHalf):
         seconds = time.perf_counter() - start
         fields = {"load_seconds": seconds, "weights": package.weights}
         yield Loaded(package, seconds, "package first call", fields=fields)
+
+
+def _first_generation(
+    req: ProbeRequest, step: Any, model: Any, ids: Any, start: float
+) -> Generation:
+    """A deploy's first generation on the package (:mod:`.worker_generate`), as
+    docs/generation.md's deploy makes it: the prefill, then the configured new tokens'
+    decode steps; its first token's time since ``start``. Nothing here imports Dynamo
+    or inductor."""
+    from .worker_generate import PackagedLM, eos_of
+
+    new = req.model.generation.new_tokens
+    times: list[float] = []
+    clock = SimpleNamespace(put=lambda _: times.append(time.perf_counter()))
+    PackagedLM(step, eos_of(model)).generate(ids, max_new_tokens=new, streamer=clock)
+    return Generation(
+        batch=ids.shape[0],
+        prompt=ids.shape[1],
+        new_tokens=new,
+        cache="static",
+        loop="generate",
+        first_token_s=times[1] - start,  # the first is the prompt's hand-over
+    )
 
 
 PACKAGE = AotPackageHalf()

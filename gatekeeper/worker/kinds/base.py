@@ -30,6 +30,22 @@ class Refused(Exception):
         where = f"{self.info['file']}:{self.info['line']}" if self.info.get("file") else "?"
         return f"not exportable: {self.info.get('reason')} at {where}"
 
+    def response(self, deps: dict | None) -> Response:
+        """The worker's answer: the target is ``not-exportable`` (``deps``: what its
+        model was built from)."""
+        import torch
+
+        from ...boundary.protocol import Response
+
+        return Response(
+            ok=False,
+            fault="export",
+            error=self.says(),
+            export=self.info,
+            deps=deps,
+            torch=torch.__version__,
+        )
+
 
 @dataclass
 class Job:
