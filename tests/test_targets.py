@@ -386,7 +386,8 @@ def test_a_generation_may_be_regional_or_aot_beside_inference():
         "lm/b1/default+generate+regional",
         "lm/b1/default+generate+aot",  # transformers' static-cache forward, exported
         "lm/b1/default+generate+bf16",
-        "lm/b1/default+generate+bf16+regional",  # aot: float32 only
+        "lm/b1/default+generate+bf16+regional",
+        "lm/b1/default+generate+bf16+aot",  # a generation's bf16 is its weights', exported
     ]
     dynamic = {**lm, "generate": {"cache": "dynamic"}}  # aot exports a static cache only
     assert "lm/b1/default+generate+aot" not in ids(config(dynamic))

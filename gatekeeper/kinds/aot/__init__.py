@@ -1,9 +1,10 @@
 """``aot``: ``torch.export``, then an AOTInductor package (``aoti_compile_and_package``):
 a ``.pt2`` a deploy loads with :func:`gatekeeper.load_aot`, without Dynamo, inductor or
 the model's Python code. Float32 inference targets (the package runs its own kernels,
-which a caller's autocast cannot change), and float32 generations of ``generate()`` on
-a static cache (:mod:`gatekeeper.kinds.aot.worker_generate`: the cache's forward
-exported; the prefill and each decode step are calls of one package);
+which a caller's autocast cannot change), and generations of ``generate()`` on a
+static cache, in their weights' dtype (:mod:`gatekeeper.kinds.aot.worker_generate`:
+the cache's forward exported; the prefill and each decode step are calls of one
+package);
 ``export = { strict = ... }`` says how torch.export runs. The worker's half:
 :mod:`gatekeeper.kinds.aot.worker` (the package's: :mod:`gatekeeper.kinds.aot.worker_package`),
 imported only in the worker.
@@ -181,12 +182,10 @@ class Aot(Kind):
     scope = "float32 inference targets and generate() generations on a static cache"
 
     def applies(self, model: ModelConfig, task: str, precision: str) -> bool:
-        if precision != "fp32":
-            return False
-        if task == "generate":  # transformers' static-cache forward (worker_generate)
-            gen = model.generation
+        if task == "generate":  # transformers' static-cache forward (worker_generate),
+            gen = model.generation  # its weights in the precision's dtype (no autocast)
             return gen.prefill is None and gen.cache == "static"
-        return task == "infer"
+        return task == "infer" and precision == "fp32"
 
     def spec(self, model: ModelConfig) -> dict[str, Any]:
         return {"strategy": self.name, "export": model.export_settings.model_dump()}
