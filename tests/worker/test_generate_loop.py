@@ -150,3 +150,33 @@ def test_an_aot_generation_that_export_refuses_is_not_exportable_naming_the_line
     assert info["file"] == Path(__file__).name, info
     assert "the line export names" in source[info["line"] - 1], info
     assert refused.value.says().startswith("not exportable: "), refused.value.says()
+
+
+@pytest.mark.parametrize("arch", ["GPT2", "Llama"])
+def test_an_aot_generations_loop_makes_the_tokens_of_generate(arch):
+    """The loop over an aot generation's package (PackagedLM), on what the package is
+    exported from: transformers' static-cache wrapper of a stock model, eager. It makes
+    ``generate()``'s greedy tokens, the EOS tokens masked as ``generate()`` masks them; a
+    stock GPT-2's EOS id (50256) lies outside a tiny config's 2048 words (an IndexError
+    in every aot generation of such a GPT-2, before)."""
+    from gatekeeper.kinds.aot.worker_generate import PackagedLM, eos_of, static_cache_module
+
+    torch.manual_seed(0)
+    if arch == "GPT2":  # its head model has another name
+        config = transformers.GPT2Config(vocab_size=2048, n_embd=64, n_layer=1, n_head=4)
+        lm = transformers.GPT2LMHeadModel(config).eval()
+    else:
+        lm = stock_lm(arch)
+    ids = torch.randint(0, 2048, (1, 8))
+    with torch.no_grad():
+        own = lm.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=6,
+            min_new_tokens=6,
+            do_sample=False,
+            cache_implementation="static",
+        )
+        step = static_cache_module(lm, batch=1, length=14)
+        made = PackagedLM(step, eos_of(lm)).generate(ids, max_new_tokens=6, min_new_tokens=6)
+    assert eos_of(lm) and torch.equal(made, own), (made, own)

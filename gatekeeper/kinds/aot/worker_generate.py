@@ -119,9 +119,12 @@ class PackagedLM:
         for n in range(max_new_tokens):
             raw.append(logits)
             chosen = logits.float()
-            if n < min_new_tokens and self.eos:
+            # transformers masks the EOS tokens of the vocabulary (a tiny config's vocabulary
+            # may not hold its family's EOS id: GPT-2's 50256 with 2048 words)
+            eos = [e for e in self.eos if 0 <= e < chosen.shape[-1]]
+            if n < min_new_tokens and eos:
                 chosen = chosen.clone()
-                chosen[:, self.eos] = -torch.inf
+                chosen[:, eos] = -torch.inf
             scores.append(chosen)
             token = chosen.argmax(dim=-1, keepdim=True)
             tokens.append(token)
