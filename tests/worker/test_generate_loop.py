@@ -180,3 +180,32 @@ def test_an_aot_generations_loop_makes_the_tokens_of_generate(arch):
         step = static_cache_module(lm, batch=1, length=14)
         made = PackagedLM(step, eos_of(lm)).generate(ids, max_new_tokens=6, min_new_tokens=6)
     assert eos_of(lm) and torch.equal(made, own), (made, own)
+
+
+def test_an_aot_generation_whose_program_refuses_a_decode_step_is_not_exportable(tmp_path):
+    """torch.export exports a stock tiny OPT's static-cache forward, but the program's
+    runtime checks refuse a one-token decode step ("Expected u14 >= 2 but received 1"):
+    the build tries a prefill and a decode step on its package, and the target is
+    ``not-exportable`` saying so (its first generation raised, an error of the run,
+    before). One AOTInductor build of a one-layer model."""
+    from gatekeeper.kinds.aot.worker import NotExportable
+
+    config = transformers.OPTConfig(
+        vocab_size=2048,
+        hidden_size=64,
+        ffn_dim=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        word_embed_proj_dim=64,
+        max_position_embeddings=64,
+    )
+    lm = transformers.OPTForCausalLM(config).eval()
+    req = _req(_lm(strategies=["aot"], backend="inductor"), "aot")
+    req.base_path = tmp_path
+    req.precision = "fp32"
+    ids = Inputs(kwargs={"input_ids": torch.randint(0, 2048, (1, 8))})
+    loop = HFLoop(lm, req, ids, prompt=(1, 8))  # type: ignore[arg-type]
+    loop.out = tmp_path / "model.pt2"
+    with pytest.raises(NotExportable, match="its program refuses a decode step: ") as refused:
+        loop.compile()
+    assert refused.value.info["exportable"] is False, refused.value.info

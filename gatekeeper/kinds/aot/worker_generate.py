@@ -152,4 +152,26 @@ def packaged_generation(job: Job) -> tuple[PackagedLM, Built]:
         program, built.export = export_generation(module, ids, length, job)
     step, built.package = package_of(program, module, job.model, job)
     built.moved = getattr(step, "rebind", None)  # its kernels keep each weight's address
+    if program is not None:
+        _generates(step, ids)
     return PackagedLM(step, eos_of(job.model)), built
+
+
+def _generates(step: Any, ids: torch.Tensor) -> None:
+    """A prefill and one decode step on the package just built. torch.export may keep a
+    program whose runtime checks refuse one of them (a stock tiny OPT's refuses the
+    one-token decode: "Expected u14 >= 2 but received 1"): NotExportable, saying which."""
+    from .worker import _reason
+
+    prompt = ids.shape[1]
+    call = "prefill"
+    try:
+        with torch.no_grad():
+            logits = step(input_ids=ids, cache_position=torch.arange(prompt, device=ids.device))
+            call = "decode step"
+            token = logits[:, -1].argmax(dim=-1, keepdim=True)
+            step(input_ids=token, cache_position=torch.tensor([prompt], device=ids.device))
+    except Exception as e:  # whatever the package's runtime raises
+        raise _refused(
+            f"torch exported it, but its program refuses a {call}: {_reason(e)}"
+        ) from None

@@ -27,8 +27,8 @@ class Refused(Exception):
         self.info = info
 
     def says(self) -> str:
-        where = f"{self.info['file']}:{self.info['line']}" if self.info.get("file") else "?"
-        return f"not exportable: {self.info.get('reason')} at {where}"
+        where = f" at {self.info['file']}:{self.info['line']}" if self.info.get("file") else ""
+        return f"not exportable: {self.info.get('reason')}{where}"
 
     def response(self, deps: dict | None) -> Response:
         """The worker's answer: the target is ``not-exportable`` (``deps``: what its
