@@ -91,7 +91,7 @@ class Loop:
     def compile(self) -> None:
         raise NotImplementedError
 
-    def regions(self, dynamic: bool = False) -> bool:
+    def by_kind(self, dynamic: bool = False) -> bool:
         """The target's kind's model for generating (regional: a copy of the model
         sharing its weights, its blocks compiled; aot: a generation on its package),
         kept as ``extra["model"]``; False when the kind compiles the loop's own entry
@@ -184,7 +184,8 @@ def _top(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class HFLoop(Loop):
     """``generate()`` of a transformers causal LM, its ``forward`` compiled (the
     transformers way: ``model.forward = torch.compile(model.forward, ...)``; a regional
-    target: ``generate()`` of a copy whose decoder layers are compiled), greedy,
+    target: ``generate()`` of a copy whose decoder layers are compiled; an aot target:
+    the same loop over its package, :mod:`gatekeeper.kinds.aot.worker_generate`), greedy,
     ``min_new_tokens = max_new_tokens`` (EOS ignored), the configured cache; eager runs
     the same ``generate()`` on the eager ``forward`` with transformers' default dynamic
     cache (as its own tests compare them)."""
@@ -199,7 +200,7 @@ class HFLoop(Loop):
         # Python int a cache keeps per step (a sliding-window layer's length: a stock
         # Mistral's static cache) goes dynamic on its first change, as in the service,
         # instead of recompiling every decode step (an nn.Module's int still does)
-        if not self.regions(dynamic=True):
+        if not self.by_kind(dynamic=True):
             self.extra["forward"] = torch.compile(self.model.forward, **self.kwargs(dynamic=True))
 
     def generate_kwargs(self, compiled: bool, scores: bool) -> dict[str, Any]:
@@ -267,7 +268,7 @@ class OwnLoop(Loop):
         assert cfg.prefill is not None and cfg.decode is not None  # the config says both
         prefill, decode = load_callable(cfg.prefill, base), load_callable(cfg.decode, base)
         self.extra.update(prefill=prefill, decode=decode)
-        if self.regions():  # the functions run eager over the compiled blocks
+        if self.by_kind():  # the functions run eager over the compiled blocks
             self.extra.update(cprefill=prefill, cdecode=decode)
             return
         self.extra["cprefill"] = torch.compile(prefill, **self.kwargs())
