@@ -283,6 +283,8 @@ LOADER_ARGS = (("model", False, 1, -1), ("model", False, 1), ("model",))
 # that are no tensor of the model (stored, small)
 WEIGHTS_RECORD = "extra/gatekeeper/weights.json"
 STORED_CONSTANTS = "extra/gatekeeper/constants.pt"
+# the custom ops of Python its program calls, each with the module that defines it
+PYTHON_OPS = "extra/gatekeeper/python_ops.json"
 
 
 def _child(spec: Any, index: int) -> Any:
@@ -330,6 +332,7 @@ def load_package(
     import torch
 
     record = package_member(path, WEIGHTS_RECORD)
+    _define_python_ops(path)
     if getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None) is None:
         from torch._inductor import aoti_load_package  # pragma: no cover - every torch has it
 
@@ -348,6 +351,22 @@ def load_package(
         loaded.rebind()
         loaded.weights = "bound"
     return loaded
+
+
+def _define_python_ops(path: str | os.PathLike[str]) -> None:
+    """The custom ops of Python (``torch.library.custom_op``) the package's program calls,
+    defined before it loads: torch's runtime calls them through Python and finds none
+    that no module defined in this process (a stock Mixtral's
+    ``transformers::grouped_mm_fallback``, in ``transformers.integrations.moe``). Each
+    op's module is imported, where it lies in the package named by the op's namespace."""
+    import importlib
+
+    from torch._library import custom_ops
+
+    recorded = package_member(path, PYTHON_OPS)
+    for op, module in (json.loads(recorded) if recorded else {}).items():
+        if op not in custom_ops.OPDEFS and module.split(".")[0] == op.split("::")[0]:
+            importlib.import_module(module)
 
 
 def _bind(

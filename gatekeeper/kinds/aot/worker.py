@@ -20,6 +20,7 @@ The worker's steps here (``export``, ``aoti_compile_and_package``, ``load packag
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -33,7 +34,13 @@ import torch
 
 from ...boundary import breadcrumbs
 from ...config import ModelConfig
-from ...runtime import STORED_CONSTANTS, WEIGHTS_RECORD, load_package, package_loader
+from ...runtime import (
+    PYTHON_OPS,
+    STORED_CONSTANTS,
+    WEIGHTS_RECORD,
+    load_package,
+    package_loader,
+)
 from ...worker.calls import Inputs, entry
 from ...worker.deps import is_stdlib
 from ...worker.kinds import Builder, Built, Job, Refused
@@ -266,8 +273,6 @@ def record_weights(out: Path, module: Any, model: Any) -> int:
     non-persistent buffer, a function's constants: what a deploy's checkpoint lacks).
     The bytes bound at load."""
     import io
-    import json
-    import zipfile
 
     def at(root: Any, name: str) -> Any:
         for part in name.split("."):
@@ -294,15 +299,38 @@ def record_weights(out: Path, module: Any, model: Any) -> int:
             "dtype": str(t.dtype).removeprefix("torch."),
             "device": t.device.type,
         }
+    record = {"format": 1, "weights": "bound", "bytes": bound, "constants": constants}
+    _add_member(out, WEIGHTS_RECORD, json.dumps(record, sort_keys=True).encode())
+    if stored:
+        blob = io.BytesIO()
+        torch.save({k: v.cpu() for k, v in stored.items()}, blob)
+        _add_member(out, STORED_CONSTANTS, blob.getvalue())
+    return bound
+
+
+def python_ops(program: Any) -> dict[str, str]:
+    """The custom ops of Python (``torch.library.custom_op``) the exported program calls,
+    each with the module that defines it: a package runs them through Python, so a
+    process that loads it must have defined them (:func:`gatekeeper.runtime.load_package`
+    imports the module)."""
+    from torch._library import custom_ops
+
+    found = {}
+    for node in program.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            name = node.target._schema.name
+            if (op := custom_ops.OPDEFS.get(name)) is not None:
+                found[name] = op._init_fn.__module__
+    return found
+
+
+def _add_member(out: Path, name: str, data: bytes) -> None:
+    """A file added to the ``.pt2`` archive ``out``, under its one top folder."""
+    import zipfile
+
     with zipfile.ZipFile(out, "a") as z:
         root = z.namelist()[0].split("/")[0]
-        record = {"format": 1, "weights": "bound", "bytes": bound, "constants": constants}
-        z.writestr(f"{root}/{WEIGHTS_RECORD}", json.dumps(record, sort_keys=True))
-        if stored:
-            blob = io.BytesIO()
-            torch.save({k: v.cpu() for k, v in stored.items()}, blob)
-            z.writestr(f"{root}/{STORED_CONSTANTS}", blob.getvalue())
-    return bound
+        z.writestr(f"{root}/{name}", data)
 
 
 def load_timed(path: str | Path, model: Any = None) -> tuple[Callable[..., Any], float]:
@@ -329,6 +357,9 @@ def package_of(program: Any, module: Any, model: Any, job: Job) -> tuple[Any, di
         doc = {"from": "compiled", "compile_seconds": seconds}
         if bound:
             record_weights(path, module, model)
+        if ops := python_ops(program):
+            _add_member(path, PYTHON_OPS, json.dumps(ops, sort_keys=True).encode())
+            doc["python_ops"] = sorted(ops)
     fn, seconds = load_timed(path, model)
     doc.update(
         bytes=path.stat().st_size,
