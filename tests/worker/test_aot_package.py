@@ -23,7 +23,7 @@ from gatekeeper.worker.calls import Inputs
 from gatekeeper.worker.kinds import Job
 
 # the op's namespace is its module's package, as transformers' is
-OPS = '''
+OPS = """
 import torch
 
 
@@ -35,7 +35,7 @@ def twice(x: torch.Tensor) -> torch.Tensor:
 @twice.register_fake
 def _(x):
     return torch.empty_like(x)
-'''
+"""
 LOAD = """
 import json, sys, torch
 from gatekeeper.runtime import load_package
