@@ -20,7 +20,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.helpers import docs_code, gk, main_branch, tiny_llama, tiny_llama_config
+from support.helpers import (
+    docs_code,
+    generated_by_tokens,
+    gk,
+    main_branch,
+    tiny_llama,
+    tiny_llama_config,
+)
 
 pytest.importorskip("transformers")
 
@@ -62,14 +69,8 @@ def test_before_a_check_warm_serves_no_package_and_its_probe_says_why(project):
 
 def test_an_aot_generation_is_one_verified_package_with_the_eager_tokens(project):
     (r,) = json.loads((project / "out" / "results.json").read_text())["targets"]
-    assert r["target"] == TARGET and r["status"] == "ok", r
-    assert r["graphs"]["count"] == 1 and r["graphs"]["breaks"] == 0, r["graphs"]
-    gen = r["generation"]
-    assert gen["decode_recompiles"] == 0 and gen["cache"] == "static", gen
-    parity = r["parity"]["vs_eager"]
-    assert parity["passed"], parity
-    assert parity["detail"] == "tokens: the same 1x16 greedy tokens from 2 prompt(s)"
-    assert 0 < gen["compiled"]["tpot_s"] and 0 < gen["compiled"]["ttft_s"]
+    gen = generated_by_tokens(r, TARGET, graphs=1)  # one exported program
+    assert gen["cache"] == "static", gen
     aot = r["aot"]
     assert aot["from"] == "bundle" and aot["verified"] is True and aot["now"], aot
 

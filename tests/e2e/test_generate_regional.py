@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from support.helpers import (
     docs_code,
+    generated_by_tokens,
     gk,
     inductor_counters,
     main_branch,
@@ -45,16 +46,9 @@ def project(tmp_path_factory) -> Path:
 
 def test_a_regional_generation_compiles_every_layer_and_passes_parity_by_tokens(project):
     (r,) = json.loads((project / "out" / "results.json").read_text())["targets"]
-    assert r["target"] == "lm/fixed/default+generate+regional" and r["status"] == "ok", r
     graphs = 2 * LAYERS  # each layer's prefill and decode: Dynamo kept them all
-    assert r["graphs"]["count"] == graphs and r["graphs"]["breaks"] == 0, r["graphs"]
+    generated_by_tokens(r, "lm/fixed/default+generate+regional", graphs)
     assert r["compile"]["fxgraph_cache_hit"] == graphs and r["compile"]["fxgraph_cache_miss"] == 0
-    gen = r["generation"]
-    assert gen["decode_recompiles"] == 0 and gen["loop"] == "generate", gen
-    parity = r["parity"]["vs_eager"]
-    assert parity["passed"], parity
-    assert parity["detail"] == "tokens: the same 1x16 greedy tokens from 2 prompt(s)"
-    assert 0 < gen["compiled"]["tpot_s"] and 0 < gen["compiled"]["ttft_s"]
 
 
 def test_warm_then_the_docs_regional_service_compiles_nothing(project):

@@ -97,6 +97,21 @@ tasks = ["generate"]
 """
 
 
+def generated_by_tokens(r: dict, target: str, graphs: int) -> dict:
+    """A tiny Llama generate target's result (:func:`tiny_llama_config`) checked as each
+    must pass: ok, ``graphs`` graphs and no break, no recompile during decode, the same
+    1x16 greedy tokens as eager from 2 prompts, timed; its generation document."""
+    assert r["target"] == target and r["status"] == "ok", r
+    assert r["graphs"]["count"] == graphs and r["graphs"]["breaks"] == 0, r["graphs"]
+    gen = r["generation"]
+    assert gen["decode_recompiles"] == 0 and gen["loop"] == "generate", gen
+    parity = r["parity"]["vs_eager"]
+    assert parity["passed"], parity
+    assert parity["detail"] == "tokens: the same 1x16 greedy tokens from 2 prompt(s)"
+    assert 0 < gen["compiled"]["tpot_s"] and 0 < gen["compiled"]["ttft_s"]
+    return gen
+
+
 def stock_lm(
     arch: str = "Llama", layers: int = 1, vocab: int = 2048, hidden: int = 64, heads: int = 4
 ) -> Any:
