@@ -57,8 +57,18 @@ def weight_bytes(model: object) -> int:
         if key in seen:
             continue
         seen.add(key)
-        total += data.numel() * data.element_size()
+        total += tensor_bytes(data)
     return total
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds: a tensor subclass (torchao's quantized weights) by its
+    inner tensors (``__tensor_flatten__``), a plain tensor by its elements."""
+    flatten = getattr(type(t), "__tensor_flatten__", None)
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and flatten is not None:
+        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
 
 
 def plain(model: nn.Module) -> bool:

@@ -21,6 +21,7 @@ from ..config import ModelConfig
 from ..errors import ConfigError, first_line
 from ..quantize import CONFIG_CLASS, INSTALL, MIN_TORCHAO, NONE, options_of, torchao_version
 from .calls import Inputs, entry
+from .fp64 import weight_bytes
 from .outputs import Outputs
 
 # what each quantized module was judged by, measured when it was quantized
@@ -123,23 +124,3 @@ def sqnr(reference: Outputs, quantized: Outputs) -> float | None:
     if torch.equal(ref, got):
         return float("inf")
     return float(compute_error(ref, got))
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    """Bytes a tensor holds: a tensor subclass (torchao's quantized weights) by its
-    inner tensors (``__tensor_flatten__``), a plain tensor by its elements."""
-    flatten = getattr(type(t), "__tensor_flatten__", None)
-    if type(t) not in (torch.Tensor, torch.nn.Parameter) and flatten is not None:
-        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
-        return sum(_nbytes(getattr(t, n)) for n in names)
-    return t.numel() * t.element_size()
-
-
-def weight_bytes(model: Any) -> int:
-    """The bytes of a module's parameters and buffers, each tensor once (tied weights)."""
-    if not isinstance(model, torch.nn.Module):
-        return 0
-    seen: dict[int, torch.Tensor] = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        seen.setdefault(id(t), t)
-    return sum(_nbytes(t) for t in seen.values())

@@ -26,6 +26,21 @@ def test_weight_bytes_count_each_storage_once_and_buffers_too():
     assert weight_bytes(torch.tanh) == 0
 
 
+def test_weight_bytes_count_a_quantized_weight_by_what_it_holds():
+    """A torchao int8 weight-only Linear: its int8 data and its scales, not the float
+    size its wrapper reports (an aot package's document said 1.34 MB of weights for a
+    tiny Llama whose int8 weights were 0.75 MB: it counted them apart)."""
+    torchao = pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    m = nn.Sequential(nn.Linear(256, 256, bias=False))
+    float_bytes = weight_bytes(m)
+    torchao.quantization.quantize_(m, Int8WeightOnlyConfig())
+    assert type(m[0].weight) is not nn.Parameter or type(m[0].weight.data) is not torch.Tensor
+    # int8 data, and a scale (and zero point) per output row: well under the float32
+    assert 256 * 256 <= weight_bytes(m) < 256 * 256 + 256 * 16 < float_bytes
+
+
 def test_the_estimate_counts_what_each_mode_holds():
     m = _model()
     w = weight_bytes(m)

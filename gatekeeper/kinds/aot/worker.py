@@ -43,6 +43,7 @@ from ...runtime import (
 )
 from ...worker.calls import Inputs, entry
 from ...worker.deps import is_stdlib
+from ...worker.fp64 import weight_bytes
 from ...worker.kinds import Builder, Built, Job, Refused
 from ...worker.model import ADDED_KWARGS
 
@@ -229,14 +230,6 @@ def inductor_options(cfg: ModelConfig, mode: str) -> dict[str, Any]:
     opts = dict(list_mode_options(mode))
     opts.pop("triton.cudagraphs", None)
     return opts
-
-
-def weight_bytes(model: Any) -> int:
-    """The bytes of a module's parameters and buffers (each tensor once)."""
-    if not isinstance(model, torch.nn.Module):
-        return 0
-    seen = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    return sum(t.numel() * t.element_size() for t in seen.values())
 
 
 def binds_weights(cfg: ModelConfig, model: Any) -> bool:
