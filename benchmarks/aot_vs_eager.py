@@ -45,7 +45,7 @@ def package(model: torch.nn.Module, kwargs: dict) -> object:
     without its weights, bound to the model's own."""
     from torch._inductor import aoti_compile_and_package
 
-    from gatekeeper.kinds.aot.worker import record_weights
+    from gatekeeper.kinds.aot.worker_build import record_weights
     from gatekeeper.runtime import load_package
 
     out = Path(tempfile.mkdtemp(prefix="gk-aot-bench-"), "model.pt2")

@@ -22,6 +22,22 @@ PACKAGE = "model.pt2"
 AOT_MEMBER = f"aot/{PACKAGE}"  # the package in an aot bundle's archive
 INFO = "package.json"  # what warm installed: target, code hash, sha256, the check's verdict
 MANIFEST = "manifest.json"  # the bundle's signed manifest, as warm verified it
+# what the aot kind's worker adds to a package, in the archive's extra files: for weights
+# bound at load, which constant is which tensor of the model, and the constants that are
+# no tensor of the model (stored, small); the custom ops of Python its program calls,
+# each with the module that defines it
+WEIGHTS_RECORD = "extra/gatekeeper/weights.json"
+STORED_CONSTANTS = "extra/gatekeeper/constants.pt"
+PYTHON_OPS = "extra/gatekeeper/python_ops.json"
+
+
+def package_member(path: str | os.PathLike[str], name: str) -> bytes | None:
+    """A file of a ``.pt2`` archive (``name`` under its one top folder), or None."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        found = [n for n in z.namelist() if n.split("/", 1)[-1] == name]
+        return z.read(found[0]) if found else None
 
 
 class AotUnavailable(GatekeeperError):

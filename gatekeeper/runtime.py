@@ -6,16 +6,10 @@ the AOTInductor package a deploy loads (:func:`load_aot`). The rest of the paren
 store, gate, report, GitHub, dashboard) asks these functions and never imports torch;
 only the worker subprocess compiles (``tests/test_runtime.py`` holds the line).
 
-Loading an AOTInductor package for a deploy:
-
-``gatekeeper warm`` installs each verified ``+aot`` package (a ``.pt2`` that
-``torch._inductor.aoti_compile_and_package`` built from ``torch.export``'s program) into
-the inductor cache dir a service will use, under ``gatekeeper/aot/<target>/``.
-:func:`load_aot` returns a callable for it. It loads the package with torch's C++ loader
-(``torch._C._aoti.AOTIModelPackageLoader``), which needs neither Dynamo, AOTAutograd,
-inductor nor the model's Python code: a service's first call then costs what eager's
-does. Where that loader is missing it falls back to ``torch._inductor.aoti_load_package``
-(which imports inductor, about 2 s).
+A deploy's AOTInductor package, which ``gatekeeper warm`` installs once verified:
+:func:`load_aot` loads it with torch's C++ loader, without Dynamo, AOTAutograd, inductor
+or the model's Python code (where that loader is missing,
+``torch._inductor.aoti_load_package``, which imports inductor: about 2 s).
 
 Every torch import is inside a function: importing this module (and the CLI, the gate,
 the store, the report) never imports torch.
@@ -37,8 +31,17 @@ from .aot_files import AOT_MEMBER as AOT_MEMBER
 from .aot_files import INFO as INFO
 from .aot_files import MANIFEST as MANIFEST
 from .aot_files import PACKAGE as PACKAGE
+from .aot_files import (
+    PYTHON_OPS,
+    STORED_CONSTANTS,
+    WEIGHTS_RECORD,
+    check_package,
+    inductor_cache_dir,
+    loadable,
+    package_dir,
+    package_member,
+)
 from .aot_files import AotUnavailable as AotUnavailable
-from .aot_files import check_package, inductor_cache_dir, loadable, package_dir
 from .errors import GatekeeperError, UsageError
 
 if TYPE_CHECKING:
@@ -278,13 +281,6 @@ def _output_spec(text: str, path: Path) -> Any:
 # them; without the device index, as releases before it did; (path, model name), as 2.6
 # does. pybind11 refuses the others with a TypeError before anything is loaded.
 LOADER_ARGS = (("model", False, 1, -1), ("model", False, 1), ("model",))
-# what the aot kind's worker adds to a package whose weights are bound at load, in the
-# archive's extra files: which constant is which tensor of the model, and the constants
-# that are no tensor of the model (stored, small)
-WEIGHTS_RECORD = "extra/gatekeeper/weights.json"
-STORED_CONSTANTS = "extra/gatekeeper/constants.pt"
-# the custom ops of Python its program calls, each with the module that defines it
-PYTHON_OPS = "extra/gatekeeper/python_ops.json"
 
 
 def _child(spec: Any, index: int) -> Any:
@@ -306,15 +302,6 @@ def package_loader(path: str | os.PathLike[str]) -> Any:
             if "incompatible constructor arguments" not in str(e) or args == LOADER_ARGS[-1]:
                 raise
     raise AssertionError("unreachable")
-
-
-def package_member(path: str | os.PathLike[str], name: str) -> bytes | None:
-    """A file of a ``.pt2`` archive (``name`` under its one top folder), or None."""
-    import zipfile
-
-    with zipfile.ZipFile(path) as z:
-        found = [n for n in z.namelist() if n.split("/", 1)[-1] == name]
-        return z.read(found[0]) if found else None
 
 
 def load_package(
@@ -354,11 +341,9 @@ def load_package(
 
 
 def _define_python_ops(path: str | os.PathLike[str]) -> None:
-    """The custom ops of Python (``torch.library.custom_op``) the package's program calls,
-    defined before it loads: torch's runtime calls them through Python and finds none
-    that no module defined in this process (a stock Mixtral's
-    ``transformers::grouped_mm_fallback``, in ``transformers.integrations.moe``). Each
-    op's module is imported, where it lies in the package named by the op's namespace."""
+    """The custom ops of Python the package's program calls, defined before it loads (a
+    stock Mixtral's ``transformers::grouped_mm_fallback``): each op's module imported,
+    where it lies in the package the op's namespace names."""
     import importlib
 
     from torch._library import custom_ops

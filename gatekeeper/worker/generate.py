@@ -117,6 +117,15 @@ class Loop:
         if self.built is not None and self.built.moved is not None:
             self.built.moved()
 
+    def built_docs(self) -> dict[str, Any]:
+        """What its kind's build did, as a response's fields: torch.export's outcome and
+        its package's document (aot)."""
+        built, own = self.built or Built(), builder(self.req).package
+        return {
+            "export": built.export,
+            "packages": {own: built.package} if own and built.package else {},
+        }
+
     def of(self, compiled: bool) -> Any:
         """The model a generation calls: the kind's compiled copy, else the model."""
         return self.extra.get("model", self.model) if compiled else self.model
@@ -359,8 +368,6 @@ def first_generations(
         runs.append(loop.run(inputs))
         loop.checked()
     first = runs[0]
-    built = loop.built or Built()
-    own = builder(req).package
     resp = Response(
         ok=True,
         compile_seconds=first.e2e + ahead,
@@ -369,8 +376,7 @@ def first_generations(
         counters=snapshot_counters(),
         torch=torch.__version__,
         deps=found,
-        export=built.export,
-        packages={own: built.package} if own and built.package else {},
+        **loop.built_docs(),
         generation=describe(
             loop, first_generate_s=first.e2e + ahead, first_token_s=first.ttft + ahead
         ),

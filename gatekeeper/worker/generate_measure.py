@@ -39,7 +39,7 @@ from .generate import HFLoop, Loop, Run, describe, loop_of
 from .generate_parity import Generated, check, prefill_fp64
 from .generate_timing import PER_ROUND, generation_rounds, side_figures
 from .graphs import _reason
-from .kinds import Built, Refused, builder
+from .kinds import Refused, builder
 from .memory import footprint, give_back, peak_memory
 from .model import build_base, build_recorded, make_inputs, same_inputs
 from .outputs import Outputs
@@ -150,6 +150,28 @@ class _Base:
         }
         return paired, first
 
+    def figures(self, req: MeasureRequest, paired: dict, lat: dict, gen: dict) -> None:
+        """Into ``paired``: the base's profile, its per-round samples and its
+        generation's figures."""
+        trace = req.trace_out.replace(".json.gz", ".base.json.gz") if req.trace_out else None
+        paired["profile"] = profile_calls(
+            lambda: self.loop.run(self.inputs), req.device, calls=3, trace=trace
+        )
+        paired["samples"] = lat["samples"].pop("base")
+        paired["generation"] = describe(
+            self.loop, compiled=gen["base"], samples=gen["samples"]["base"]
+        )
+
+
+def _fresh() -> None:
+    """Before the head's compile: Dynamo's frames and counters, inductor's metrics and
+    the memory the builds freed, all from zero."""
+    torch._dynamo.reset()
+    counters.clear()
+    record_inductor_metrics()
+    reset_inductor_metrics()
+    give_back()
+
 
 def _package(req: MeasureRequest) -> Path | None:
     """The bundle's package of the target's kind, where the check restored one."""
@@ -171,11 +193,7 @@ def measure_generate(req: MeasureRequest) -> Response:
     if base is not None:
         share_identical(model, base.model)  # one copy of what both hold
         same_placement(model, base.model)  # before either is compiled
-    torch._dynamo.reset()
-    counters.clear()
-    record_inductor_metrics()
-    reset_inductor_metrics()
-    give_back()
+    _fresh()
     breadcrumbs.enter("compile")
     start = time.perf_counter()
     try:  # aot: the bundle's package loaded (or export + build one)
@@ -205,14 +223,7 @@ def measure_generate(req: MeasureRequest) -> Response:
     graphs.update(recompiles=count, recompile_guards=guards)
     prof = profile_calls(lambda: head.run(inputs), device, calls=3, trace=req.trace_out)
     if base is not None and paired is not None:
-        trace = req.trace_out.replace(".json.gz", ".base.json.gz") if req.trace_out else None
-        paired["profile"] = profile_calls(
-            lambda: base.loop.run(base.inputs), device, calls=3, trace=trace
-        )
-        paired["samples"] = lat["samples"].pop("base")
-        paired["generation"] = describe(
-            base.loop, compiled=gen["base"], samples=gen["samples"]["base"]
-        )
+        base.figures(req, paired, lat, gen)
     generation = describe(
         head,
         compiled=gen["compiled"],
@@ -225,13 +236,10 @@ def measure_generate(req: MeasureRequest) -> Response:
         tokens=(parity["vs_eager"].get("detail") or "").removeprefix("tokens: "),
         **_bandwidth(model, device, gen["compiled"].tokens_per_s),
     )
-    built = head.built or Built()
-    own = builder(req).package
     return Response(
         ok=True,
         compile_seconds=first.e2e + prepared,
-        export=built.export,
-        packages={own: built.package} if own and built.package else {},
+        **head.built_docs(),
         counters=cache,
         graphs=graphs,
         parity=parity,

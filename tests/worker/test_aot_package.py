@@ -4,7 +4,7 @@ none that no module defined in the process that loads it. A stock Mixtral's aot
 generation calls transformers' ``grouped_mm_fallback``: its check passed (the worker
 had imported transformers) and a deploy's ``load_aot`` failed ("Could not find schema
 for transformers::grouped_mm_fallback"). The package records each such op with its
-module (gatekeeper/kinds/aot/worker.py), and loading imports the module first
+module (gatekeeper/kinds/aot/worker_build.py), and loading imports the module first
 (gatekeeper/runtime.py). One AOTInductor build of a one-op module."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 
 from gatekeeper.config import ModelConfig
-from gatekeeper.kinds.aot.worker import package_of
+from gatekeeper.kinds.aot.worker_build import package_of
 from gatekeeper.worker.calls import Inputs
 from gatekeeper.worker.kinds import Job
 

@@ -134,7 +134,7 @@ def test_an_aot_generation_that_export_refuses_is_not_exportable_naming_the_line
     model's own line."""
     from pathlib import Path
 
-    from gatekeeper.kinds.aot.worker import NotExportable
+    from gatekeeper.kinds.aot.worker_build import NotExportable
 
     base = stock_lm()
     lm = _Branching(base.config).eval()
@@ -188,7 +188,7 @@ def test_an_aot_generation_whose_program_refuses_a_decode_step_is_not_exportable
     the build tries a prefill and a decode step on its package, and the target is
     ``not-exportable`` saying so (its first generation raised, an error of the run,
     before). One AOTInductor build of a one-layer model."""
-    from gatekeeper.kinds.aot.worker import NotExportable
+    from gatekeeper.kinds.aot.worker_build import NotExportable
 
     config = transformers.OPTConfig(
         vocab_size=2048,

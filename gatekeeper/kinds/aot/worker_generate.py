@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ...worker.kinds import Built, Job
-from .worker import NotExportable, exporting, package_of
+from .worker_build import NotExportable, exporting, package_of
 
 # transformers' recipe exports strict: non-strict export refuses its cache's own
 # in-place update (torch 2.13: "mutating a non-functional tensor with a functional tensor")
@@ -161,7 +161,7 @@ def _generates(step: Any, ids: torch.Tensor) -> None:
     """A prefill and one decode step on the package just built. torch.export may keep a
     program whose runtime checks refuse one of them (a stock tiny OPT's refuses the
     one-token decode: "Expected u14 >= 2 but received 1"): NotExportable, saying which."""
-    from .worker import _reason
+    from .worker_build import _reason
 
     prompt = ids.shape[1]
     call = "prefill"

@@ -23,9 +23,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from ...aot_files import WEIGHTS_RECORD, package_member
 from ...boundary import breadcrumbs
 from ...generation import Generation
-from ...runtime import WEIGHTS_RECORD, load_package, package_member
+from ...runtime import load_package
 from ...worker.kinds import Loaded, PackageHalf
 
 if TYPE_CHECKING:
