@@ -12,6 +12,7 @@ the guard that failed. Paired, the base commit's model generates beside it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -58,9 +59,10 @@ PEAK_BANDWIDTH = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12}
 
 def _graphs(before: dict[str, int] | None = None, loop: Loop | None = None) -> dict[str, Any]:
     """Graphs Dynamo compiled and the breaks it took (since ``before``), with their
-    reasons as torch counts them; an ahead-of-time kind's: its one exported program."""
-    if loop is not None and builder(loop.req).ahead_of_time:
-        return {"count": 1, "breaks": 0, "break_reasons": []}
+    reasons as torch counts them; an ahead-of-time kind's, which Dynamo does not count,
+    as the kind says them (aot: its one exported program)."""
+    if loop is not None and (kind := builder(loop.req)).ahead_of_time:
+        return kind.graphs(loop.model, loop.req, loop.inputs, contextlib.nullcontext)
     now = snapshot_counters()
     was = before or {}
     reasons = [{"reason": _reason(str(r))} for r in counters["graph_break"]]
