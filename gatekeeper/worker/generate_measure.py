@@ -50,6 +50,7 @@ from .plan import fits
 from .precision import check_precision, parity_tolerance
 from .profile import profile_calls
 from .recompiles import on_purpose, recompiles, start_counting
+from .spill import spilled
 from .task import compile_again, fresh_frames
 
 # a decode step reads every weight once: gpt-fast's bandwidth is weight bytes x tokens/s.
@@ -191,9 +192,11 @@ def measure_generate(req: MeasureRequest) -> Response:
     # a second prompt of the same shape (transformers compares generations so)
     other = make_inputs(req.model, req.shapes, req.base_path, device, seed=req.model.seed + 1)
     head = loop_of(model, req, inputs, load=_package(req))
-    base = _Base(req.for_base(), inputs) if req.paired_base is not None else None
-    if base is not None:
-        share_identical(model, base.model)  # one copy of what both hold
+    base = None
+    if req.paired_base is not None:
+        with spilled(model) as spill:  # the head's weights out of memory while it builds
+            base = _Base(req.for_base(), inputs)
+            share_identical(model, base.model, restore=spill.restore if spill else None)
         same_placement(model, base.model)  # before either is compiled
     _fresh()
     breadcrumbs.enter("compile")

@@ -37,6 +37,7 @@ from .placement import outgrows_cache, same_placement, share_identical
 from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance, under_autocast
 from .recompiles import start_counting
+from .spill import spilled
 from .task import fresh_frames, measure_calls
 from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
@@ -170,18 +171,20 @@ def _build_base(
 ) -> _Side:
     """Paired: the base commit's target, as its own config defines it; the same inputs
     (the usual case) are the head's own objects, called alike."""
-    base_model, base_inputs, base_deps = build_base(
-        base_req.model,
-        base_req.shapes,
-        base_req.base_path,
-        base_req.device,
-        base_req.quantize,
-        judged=True,
-    )
+    with spilled(head.model) as spill:  # the head's weights out of memory while it builds
+        base_model, base_inputs, base_deps = build_base(
+            base_req.model,
+            base_req.shapes,
+            base_req.base_path,
+            base_req.device,
+            base_req.quantize,
+            judged=True,
+        )
+        # one copy of what both hold
+        share_identical(head.model, base_model, restore=spill.restore if spill else None)
     comparable = same_inputs(head.inputs, base_inputs)
     base = _Side(base_req, base_model, head.inputs if comparable else base_inputs, base_deps)
     base.same_inputs = comparable
-    share_identical(head.model, base_model)  # one copy of what both hold
     same_placement(head.model, base_model)  # before either is compiled
     # its own config says how it compiles: recorded as the head's only where it can be
     if head.traced is not None:

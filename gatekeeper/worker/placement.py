@@ -10,6 +10,7 @@ or a large model both build from one seed.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 import torch
 
@@ -83,7 +84,12 @@ def _same_file_bytes(a: torch.Tensor, b: torch.Tensor, maps: FileMaps) -> bool:
     )
 
 
-def share_identical(head: object, base: object, cache: int | None = None) -> int:
+def share_identical(
+    head: object,
+    base: object,
+    cache: int | None = None,
+    restore: Callable[[torch.Tensor], None] | None = None,
+) -> int:
     """Paired, where the weights outgrow the cache (:func:`outgrows_cache`; within it
     each side keeps its own, or the side that runs second would find the weights the
     other just read in the cache): each base parameter that holds the head's bytes (the
@@ -93,7 +99,9 @@ def share_identical(head: object, base: object, cache: int | None = None) -> int
     same pages of the page cache, counted twice in the resident set) is shared without
     a read of either; any other is compared (``torch.equal``). The modules' own
     Parameter objects stay (a tied weight stays tied); a tensor subclass (a quantized
-    weight, a DTensor's shard) is left as it is."""
+    weight, a DTensor's shard) is left as it is. ``restore``: what brings a head weight
+    the base's build found out of memory back into it (:class:`~gatekeeper.worker.spill.Spill`),
+    called on each before it is compared."""
     if not isinstance(head, torch.nn.Module) or not isinstance(base, torch.nn.Module):
         return 0
     if not outgrows_cache(head, cache):
@@ -110,6 +118,8 @@ def share_identical(head: object, base: object, cache: int | None = None) -> int
                 continue
             if (h.shape, h.dtype, h.device, h.stride()) != (p.shape, p.dtype, p.device, p.stride()):
                 continue
+            if restore is not None:
+                restore(h)
             if _same_file_bytes(h.data, p.data, maps) or torch.equal(h.data, p.data):
                 p.data = h.data
                 shared += h.numel() * h.element_size()
