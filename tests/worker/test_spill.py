@@ -123,3 +123,29 @@ def test_weights_stay_where_the_scratch_is_memory():
     with spilled(m, cache=1, least=0, folder="/dev/shm") as spill:
         assert spill is None
     assert os.path.isdir("/dev/shm")
+
+
+def test_a_scratch_without_room_leaves_the_weights_where_they_are(tmp_path):
+    """A file that cannot be written (here: the process may write 1 MiB into any file,
+    as on a full disk) spills nothing, and the weights are the model's, in memory."""
+    script = textwrap.dedent(
+        """
+        import resource, signal, sys, torch
+        from gatekeeper.worker.placement import FileMaps
+        from gatekeeper.worker.spill import spilled
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        torch.manual_seed(0)
+        m = torch.nn.Linear(1024, 2048)
+        want = m.weight.detach().clone()
+        with spilled(m, cache=1, least=0, folder=sys.argv[1]) as spill:
+            assert spill is None
+            assert FileMaps().place(m.weight.data) is None
+        assert torch.equal(m.weight, want)
+        print("kept")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "kept", done.stderr
