@@ -182,6 +182,39 @@ def test_an_aot_generations_loop_makes_the_tokens_of_generate(arch):
     assert eos_of(lm) and torch.equal(made, own), (made, own)
 
 
+def test_an_aot_generations_prefill_computes_the_last_positions_logits_only():
+    """The exported program's LM head runs over the last position only, as
+    ``generate()``'s does (``logits_to_keep=1``): a prefill over 8 tokens returns one
+    position's logits (8 on the old code: the head over every prompt position, a quarter
+    of a Qwen2-0.5B prefill's multiply-adds), eager's last. The model's forward is its
+    own again after the export, and an instance's own ``forward`` is put back."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from gatekeeper.kinds.aot.worker_generate import (
+        export_generation,
+        last_logits,
+        static_cache_module,
+    )
+
+    lm = stock_lm()
+    ids = torch.randint(0, 2048, (1, 8))
+    module = static_cache_module(lm, batch=1, length=14)
+    job = SimpleNamespace(req=SimpleNamespace(base_path=Path(__file__).parent))
+    program, doc = export_generation(module, ids, 14, job)  # type: ignore[arg-type]
+    assert doc["exportable"] and "forward" not in lm.__dict__
+    with torch.no_grad():
+        got = program.module()(input_ids=ids, cache_position=torch.arange(8))
+        want = lm(ids).logits[:, -1:]
+    assert got.shape == want.shape == (1, 1, 2048), got.shape
+    assert torch.allclose(got, want, atol=1e-5)
+    own = lm.forward
+    lm.forward = own  # an instance's own forward (a hook, a wrapper)
+    with last_logits(lm):
+        assert lm.forward is not own
+    assert lm.__dict__["forward"] is own
+
+
 def test_an_aot_generation_whose_program_refuses_a_decode_step_is_not_exportable(tmp_path):
     """torch.export exports a stock tiny OPT's static-cache forward, but the program's
     runtime checks refuse a one-token decode step ("Expected u14 >= 2 but received 1"):

@@ -14,6 +14,10 @@ with the reason.
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -64,24 +68,52 @@ def static_cache_module(model: Any, batch: int, length: int) -> torch.nn.Module:
 
 def export_generation(module: torch.nn.Module, ids: torch.Tensor, length: int, job: Job) -> Any:
     """The module's forward exported with the prompt's length dynamic (1 to the cache's
-    length), so that the prefill and every decode step are calls of one program."""
+    length), so that the prefill and every decode step are calls of one program; its
+    logits the last position's only (:func:`last_logits`)."""
     from torch.export import Dim
 
     tokens = Dim("tokens", min=1, max=length - 1)
     if ids.shape[1] < 2:  # an example of one token would be specialised to one
         ids = ids.repeat(1, 2)
     positions = torch.arange(ids.shape[1], device=ids.device)
-    return exporting(
-        lambda: torch.export.export(
-            module,
-            (),
-            {"input_ids": ids, "cache_position": positions},
-            dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
-            strict=STRICT,
-        ),
-        STRICT,
-        job.req.base_path,
-    )
+
+    def export() -> Any:
+        with last_logits(getattr(module, "model", None)):
+            return torch.export.export(
+                module,
+                (),
+                {"input_ids": ids, "cache_position": positions},
+                dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
+                strict=STRICT,
+            )
+
+    return exporting(export, STRICT, job.req.base_path)
+
+
+@contextmanager
+def last_logits(model: Any) -> Iterator[None]:
+    """While the block runs, ``model``'s forward computes its LM head over the last
+    position only (transformers' ``logits_to_keep=1``, what ``generate()`` passes): the
+    prefill reads one token's logits, and a 152k-word vocabulary's head over every
+    prompt position is most of a prefill's multiply-adds. A model whose forward takes no
+    ``logits_to_keep`` is left as it is; its own ``forward`` attribute, where it has one,
+    is put back."""
+    try:
+        takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (AttributeError, TypeError, ValueError):  # no model, or no signature to read
+        takes = False
+    if not takes:
+        yield
+        return
+    own = model.__dict__.get("forward")
+    model.forward = functools.partial(model.forward, logits_to_keep=1)
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
 
 
 def eos_of(model: Any) -> list[int]:
