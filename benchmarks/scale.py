@@ -26,7 +26,7 @@ stage's own.
 
 Usage, from the repo root (the 1B model in fp32 needs ~20 GB free for the paired stage):
 
-    python benchmarks/scale.py [--arch llama|qwen2|gemma3|gpt2|gpt_neox]
+    python benchmarks/scale.py [--arch llama|qwen2|qwen3|gemma3|gpt2|gpt_neox]
         --size tiny|100m|300m|1b|8b|... [--dtype fp32|bf16] [--device cpu|cuda]
         [--load config|checkpoint] [--stages compile,warm,...] [--min-time 1]
         [--json out.json] [--keep]
@@ -74,6 +74,16 @@ ARCHS = {
                      num_attention_heads=4, num_key_value_heads=2, vocab_size=151936),  # 9.8M
         "0.5b": dict(hidden_size=896, num_hidden_layers=24, intermediate_size=4864,
                      num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),  # 494M
+    }),
+    # Qwen3: as Qwen2, and each head's queries and keys RMS-normed (q_norm, k_norm),
+    # head_dim 128 apart from hidden / heads, no QKV biases
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", True, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                     vocab_size=151936),  # 9.8M
+        "0.6b": dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                     vocab_size=151936),  # 596M (Qwen3-0.6B shape)
     }),
     # Gemma 3: tied, a 262,144-word vocabulary (63% of the 270M model), head_dim 256,
     # local sliding-window layers (512 tokens) between global ones, scaled embeddings
