@@ -27,7 +27,7 @@ def built(repo: Path, name: str):
     return module.make()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_scale_writes_a_factory_of_each_architecture(scale, arch, tmp_path):
     repo = scale.scratch(tmp_path, "tiny", "float32", 1.0, arch=arch)
     model = built(repo, arch)
