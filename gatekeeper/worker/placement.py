@@ -84,6 +84,26 @@ def _same_file_bytes(a: torch.Tensor, b: torch.Tensor, maps: FileMaps) -> bool:
     )
 
 
+def storages(m: torch.nn.Module) -> dict[int, list[torch.Tensor]]:
+    """``m``'s parameters and buffers of plain torch.Tensor (a quantized weight or a
+    DTensor's shard has no storage of its own here), by the address of their storage."""
+    seen: dict[int, list[torch.Tensor]] = {}
+    for t in [*m.parameters(), *m.buffers()]:
+        if type(t.data) is torch.Tensor:
+            seen.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    return seen
+
+
+def owns_its_storage(ts: list[torch.Tensor]) -> bool:
+    """Whether one tensor alone holds a storage (:func:`storages`' list), whole: a tied
+    weight is one Parameter object; a view, or a tensor another shares, is not."""
+    return (
+        len(ts) == 1
+        and ts[0].storage_offset() == 0
+        and ts[0].untyped_storage().nbytes() == ts[0].numel() * ts[0].element_size()
+    )
+
+
 def share_identical(
     head: object,
     base: object,
@@ -154,14 +174,6 @@ def same_placement(first: object, second: object, cache: int | None = None) -> N
     if not isinstance(first, torch.nn.Module) or not isinstance(second, torch.nn.Module):
         return
 
-    def storages(m: torch.nn.Module) -> dict[int, list[torch.Tensor]]:
-        seen: dict[int, list[torch.Tensor]] = {}
-        for t in [*m.parameters(), *m.buffers()]:
-            if type(t.data) is not torch.Tensor:  # a DTensor's shard has no storage here
-                continue
-            seen.setdefault(t.untyped_storage().data_ptr(), []).append(t)
-        return seen
-
     ones, twos = storages(first), storages(second)
     both = ones.keys() & twos.keys()
     files = FileMaps() if outgrows_cache(first, cache) else None
@@ -170,10 +182,8 @@ def same_placement(first: object, second: object, cache: int | None = None) -> N
         return [
             ts[0]
             for ptr, ts in seen.items()
-            if len(ts) == 1
+            if owns_its_storage(ts)
             and ptr not in both
-            and ts[0].storage_offset() == 0
-            and ts[0].untyped_storage().nbytes() == ts[0].numel() * ts[0].element_size()
             and not (
                 ts[0].device.type == "cpu" and ts[0].untyped_storage().nbytes() >= _OWN_MAPPING
             )

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .memory import give_back
-from .placement import outgrows_cache
+from .placement import outgrows_cache, owns_its_storage, storages
 from .procmaps import PAGE
 
 # a weight is copied back this many bytes at a time, each chunk's file pages let go after
@@ -88,20 +88,14 @@ class Spill:
 
 
 def _spillable(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The CPU tensors that own their whole storage, alone (a tied weight is one
-    Parameter object), contiguous, of plain torch.Tensor (a quantized weight or a
-    DTensor's shard stays), of 1 MiB or more."""
-    seen: dict[int, list[torch.Tensor]] = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        if type(t.data) is torch.Tensor and t.device.type == "cpu":
-            seen.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    """The CPU tensors that own their whole storage (:func:`owns_its_storage`; a
+    quantized weight or a DTensor's shard stays), contiguous, of 1 MiB or more."""
     return [
         ts[0]
-        for ts in seen.values()
-        if len(ts) == 1
-        and ts[0].storage_offset() == 0
+        for ts in storages(model).values()
+        if owns_its_storage(ts)
+        and ts[0].device.type == "cpu"
         and ts[0].is_contiguous()
-        and ts[0].untyped_storage().nbytes() == ts[0].numel() * ts[0].element_size()
         and ts[0].numel() * ts[0].element_size() >= 1 << 20
     ]
 
