@@ -34,8 +34,11 @@ COPY_LIMIT = 256 << 20
 #: an ``nn.Linear`` whose weight takes more than this in float64 (a causal LM's output
 #: layer: 2048 x 32000 is 0.52 GB) computes block by block of its output features, each
 #: block's rows cast to float64 for its product only: at most this much float64 weight;
-#: an ``nn.Embedding`` as large casts only the rows it looks up
-BLOCK = 64 << 20
+#: an ``nn.Embedding`` as large casts only the rows it looks up. 8 MiB, as a parity
+#: comparison's chunk. The float64 reference of a Qwen2-0.5B (a 151,936 x 896 output
+#: layer) peaks this far above its 148 MiB of logits over 128 tokens: 34 MiB with blocks
+#: of 4 MiB, 57 MiB of 8, 80 MiB of 16, 117 MiB of 64 (docs/scale.md)
+BLOCK = 8 << 20
 
 
 def weight_bytes(model: object) -> int:

@@ -352,7 +352,8 @@ def _parity(
 ) -> tuple[dict, Outputs | None]:
     """Compiled vs eager, and vs the base commit's outputs (paired: ``vs_base``, from
     :func:`_vs_base`) or the baseline's stored reference outputs; and the float64
-    reference it computed."""
+    reference, computed last unless a comparison needed it (held beside neither
+    eager's outputs nor the baseline's)."""
     req = head.req
     breadcrumbs.enter("parity")
     vs, ref64 = vs_eager(
@@ -363,4 +364,5 @@ def _parity(
         loaded = read_reference(req.baseline_reference)
         if loaded is not None:
             parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
-    return parity, ref64
+        del loaded
+    return parity, ref64.value()

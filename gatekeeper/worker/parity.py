@@ -17,6 +17,7 @@ TF32, eager's own error is also taken at TF32 (the ``tf32-rmse`` rung).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -30,10 +31,12 @@ from ..config import ParityTolerance
 from ..errors import first_line
 from .calls import Inputs, entry
 from .fp64 import COPY_LIMIT, in_float64, plain, weight_bytes
+from .memory import give_back
 from .outputs import Outputs, UnreadableOutput
 from .tf32 import accuracy_settings, precise, tf32_eager, tf32_in_force
 
 __all__ = [
+    "Later",
     "Outputs",
     "UnreadableOutput",
     "check_parity",
@@ -92,7 +95,10 @@ def gather_references(path: str | None) -> None:
 def load_reference(path: str) -> tuple[Outputs, dict[str, Any] | None]:
     """A baseline's reference outputs (and their fp64 twin), of either format; a
     distributed target's rank reads its own."""
-    doc = torch.load(path, weights_only=True)
+    try:  # mapped: a leaf's pages are read as it is compared, the fp64 ones only if needed
+        doc = torch.load(path, weights_only=True, mmap=True)
+    except RuntimeError:  # a file of torch's legacy (not zip) format cannot be mapped
+        doc = torch.load(path, weights_only=True)
     from .team import current
 
     if (team := current()) is not None and team.rank != 0:
@@ -160,18 +166,43 @@ def vs_eager(
     device: str,
     tol: ParityTolerance,
     baked: bool = False,
-) -> tuple[dict, Outputs | None]:
+) -> tuple[dict, Later]:
     """The compiled outputs ``candidate`` against ``eager``'s, computed under the same
     :func:`~gatekeeper.worker.tf32.accuracy_settings` (``baked``: the compiled model's
     convolutions read cuDNN's TF32 flag when compiled), eager's own error measured from
     the fp64 reference and, where the compiled kernels may use TF32, at TF32 too; and
-    that fp64 reference (None where the model cannot run in float64)."""
+    that fp64 reference as a :class:`Later` (its ``value()``: None where the model
+    cannot run in float64), computed by then only if a leaf needed it."""
     with torch.no_grad(), accuracy_settings(device, baked):
         out = Outputs.of(inputs.call(eager))
         tf32 = tf32_eager(eager, inputs, *tf32_in_force(device, baked))
-    ref64 = fp64_reference(model, inputs, call)
-    leaves = (ref64.leaves if ref64 is not None else None, tf32.leaves if tf32 else None)
-    return check_parity(candidate, out, leaves[0], tol, leaves[1]), ref64
+    ref64 = Later(lambda: fp64_reference(model, inputs, call))
+    got = check_parity(candidate, out, ref64, tol, tf32.leaves if tf32 else None)
+    del out, tf32
+    give_back()  # eager's outputs and its call's temporaries, before the float64 model runs
+    return got, ref64
+
+
+class Later:
+    """The float64 reference, computed the first time something needs it: a leaf that
+    allclose refused (its RMSE rung), else whoever saves the reference, once eager's
+    outputs are gone. Where allclose decides every leaf, eager's outputs, the compiled
+    ones and the float64 ones are never held at once (a 152k-word vocabulary's logits
+    over 128 tokens: 78 MB, 78 MB and 156 MB)."""
+
+    def __init__(self, make: Callable[[], Outputs | None]) -> None:
+        self._make: Callable[[], Outputs | None] | None = make
+        self._value: Outputs | None = None
+
+    def value(self) -> Outputs | None:
+        if self._make is not None:
+            make, self._make = self._make, None
+            self._value = make()
+        return self._value
+
+    def get(self, key: str) -> Any:
+        value = self.value()
+        return None if value is None else value.leaves.get(key)
 
 
 def _chunks(*ts: torch.Tensor, dtype: torch.dtype = torch.float64) -> Iterator[list[torch.Tensor]]:
@@ -288,12 +319,14 @@ class _Tally:
 def check_parity(
     candidate: Outputs,
     other: Outputs,
-    ref64: dict[str, Any] | None,
+    ref64: dict[str, Any] | Later | None,
     tol: ParityTolerance,
     tf32: dict[str, Any] | None = None,
 ) -> dict:
     """Is ``candidate`` the same computation as ``other`` (see the module docstring)?
-    ``tf32``: eager's outputs at TF32 (:func:`tf32_eager`), where the device runs so."""
+    ``ref64``: the float64 reference's leaves, read only for a leaf allclose refused
+    (a :class:`Later` is computed then). ``tf32``: eager's outputs at TF32
+    (:func:`tf32_eager`), where the device runs so."""
     pairs = _pairs(candidate, other)
     if isinstance(pairs, dict):
         return pairs
@@ -312,7 +345,8 @@ def check_parity(
             continue
         if not all(bool(torch.isfinite(x).all()) for (x,) in _chunks(c, dtype=c.dtype)):
             return _fail("nan-inf", f"{path} has NaN or Inf")
-        _compare(tally, path, c, o, tol, (ref64 or {}).get(key), (tf32 or {}).get(key))
+        ref = functools.partial(ref64.get, key) if ref64 is not None else lambda: None
+        _compare(tally, path, c, o, tol, ref, (tf32 or {}).get(key))
     if tally.failed:
         detail = tally.failed[0][1]
         if len(tally.failed) > 1:
@@ -351,12 +385,13 @@ def _compare(
     c: torch.Tensor,
     o: torch.Tensor,
     tol: ParityTolerance,
-    ref: Any,
+    ref: Callable[[], Any],
     tf32: Any,
 ) -> None:
     """One floating-point leaf up the ladder: allclose, the fp64 (or TF32) reference's
-    error, cosine for a low-precision dtype; else it differs. Compared a chunk at a time
-    (:data:`CHUNK`): never a float64 copy of a whole leaf."""
+    error (``ref()``: the reference's leaf, read only past allclose), cosine for a
+    low-precision dtype; else it differs. Compared a chunk at a time (:data:`CHUNK`):
+    never a float64 copy of a whole leaf."""
     leaf = _Leaf.of(c, o)
     tally.max_abs = max(tally.max_abs, leaf.max_abs)
     tally.worst_rmse = max(tally.worst_rmse, leaf.rmse)
@@ -364,7 +399,7 @@ def _compare(
     tally.min_cos = min(tally.min_cos, cos)
     if _allclose(c, o, tol):
         return
-    rung = within_error(c, o, ref, tf32)
+    rung = within_error(c, o, ref(), tf32)
     if rung is not None:
         tally.method = max(tally.method, rung, key=_RUNGS.index)
         return

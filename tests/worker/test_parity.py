@@ -19,6 +19,7 @@ from gatekeeper.worker.parity import (
     save_reference,
     vs_eager,
 )
+from gatekeeper.worker.procmaps import file_mappings
 from gatekeeper.worker.tf32 import (
     accuracy_settings,
     bakes_tf32,
@@ -259,7 +260,7 @@ def test_on_cpu_nothing_changes_the_ladder():
     with torch.no_grad():
         out = model(*INPUTS_LINEAR.args)
     got, ref64 = vs_eager(Outputs.of(out * 1.01), model, model, INPUTS_LINEAR, None, "cpu", TOL)
-    assert not got["passed"] and ref64 is not None
+    assert not got["passed"] and ref64.value() is not None
     same = vs_eager(Outputs.of(out), model, model, INPUTS_LINEAR, None, "cpu", TOL)[0]
     assert same["method"] == "allclose"
 
@@ -512,3 +513,69 @@ def test_a_large_leaf_is_compared_a_chunk_at_a_time_with_the_same_figures():
         "cpu",
     )
     assert peak is not None and peak <= 64 << 20, peak  # a few 8 MiB chunks, not 0.6 GB
+
+
+class _Watched(torch.nn.Module):
+    """A linear layer that notes, each time it runs in float64 (the reference), whether
+    the eager outputs it was given to watch are still alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 4)
+        self.eager_out: list = []
+        self.seen: list[bool] = []
+
+    def forward(self, x):
+        if x.dtype == torch.float64:
+            self.seen.append(any(ref() is not None for ref in self.eager_out))
+        return self.linear(x)
+
+
+def test_the_fp64_reference_runs_after_eagers_outputs_are_gone_unless_a_leaf_needs_it():
+    """A Qwen2-0.5B check held eager's logits (78 MB), the compiled ones (78 MB) and
+    the float64 ones (156 MB) at once: its highest point (docs/scale.md). Where
+    allclose decides every leaf, the float64 reference is computed after eager's
+    outputs are dropped; where one needs its RMSE rung, while they are still there."""
+    import weakref
+
+    model = _Watched()
+
+    def eager(*args):
+        out = model(*args)
+        model.eager_out.append(weakref.ref(out))
+        return out
+
+    with torch.no_grad():
+        out = model.linear(*INPUTS_LINEAR.args)
+    got, ref64 = vs_eager(Outputs.of(out), eager, model, INPUTS_LINEAR, None, "cpu", TOL)
+    assert got["method"] == "allclose" and model.seen == []  # not computed while comparing
+    reference = ref64.value()
+    assert model.seen == [False]  # eager's outputs were gone by then
+    assert reference is not None and reference.leaves["output"].dtype == torch.float64
+    assert ref64.value() is reference  # computed once
+
+    model.seen.clear()
+    near = out + 1e-3 * out.abs().mean()  # beyond allclose: its RMSE rung reads the reference
+    got, ref64 = vs_eager(Outputs.of(near), eager, model, INPUTS_LINEAR, None, "cpu", TOL)
+    assert model.seen == [True] and got["method"] in ("fp64-rmse", "failed")
+    assert ref64.value() is not None and model.seen == [True]
+
+
+def test_a_stored_references_float64_leaves_are_read_only_when_a_leaf_needs_them(tmp_path):
+    """The baseline's reference file is mapped (``mmap``), so its float64 leaves, twice
+    its compiled ones' bytes, come into memory only if a comparison reads them."""
+    path = tmp_path / "ref.pt"
+    save_reference(str(path), Outputs.of({"logits": A}), Outputs.of({"logits": A.double()}))
+    loaded, fp64 = load_reference(str(path))
+    assert fp64 is not None
+    (leaf,) = fp64.values()
+    inode = str(path.stat().st_ino)
+    at = leaf.untyped_storage().data_ptr()
+    assert any(m.lo <= at < m.hi and m.file[1] == inode for m in file_mappings())  # not a copy
+    assert check_parity(Outputs.of({"logits": A}), loaded, fp64, TOL)["passed"]
+    legacy = tmp_path / "legacy.pt"  # torch's format before zip files: read whole
+    torch.save(
+        {"compiled": [A], "fp64": [A.double()]}, legacy, _use_new_zipfile_serialization=False
+    )
+    old, old64 = load_reference(str(legacy))
+    assert check_parity(Outputs.of((A,)), old, old64, TOL)["passed"]
