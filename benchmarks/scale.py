@@ -111,7 +111,9 @@ ARCHS = {
     }),
 }  # fmt: skip
 SIZES = ARCHS["llama"][3]
-STAGES = ("build", "compile", "warm", "check", "paired", "aot", "aot-paired", "aot-warm", "load")
+STAGES = (
+    "build", "floor", "compile", "warm", "check", "paired", "aot", "aot-paired", "aot-warm", "load"
+)  # fmt: skip
 # "aot" is the +aot target's compile and check (warm installs only a verified package);
 # "aot-paired" its paired run of the unchanged pull request
 TARGET = "lm/b1-s128/default"
@@ -212,6 +214,16 @@ import sys, torch, scale_model
 m = scale_model.make()
 n = sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
 print(n, sum(p.numel() for p in m.parameters()))
+"""
+
+# the least a compile-and-call peaks at: the build, torch.compile and one call, nothing else
+FLOOR = """\
+import torch, scale_model
+m = scale_model.make()
+g = torch.Generator().manual_seed(0)
+ids = torch.randint(0, m.config.vocab_size, (1, 128), generator=g).to(m.device)
+with torch.no_grad():
+    torch.compile(m)(input_ids=ids, attention_mask=torch.ones_like(ids))
 """
 
 LOAD = """\
@@ -378,6 +390,9 @@ def paired(repo: Path, target: str, out: str, name: str, add) -> None:
 
 
 def _stages(repo: Path, wanted: set[str], info: dict, add) -> None:
+    if "floor" in wanted:
+        add("floor: the build, torch.compile and one call", stage(repo, sys.executable, "-c",
+                                                                  FLOOR, ok=(0,)))  # fmt: skip
     if "compile" in wanted:
         add("compile", gk(repo, "compile", "--target", TARGET))
         info["store_after_compile"] = files(repo / "store")
