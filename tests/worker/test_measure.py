@@ -20,6 +20,7 @@ from gatekeeper.worker.calls import Inputs
 from gatekeeper.worker.measure import eager_model
 from gatekeeper.worker.placement import same_placement, share_identical
 from gatekeeper.worker.recompiles import start_counting
+from gatekeeper.worker.spill import spilled
 from gatekeeper.worker.task import compile_again, fresh_frames, measure_calls
 from gatekeeper.worker.timing import latency
 from gatekeeper.worker.train_step import Trainer, make_loss
@@ -134,13 +135,13 @@ def test_placement_leaves_a_plain_function_alone():
     same_placement(torch.tanh, torch.tanh)
 
 
-def _checkpoint_lm(where: Path) -> tuple[nn.Module, nn.Module]:
+def _checkpoint_lm(where: Path, vocab: int = 512) -> tuple[nn.Module, nn.Module]:
     """A stock Qwen2 (tied embeddings), saved once as safetensors and loaded twice with
     ``from_pretrained``, as a service's factory loads its weights: the head's and the
     base's tensors lie in two mappings of the one file, unread."""
     transformers = pytest.importorskip("transformers")
     config = transformers.Qwen2Config(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         tie_word_embeddings=True,
     )  # fmt: skip
@@ -193,6 +194,26 @@ def test_weights_a_checkpoint_maps_stay_in_the_file_and_the_base_shares_the_head
     assert base.lm_head.weight is base.model.embed_tokens.weight  # still tied
     with torch.no_grad():
         assert torch.equal(head(ids).logits, want) and torch.equal(base(ids).logits, want)
+
+
+def test_a_checkpoints_weights_stay_in_the_file_while_the_base_loads(tmp_path):
+    """The spill (gatekeeper.worker.spill) wrote every head weight that owns its storage
+    to a file of its own while the base built, a checkpoint's mapped weights too: they
+    came back as copies in memory, out of the checkpoint, so the base's load of the
+    same file was no longer the same bytes of it, and a Qwen2-0.5B loaded by
+    ``from_pretrained`` peaked at 3.21x its weights paired (1.59x before the spill).
+    A weight in a mapped file is the page cache's already: it stays, and the base
+    shares it unread. Fails on the old spill, which moved them."""
+    transformers = pytest.importorskip("transformers")
+    head, _ = _checkpoint_lm(tmp_path / "ckpt", vocab=8192)  # a 2 MiB embedding: spillable
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    names = {n for n, _ in head.named_parameters()}
+    with spilled(head, cache=1, least=0, folder=str(tmp_path)) as spill:
+        base = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
+        shared = share_identical(head, base, cache=1, restore=spill.restore if spill else None)
+    assert spill is None  # nothing to spill: every weight lies in the checkpoint
+    assert _in_file(head, weights) == names == _in_file(base, weights)
+    assert shared == sum(p.nbytes for p in head.parameters())
 
 
 def test_a_checkpoints_weights_within_the_cache_get_a_copy_for_each_side(tmp_path):
