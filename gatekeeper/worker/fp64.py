@@ -25,7 +25,15 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-__all__ = ["BLOCK", "COPY_LIMIT", "in_float64", "plain", "running_bytes", "weight_bytes"]
+__all__ = [
+    "BLOCK",
+    "COPY_LIMIT",
+    "Float64Kernels",
+    "in_float64",
+    "plain",
+    "running_bytes",
+    "weight_bytes",
+]
 
 #: a model whose forward cannot run module by module in float64 is copied whole up to
 #: this many bytes of weights (beyond, its RMSE rung is skipped, never a big copy)
@@ -198,6 +206,55 @@ def _embedding_rows(module: nn.Embedding, *args: Any, **kwargs: Any) -> torch.Te
     finally:
         for name, t in own.items():
             setattr(module, name, t)
+
+
+def _grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``torch._grouped_mm`` in float64, a group at a time (its kernels take bfloat16,
+    float16 and float32 only). The groups are ``offs``' ends along the 2D operand's
+    sliced dimension: ``a``'s rows (2D x 3D: a mixture of experts' tokens, sorted by
+    expert), ``b``'s columns (3D x 2D) or the shared inner dimension (2D x 2D); 3D x 3D
+    is a batched product. Rows or columns past ``offs[-1]`` are ignored (zeros)."""
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    if a.dim() == 3 and b.dim() == 3:
+        out = torch.bmm(a, b)
+    else:
+        assert offs is not None, "grouped_mm of a 2D operand takes offs"
+        ends = [int(e) for e in offs.tolist()]
+        spans = list(zip([0, *ends[:-1]], ends, strict=True))
+        if a.dim() == 2 and b.dim() == 3:
+            out = a.new_zeros(a.shape[0], b.shape[-1])
+            for g, (s, e) in enumerate(spans):
+                out[s:e] = a[s:e] @ b[g]
+        elif a.dim() == 3:
+            out = a.new_zeros(a.shape[1], b.shape[-1])
+            for g, (s, e) in enumerate(spans):
+                out[:, s:e] = a[g] @ b[:, s:e]
+        else:
+            out = a.new_zeros(len(spans), a.shape[0], b.shape[-1])
+            for g, (s, e) in enumerate(spans):
+                out[g] = a[:, s:e] @ b[s:e]
+    return out if bias is None else out + bias.to(torch.float64)
+
+
+class Float64Kernels(TorchFunctionMode):
+    """Within it, an op with no float64 kernel computes in float64 by other ops:
+    ``torch._grouped_mm`` (``F.grouped_mm``), by which transformers runs a mixture of
+    experts (Mixtral, Qwen-MoE), a group at a time (:func:`_grouped_mm`). Any other op,
+    or one not given float64 operands, runs as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is getattr(torch, "_grouped_mm", None):
+            operands = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if any(t.dtype == torch.float64 for t in operands):
+                return _grouped_mm(*args, **kwargs)
+        return func(*args, **kwargs)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ import torch
 from ..config import ParityTolerance
 from ..errors import first_line
 from .calls import Inputs, entry
-from .fp64 import COPY_LIMIT, in_float64, plain, weight_bytes
+from .fp64 import COPY_LIMIT, Float64Kernels, in_float64, plain, weight_bytes
 from .memory import give_back
 from .outputs import Outputs, UnreadableOutput
 from .tf32 import accuracy_settings, precise, tf32_eager, tf32_in_force
@@ -151,7 +151,7 @@ def fp64_reference(model: Any, inputs: Inputs, call: str | None = None) -> Outpu
 
 def _in_fp64(model: Any, inputs: Inputs, call: str | None) -> Outputs | None:
     try:
-        with torch.no_grad(), precise():
+        with torch.no_grad(), precise(), Float64Kernels():
             return Outputs.of(inputs.double().call(entry(model, call)))
     except Exception:  # a model with fp32-only kernels: the RMSE test is skipped
         return None
