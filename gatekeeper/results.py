@@ -178,12 +178,13 @@ class Memory(_Aliased):
     source: Literal["cuda", "cpu", "rss"] = Field(alias="kind")
     eager_peak_bytes: int | None = None
     compiled_peak_bytes: int | None = None
-    # the model's parameters and buffers (each storage once), and the worker's own peak
-    # (CUDA: the allocator's; CPU: the resident set, torch's libraries included) as a
-    # multiple of them: what gatekeeper holds besides the weights (paired: base and head)
+    # the model's parameters and buffers (each storage once), the worker's own peak (CUDA:
+    # the allocator's; CPU: the resident set, torch included) and it over the weights
     weight_bytes: int | None = None
     process_peak_bytes: int | None = None
     peak_x_weights: float | None = None
+    build_peak_bytes: int | None = None  # the same once the factory returned, pre-compile
+    build_peak_x_weights: float | None = None
 
 
 class Work(_Doc):

@@ -41,7 +41,7 @@ from .generate_parity import Generated, check, prefill_fp64
 from .generate_timing import PER_ROUND, generation_rounds, side_figures
 from .graphs import _reason
 from .kinds import Refused, builder
-from .memory import footprint, give_back, peak_memory
+from .memory import footprint, give_back, peak_memory, process_peak
 from .model import build_base, build_recorded, make_inputs, same_inputs
 from .outputs import Outputs
 from .parity import read_reference, save_reference
@@ -188,6 +188,7 @@ def measure_generate(req: MeasureRequest) -> Response:
     model, inputs, deps = build_recorded(
         req.model, req.shapes, req.base_path, device, req.quantize, judged=True
     )
+    build_peak = process_peak(device)  # the imports' and the factory's own
     fits(model, req, paired=req.paired_base is not None)
     # a second prompt of the same shape (transformers compares generations so)
     other = make_inputs(req.model, req.shapes, req.base_path, device, seed=req.model.seed + 1)
@@ -249,7 +250,7 @@ def measure_generate(req: MeasureRequest) -> Response:
         graphs=graphs,
         parity=parity,
         outputs=cand.outputs().summary(),
-        memory=footprint(memory, model, device),
+        memory=footprint(memory, model, device, build_peak),
         latency=lat,
         paired=paired,
         work=work,

@@ -30,7 +30,7 @@ from .counters import (
 )
 from .graphs import Traced
 from .kinds import Builder, Job, Refused, builder
-from .memory import allocated, footprint, give_back
+from .memory import allocated, footprint, give_back, process_peak
 from .model import build_base, build_recorded, same_inputs
 from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
 from .placement import outgrows_cache, same_placement, share_identical
@@ -115,6 +115,7 @@ def measure(req: MeasureRequest) -> Response:
         judged=True,
         plan=before_build(req, paired=paired),
     )
+    build_peak = process_peak(device)  # the imports' and the factory's own
     fits(model, req, paired=paired)
     head = _Side(req, model, inputs, deps)
     base_req = req.for_base() if req.paired_base is not None else None
@@ -157,7 +158,7 @@ def measure(req: MeasureRequest) -> Response:
     head.checked, head.moved = built.after_first_calls, built.moved
     baked = bakes_tf32(req.mode, req.model.options)
     with torch.no_grad():
-        resp = _measured(kind, head, base, eager, tol, baked, prepared, before_compile)
+        resp = _measured(kind, head, base, eager, tol, baked, prepared, before_compile, build_peak)
     return resp.model_copy(
         update={
             "export": built.export,
@@ -204,6 +205,7 @@ def _measured(
     baked: bool,
     prepared: float,
     before_compile: int,
+    build_peak: int | None = None,
 ) -> Response:
     """The head compiled (and, paired, the base): first call, work counters, parity
     and the timed calls."""
@@ -261,7 +263,7 @@ def _measured(
         graphs=head.graphs,
         parity=parity,
         outputs=outputs,
-        memory=footprint(memory, head.model, device),
+        memory=footprint(memory, head.model, device, build_peak),
         latency=lat,
         cpu_samples=lat.pop("cpu", None),
         paired=paired,

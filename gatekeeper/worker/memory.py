@@ -73,17 +73,26 @@ def give_back() -> None:
     trim(0)
 
 
-def footprint(memory: dict, model: object, device: str) -> dict:
+def footprint(memory: dict, model: object, device: str, built: int | None = None) -> dict:
     """``memory`` with the process's peak as a multiple of the model's weight bytes
-    (parameters and buffers, :func:`gatekeeper.worker.fp64.weight_bytes`)."""
+    (parameters and buffers, :func:`gatekeeper.worker.fp64.weight_bytes`), and ``built``
+    (:func:`process_peak` read once the factory returned, before anything compiled: the
+    imports' and the factory's own, which a stock model's build can hold above its
+    weights) the same way: the difference is what the measurement added."""
     from .fp64 import weight_bytes
 
     weights, peak = weight_bytes(model), process_peak(device)
+
+    def times(n: int | None) -> float | None:
+        return round(n / weights, 3) if weights and n else None
+
     return {
         **memory,
         "weight_bytes": weights or None,
         "process_peak_bytes": peak,
-        "peak_x_weights": round(peak / weights, 3) if weights and peak else None,
+        "peak_x_weights": times(peak),
+        "build_peak_bytes": built,
+        "build_peak_x_weights": times(built),
     }
 
 

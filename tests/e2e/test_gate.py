@@ -258,6 +258,12 @@ def test_counters_are_identical_cold_and_warm(project: Path):
     assert w.memory.peak_x_weights == pytest.approx(
         w.memory.process_peak_bytes / w.memory.weight_bytes, rel=1e-3
     )
+    # the same peak once the factory returned: the imports and the build, below the
+    # whole run's (the compile's own memory comes after it)
+    assert 0 < w.memory.build_peak_bytes < w.memory.process_peak_bytes
+    assert w.memory.build_peak_x_weights == pytest.approx(
+        w.memory.build_peak_bytes / w.memory.weight_bytes, rel=1e-3
+    )
 
 
 def test_ten_percent_more_flops_is_regressed_by_the_counters(project: Path):
