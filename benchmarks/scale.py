@@ -26,7 +26,7 @@ stage's own.
 
 Usage, from the repo root (the 1B model in fp32 needs ~20 GB free for the paired stage):
 
-    python benchmarks/scale.py [--arch llama|qwen2|qwen3|gemma3|gpt2|gpt_neox]
+    python benchmarks/scale.py [--arch llama|qwen2|qwen3|gemma3|gpt2|gpt_neox|mistral|mixtral]
         --size tiny|100m|300m|1b|8b|... [--dtype fp32|bf16] [--device cpu|cuda]
         [--load config|checkpoint] [--stages compile,warm,...] [--min-time 1]
         [--json out.json] [--keep]
@@ -108,6 +108,19 @@ ARCHS = {
                      num_attention_heads=4, vocab_size=50304),  # 6.6M
         "410m": dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=4096,
                      num_attention_heads=16, vocab_size=50304),  # 405M (Pythia-410M shape)
+    }),
+    # Mistral: untied, every layer's attention a sliding window (4,096 tokens in the 7B)
+    "mistral": ("MistralConfig", "MistralForCausalLM", False, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=32768,
+                     sliding_window=64),  # 4.3M
+    }),
+    # Mixtral: a sparse mixture of experts (each token routed to 2 of 8 MLPs), untied;
+    # transformers runs its experts by grouped_mm, which has no float64 kernel
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", False, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=32000,
+                     num_local_experts=8, num_experts_per_tok=2),  # 4.5M
     }),
 }  # fmt: skip
 SIZES = ARCHS["llama"][3]
