@@ -26,7 +26,7 @@ stage's own.
 
 Usage, from the repo root (the 1B model in fp32 needs ~20 GB free for the paired stage):
 
-    python benchmarks/scale.py [--arch llama|qwen2|qwen3|gemma3|gpt2|gpt_neox|mistral|mixtral]
+    python benchmarks/scale.py [--arch llama|qwen2|qwen3|gemma3|gpt2|gpt_neox|mistral|mixtral|...]
         --size tiny|100m|300m|1b|8b|... [--dtype fp32|bf16] [--device cpu|cuda]
         [--load config|checkpoint] [--stages compile,warm,...] [--min-time 1]
         [--json out.json] [--keep]
@@ -121,6 +121,39 @@ ARCHS = {
         "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                      num_attention_heads=4, num_key_value_heads=2, vocab_size=32000,
                      num_local_experts=8, num_experts_per_tok=2),  # 4.5M
+        "180m": dict(hidden_size=512, num_hidden_layers=8, intermediate_size=1408,
+                     num_attention_heads=8, num_key_value_heads=2, vocab_size=32000,
+                     num_local_experts=8, num_experts_per_tok=2),  # 176M
+    }),
+    # tiny presets of more stock architectures, each with a feature the others lack
+    # (docs/scale.md, "More architectures, tiny"): Phi-3's partial rotary and fused
+    # projections; Gemma 2's logit soft-capping (tied, a 256k vocabulary); Qwen2-MoE's
+    # shared expert beside its routed ones; OLMo 2's norms after each block (untied);
+    # Falcon's parallel attention and MLP with grouped KV heads (tied)
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", False, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                     num_attention_heads=4, num_key_value_heads=4, vocab_size=32064,
+                     partial_rotary_factor=0.5, pad_token_id=0),
+    }),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", True, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     vocab_size=256000, sliding_window=64),
+    }),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", False, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                     moe_intermediate_size=64, shared_expert_intermediate_size=128,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=151936,
+                     num_experts=4, num_experts_per_tok=2),
+    }),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", False, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                     num_attention_heads=4, num_key_value_heads=4, vocab_size=50304,
+                     pad_token_id=1),
+    }),
+    "falcon": ("FalconConfig", "FalconForCausalLM", True, {
+        "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     vocab_size=65024, new_decoder_architecture=True, num_kv_heads=2),
     }),
 }  # fmt: skip
 SIZES = ARCHS["llama"][3]
