@@ -52,6 +52,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+# the tiny presets' common shape (a tiny preset adds its own fields)
+TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4)
 # Each architecture: its transformers config and model classes, whether its input and
 # output embeddings are one tensor, and its size presets (config fields; parameters in
 # the comment). Every preset is built from its config with random weights.
@@ -70,16 +72,14 @@ ARCHS = {
     }),
     # Qwen2: tied embeddings, a 151,936-word vocabulary (the embedding is 28% of 0.5B)
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", True, {
-        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                     num_attention_heads=4, num_key_value_heads=2, vocab_size=151936),  # 9.8M
+        "tiny": dict(TINY, num_key_value_heads=2, vocab_size=151936),  # 9.8M
         "0.5b": dict(hidden_size=896, num_hidden_layers=24, intermediate_size=4864,
                      num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),  # 494M
     }),
     # Qwen3: as Qwen2, and each head's queries and keys RMS-normed (q_norm, k_norm),
     # head_dim 128 apart from hidden / heads, no QKV biases
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", True, {
-        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        "tiny": dict(TINY, num_key_value_heads=2, head_dim=32,
                      vocab_size=151936),  # 9.8M
         "0.6b": dict(hidden_size=1024, num_hidden_layers=28, intermediate_size=3072,
                      num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -88,8 +88,7 @@ ARCHS = {
     # Gemma 3: tied, a 262,144-word vocabulary (63% of the 270M model), head_dim 256,
     # local sliding-window layers (512 tokens) between global ones, scaled embeddings
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", True, {
-        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                     num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        "tiny": dict(TINY, num_key_value_heads=1, head_dim=16,
                      vocab_size=262144, sliding_window=512),  # 16.8M
         "270m": dict(hidden_size=640, num_hidden_layers=18, intermediate_size=2048,
                      num_attention_heads=4, num_key_value_heads=1, head_dim=256,
@@ -111,15 +110,13 @@ ARCHS = {
     }),
     # Mistral: untied, every layer's attention a sliding window (4,096 tokens in the 7B)
     "mistral": ("MistralConfig", "MistralForCausalLM", False, {
-        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                     num_attention_heads=4, num_key_value_heads=2, vocab_size=32768,
+        "tiny": dict(TINY, num_key_value_heads=2, vocab_size=32768,
                      sliding_window=64),  # 4.3M
     }),
     # Mixtral: a sparse mixture of experts (each token routed to 2 of 8 MLPs), untied;
     # transformers runs its experts by grouped_mm, which has no float64 kernel
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", False, {
-        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                     num_attention_heads=4, num_key_value_heads=2, vocab_size=32000,
+        "tiny": dict(TINY, num_key_value_heads=2, vocab_size=32000,
                      num_local_experts=8, num_experts_per_tok=2),  # 4.5M
         "180m": dict(hidden_size=512, num_hidden_layers=8, intermediate_size=1408,
                      num_attention_heads=8, num_key_value_heads=2, vocab_size=32000,
@@ -131,13 +128,11 @@ ARCHS = {
     # shared expert beside its routed ones; OLMo 2's norms after each block (untied);
     # Falcon's parallel attention and MLP with grouped KV heads (tied)
     "phi3": ("Phi3Config", "Phi3ForCausalLM", False, {
-        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                     num_attention_heads=4, num_key_value_heads=4, vocab_size=32064,
+        "tiny": dict(TINY, num_key_value_heads=4, vocab_size=32064,
                      partial_rotary_factor=0.5, pad_token_id=0),
     }),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", True, {
-        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        "tiny": dict(TINY, num_key_value_heads=2, head_dim=16,
                      vocab_size=256000, sliding_window=64),
     }),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", False, {
@@ -147,8 +142,7 @@ ARCHS = {
                      num_experts=4, num_experts_per_tok=2),
     }),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", False, {
-        "tiny": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                     num_attention_heads=4, num_key_value_heads=4, vocab_size=50304,
+        "tiny": dict(TINY, num_key_value_heads=4, vocab_size=50304,
                      pad_token_id=1),
     }),
     "falcon": ("FalconConfig", "FalconForCausalLM", True, {

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_flatten
 from ..config import ModelConfig, TrainConfig
 from ..errors import ConfigError
 from .calls import Inputs, entry, loss_inputs
+from .fp64 import Float64Kernels
 from .model import build_model, load_callable
 from .outputs import plain_tensor
 from .precision import DTYPES, device_type
@@ -174,10 +175,13 @@ def run_steps(step: Callable, inputs: Inputs, steps: int) -> list[torch.Tensor]:
 def fp64_trajectory(
     model: torch.nn.Module, cfg: ModelConfig, loss_fn: Callable, inputs: Inputs, device: str
 ) -> dict | None:
-    """The eager training run in float64 (no autocast), or None where it cannot run."""
+    """The eager training run in float64 (no autocast), or None where it cannot run; an
+    op with no float64 kernel (a mixture of experts' grouped_mm) computed by others, its
+    backward through them (:class:`~gatekeeper.worker.fp64.Float64Kernels`)."""
     try:
         t = Trainer(copy.deepcopy(model).double(), cfg, loss_fn, device, "fp32")
-        return t.outputs(run_steps(t.step, inputs.double(), cfg.training.steps))
+        with Float64Kernels():
+            return t.outputs(run_steps(t.step, inputs.double(), cfg.training.steps))
     except Exception:  # fp32-only kernels: the RMSE rung is skipped
         return None
 

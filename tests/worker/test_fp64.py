@@ -80,3 +80,37 @@ def test_a_mixture_of_experts_has_a_float64_reference(arch):
     assert logits.dtype == torch.float64
     torch.testing.assert_close(logits, want, rtol=1e-12, atol=1e-12)
     assert next(model.parameters()).dtype == torch.float32
+
+
+def test_a_mixture_of_experts_trains_in_float64():
+    """A training target's float64 trajectory (``fp64_reference``'s twin for training)
+    was None for a mixture of experts, as its forward. It now runs, its backward through
+    the group-at-a-time product: the same parameters after two AdamW steps as the float64
+    copy's with transformers' own loop over the experts."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from gatekeeper.config import ModelConfig
+    from gatekeeper.worker.train_step import Trainer, fp64_trajectory, make_loss, run_steps
+
+    config = MixtralConfig(
+        hidden_size=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=512, num_local_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(config)
+    cfg = ModelConfig(
+        name="moe", factory="m:make", inputs=[{"shape": [1, 24], "dtype": "int64", "high": 512}],
+        tasks=["train"], train={"steps": 2},
+    )  # fmt: skip
+    inputs = Inputs(args=(torch.randint(0, 512, (1, 24)),))
+    loss = make_loss(cfg, None, torch.zeros(1))
+    got = fp64_trajectory(model, cfg, loss, inputs, "cpu")
+    assert got is not None
+    eager = copy.deepcopy(model).double()
+    eager.set_experts_implementation("eager")
+    t = Trainer(eager, cfg, loss, "cpu", "fp32")
+    want = t.outputs(run_steps(t.step, inputs.double(), 2))
+    assert set(got["params"]) == set(want["params"])
+    for name, p in want["params"].items():
+        assert got["params"][name].dtype == torch.float64
+        torch.testing.assert_close(got["params"][name], p, rtol=1e-10, atol=1e-12)
