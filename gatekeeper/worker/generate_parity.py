@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..config import ParityTolerance
-from .fp64 import in_float64
+from .fp64 import Float64Kernels, in_float64
 from .outputs import Outputs
 from .parity import check_parity
 from .tf32 import precise
@@ -143,13 +143,14 @@ def check(
 
 def prefill_fp64(model: Any, prompts: list[Any]) -> torch.Tensor | None:
     """The prefill's logits computed in float64 (the eager model module by module on
-    its own weights, under :func:`precise`), one per prompt, or None where the model
-    cannot run so (its forward then returns no logits we can read)."""
+    its own weights, under :func:`precise`; an op with no float64 kernel by others,
+    :class:`~gatekeeper.worker.fp64.Float64Kernels`), one per prompt, or None where the
+    model cannot run so (its forward then returns no logits we can read)."""
     if not isinstance(model, torch.nn.Module):
         return None
     try:
         found = []
-        with torch.no_grad(), precise(), in_float64(model):
+        with torch.no_grad(), precise(), in_float64(model), Float64Kernels():
             for prompt in prompts:
                 out = prompt.call(model)
                 logits = out if isinstance(out, torch.Tensor) else out.logits

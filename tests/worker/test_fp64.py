@@ -82,6 +82,30 @@ def test_a_mixture_of_experts_has_a_float64_reference(arch):
     assert next(model.parameters()).dtype == torch.float32
 
 
+def test_a_mixture_of_experts_prefills_in_float64():
+    """A generation target's float64 prefill (the decode's reference) runs for a mixture
+    of experts too: the last position's logits of the float64 copy with transformers' own
+    loop over the experts, one row per prompt."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from gatekeeper.worker.generate_parity import prefill_fp64
+
+    config = MixtralConfig(
+        hidden_size=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=512, num_local_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(config).eval()
+    prompts = [Inputs(args=(torch.randint(0, 512, (1, 24)),)) for _ in range(2)]
+    got = prefill_fp64(model, prompts)
+    assert got is not None and got.dtype == torch.float64
+    want_model = copy.deepcopy(model).double()
+    want_model.set_experts_implementation("eager")
+    with torch.no_grad():
+        want = torch.stack([p.call(want_model).logits[:, -1] for p in prompts])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_mixture_of_experts_trains_in_float64():
     """A training target's float64 trajectory (``fp64_reference``'s twin for training)
     was None for a mixture of experts, as its forward. It now runs, its backward through
