@@ -219,7 +219,8 @@ def _grouped_mm(
     float16 and float32 only). The groups are ``offs``' ends along the 2D operand's
     sliced dimension: ``a``'s rows (2D x 3D: a mixture of experts' tokens, sorted by
     expert), ``b``'s columns (3D x 2D) or the shared inner dimension (2D x 2D); 3D x 3D
-    is a batched product. Rows or columns past ``offs[-1]`` are ignored (zeros)."""
+    is a batched product. Rows or columns past ``offs[-1]`` are ignored (zeros).
+    ``out_dtype`` is the float64 model's own: the result stays float64."""
     a, b = a.to(torch.float64), b.to(torch.float64)
     if a.dim() == 3 and b.dim() == 3:
         out = torch.bmm(a, b)
@@ -242,6 +243,9 @@ def _grouped_mm(
     return out if bias is None else out + bias.to(torch.float64)
 
 
+_GROUPED_MM = getattr(torch, "_grouped_mm", None)  # absent before torch 2.8
+
+
 class Float64Kernels(TorchFunctionMode):
     """Within it, an op with no float64 kernel computes in float64 by other ops:
     ``torch._grouped_mm`` (``F.grouped_mm``), by which transformers runs a mixture of
@@ -250,7 +254,7 @@ class Float64Kernels(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is getattr(torch, "_grouped_mm", None):
+        if func is _GROUPED_MM:
             operands = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             if any(t.dtype == torch.float64 for t in operands):
                 return _grouped_mm(*args, **kwargs)
