@@ -32,12 +32,12 @@ from .graphs import Traced
 from .kinds import Builder, Job, Refused, builder
 from .memory import allocated, footprint, give_back, process_peak
 from .model import build_base, build_recorded, same_inputs
-from .parity import Outputs, check_parity, read_reference, save_reference, vs_eager
+from .parity import Later, Outputs, check_parity, read_reference, save_reference, vs_eager
 from .placement import outgrows_cache, same_placement, share_identical
 from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance, under_autocast
 from .recompiles import start_counting
-from .spill import spilled
+from .spill import parked, spilled
 from .task import fresh_frames, measure_calls
 from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
@@ -237,10 +237,10 @@ def _measured(
     paired, base_out = _compile_base(kind, base, baked) if base is not None else (None, None)
     vs_base = _vs_base(cand, base_out, paired, tol)
     del base_out
-    parity, ref64 = _parity(head, eager, cand, vs_base, tol, baked)
-    save_reference(req.reference_out, cand, ref64)
+    parity, later = _parity(head, eager, cand, vs_base, tol, baked)
     outputs = cand.summary()
-    del cand, ref64  # not held through the timed rounds (logits: vocabulary x tokens)
+    _save_reference(req.reference_out, cand, later)
+    del cand, later  # not held through the timed rounds (logits: vocabulary x tokens)
     give_back()  # what the compiles and the float64 reference freed
     start_counting()  # recompiles from here on: the measured calls
     breadcrumbs.enter("measure")
@@ -274,6 +274,14 @@ def _measured(
         deps=head.deps,
         quantization=quant.figures(head.model),
     )
+
+
+def _save_reference(path: str, cand: Outputs, later: Later) -> None:
+    """The reference file, the first call's outputs in a file (:func:`parked`) while
+    the float64 reference is computed and written beside them: a Qwen2-0.5B's logits
+    and their float64 twin are not resident at once (docs/scale.md)."""
+    with parked(cand.tensors()) as spill:
+        save_reference(path, cand, later.value(), spill.let_go if spill else None)
 
 
 def _placed_again(first: _Side, second: _Side) -> None:
@@ -351,11 +359,11 @@ def _parity(
     vs_base: dict | None,
     tol: ParityTolerance,
     baked: bool,
-) -> tuple[dict, Outputs | None]:
+) -> tuple[dict, Later]:
     """Compiled vs eager, and vs the base commit's outputs (paired: ``vs_base``, from
     :func:`_vs_base`) or the baseline's stored reference outputs; and the float64
-    reference, computed last unless a comparison needed it (held beside neither
-    eager's outputs nor the baseline's)."""
+    reference (a :class:`Later`: computed by then only if a comparison needed it, else
+    by its caller, held beside neither eager's outputs nor the baseline's)."""
     req = head.req
     breadcrumbs.enter("parity")
     vs, ref64 = vs_eager(
@@ -367,4 +375,4 @@ def _parity(
         if loaded is not None:
             parity["vs_baseline"] = check_parity(cand, loaded[0], loaded[1], tol)
         del loaded
-    return parity, ref64.value()
+    return parity, ref64

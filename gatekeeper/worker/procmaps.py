@@ -65,3 +65,24 @@ def swapped(entry: int) -> bool:
 def file_page(entry: int) -> bool:
     """A page of a file's own (mapped from the page cache: not copied on write)."""
     return bool((entry >> 61) & 1)
+
+
+def release(ptr: int, n: int) -> None:
+    """The whole pages within bytes ``ptr`` to ``ptr + n`` of a file's mapping out of
+    this process's resident set (``madvise(MADV_DONTNEED)``); the page cache keeps
+    them, so a shared mapping's writes stay in the file and an unwritten private
+    mapping reads the file's bytes again. Only ever for a file's mapping: anonymous
+    memory would read zeros after it. Nothing where the C library has no ``madvise``."""
+    import ctypes
+    import mmap
+
+    lo = (ptr + PAGE - 1) // PAGE * PAGE
+    hi = (ptr + n) // PAGE * PAGE
+    if hi <= lo:
+        return
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise(lo, hi - lo, mmap.MADV_DONTNEED)

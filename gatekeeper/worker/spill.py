@@ -30,7 +30,7 @@ import torch
 
 from .memory import give_back
 from .placement import FileMaps, outgrows_cache, owns_its_storage, storages
-from .procmaps import PAGE
+from .procmaps import PAGE, release
 
 # a weight is copied back this many bytes at a time, each chunk's file pages let go after
 _CHUNK = 16 << 20
@@ -61,8 +61,22 @@ class Spill:
     """The head's weights in a file while the base builds: each weight's ``.data`` a view
     of a private mapping of it, until :meth:`restore` copies it back into memory."""
 
-    def __init__(self, spilled: dict[int, tuple[torch.Tensor, int]], mapping: mmap.mmap):
-        self._spilled, self._mapping = spilled, mapping
+    def __init__(
+        self,
+        spilled: dict[int, tuple[torch.Tensor, int]],
+        mapping: mmap.mmap,
+        base: int | None = None,
+    ):
+        self._spilled, self._mapping, self._base = spilled, mapping, base
+
+    def let_go(self, t: torch.Tensor, at: int, n: int) -> None:
+        """The file's pages behind bytes ``at`` to ``at + n`` of ``t`` out of the resident
+        set once read (nothing where ``t`` is not a view of the file): it is never
+        written through the mapping, so they read the same when read again."""
+        base = self._base
+        ptr = t.data_ptr() + at
+        if base is not None and base <= ptr and ptr + n <= base + len(self._mapping):
+            release(ptr, n)
 
     def restore(self, t: torch.Tensor) -> None:
         """``t``'s bytes back in memory of its own, a chunk at a time, each chunk's pages
@@ -125,14 +139,48 @@ def _spill(tensors: list[torch.Tensor], folder: str | None) -> Spill:
         mapping = mmap.mmap(
             f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
         )
-    spilled = {}
+    spilled, base = {}, None
     with torch.no_grad():
         for t, at in zip(tensors, offsets, strict=True):
             n = t.numel() * t.element_size()
             flat = torch.frombuffer(mapping, dtype=torch.uint8, count=n, offset=at)
+            base = flat.data_ptr() - at
             t.data = flat.view(t.dtype).view(t.shape)
             spilled[id(t)] = (t, at)
-    return Spill(spilled, mapping)
+    return Spill(spilled, mapping, base)
+
+
+@contextmanager
+def parked(
+    tensors: list[torch.Tensor], least: int = 1 << 20, folder: str | None = None
+) -> Iterator[Spill | None]:
+    """While the block runs, each of ``tensors`` (a call's outputs, kept to be saved)
+    that is on the CPU, contiguous, owns its storage and takes ``least`` bytes or more
+    lies in a file in the temporary folder, its pages read back only as it is read
+    (:meth:`Spill.let_go` hands them back): the first call's outputs are not held beside
+    the float64 reference while it is computed and saved. They stay in the file when
+    the block ends (the mapping goes with the last of them). None where nothing moved
+    (nothing that large, a scratch in memory, a full disk). ``folder``: the temporary
+    folder unless given."""
+    folder = folder or tempfile.gettempdir()
+    movable = {
+        id(t): t
+        for t in tensors
+        if t.device.type == "cpu"
+        and t.is_contiguous()
+        and t.numel() * t.element_size() >= least
+        and owns_its_storage([t])
+    }
+    if not movable or _filesystem(folder) in _MEMORY_FILESYSTEMS:
+        yield None
+        return
+    try:
+        spill = _spill(list(movable.values()), folder)
+    except OSError:  # no room: they stay where they are
+        yield None
+        return
+    give_back()  # their own memory, now freed
+    yield spill
 
 
 @contextmanager

@@ -1,0 +1,102 @@
+"""The reference file written a chunk at a time (gatekeeper.worker.saving): it loads as
+torch.save's does, and a first call's outputs parked in a file are not all resident
+while it is written."""
+
+from __future__ import annotations
+
+import torch
+
+from gatekeeper.worker.outputs import Outputs
+from gatekeeper.worker.parity import load_reference, save_reference
+from gatekeeper.worker.procmaps import PAGE
+from gatekeeper.worker.saving import save
+from gatekeeper.worker.spill import parked
+
+
+def _rss() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_document_saved_by_chunks_loads_as_torch_saves_does(tmp_path):
+    """Large and small tensors, float64, bfloat16, bool and integers, a view sharing
+    another leaf's storage, a transposed (not contiguous) one, plain values and None:
+    every leaf reads back equal, and the shared storage is still one."""
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(3, 1 << 19, generator=g)  # 6 MiB: a chunk and a part of one
+    doc = {
+        "format": 2,
+        "leaves": {
+            "big": big,
+            "row": big[1],
+            "t": torch.randn(300, 700, generator=g).t(),
+            "bf16": torch.randn(1 << 20, generator=g).to(torch.bfloat16),
+            "f64": torch.randn(1 << 18, generator=g, dtype=torch.float64),
+            "mask": torch.rand(1 << 21, generator=g) > 0.5,
+            "ids": torch.arange(10),
+            "name": "torch.float32",
+            "n": 3,
+        },
+        "fp64": None,
+    }
+    save(str(tmp_path / "r.pt"), doc)
+    got = torch.load(tmp_path / "r.pt", weights_only=True)
+    assert got.keys() == doc.keys() and got["fp64"] is None
+    for k, v in doc["leaves"].items():
+        w = got["leaves"][k]
+        if isinstance(v, torch.Tensor):
+            assert w.dtype == v.dtype and w.shape == v.shape and torch.equal(w, v), k
+        else:
+            assert w == v, k
+    assert got["leaves"]["row"].untyped_storage().data_ptr() == (
+        got["leaves"]["big"].untyped_storage().data_ptr()
+    )
+
+
+def test_parked_outputs_are_not_all_resident_while_the_reference_is_written(tmp_path):
+    """A 64 MiB output parked in a file and saved: torch.save read every page of it
+    into the resident set at once (and they stayed while it was mapped); saved a chunk
+    at a time with the parked pages let go, the resident set grows by a few chunks at
+    most, and the file holds the same values."""
+    n = 16 << 20  # float32: 64 MiB
+    logits = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    want = logits.clone()
+    out = Outputs({"output": "dict{logits}"}, {"output['logits']": logits})
+    del logits
+    with parked(out.tensors(), folder=str(tmp_path)) as spill:
+        assert spill is not None
+        before = _rss()
+        save_reference(str(tmp_path / "reference.pt"), out, None, spill.let_go)
+        grew = _rss() - before
+    assert grew < (16 << 20), f"the resident set grew by {grew >> 20} MiB"
+    leaves, _ = load_reference(str(tmp_path / "reference.pt"))
+    assert torch.equal(leaves.leaves["output['logits']"], want)
+
+
+def test_a_parked_tensor_reads_as_it_was_and_a_small_one_stays(tmp_path):
+    """Parking moves a large contiguous tensor into the file (its values the same) and
+    leaves a small one, a view and a non-contiguous one where they are."""
+    big = torch.arange(1 << 20, dtype=torch.float32)
+    small = torch.arange(10.0)
+    view = big[: 1 << 19]
+    with parked([big, small, view], folder=str(tmp_path)) as spill:
+        assert spill is not None
+        assert torch.equal(big, torch.arange(1 << 20, dtype=torch.float32))
+        assert small.untyped_storage().nbytes() == 40
+        spill.let_go(big, 0, big.numel() * 4)  # read again from the file: the same
+        assert torch.equal(big, torch.arange(1 << 20, dtype=torch.float32))
+    assert PAGE > 0
+
+
+def test_a_reference_saved_by_chunks_is_a_whole_zip(tmp_path):
+    """Every record's CRC-32 is filled in: the file passes a zip's own test, as
+    torch.save's does (skip_data leaves the data records' unset)."""
+    import zipfile
+
+    doc = {"leaves": {"a": torch.randn(1 << 19), "b": torch.arange(7)}, "fp64": None}
+    save(str(tmp_path / "r.pt"), doc)
+    with zipfile.ZipFile(tmp_path / "r.pt") as z:
+        assert z.testzip() is None
+        assert any(i.filename.endswith("data/0") for i in z.infolist())
