@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
+
+from . import filed
 
 __all__ = [
     "BLOCK",
@@ -47,6 +50,10 @@ COPY_LIMIT = 256 << 20
 #: layer) peaks this far above its 148 MiB of logits over 128 tokens: 34 MiB with blocks
 #: of 4 MiB, 57 MiB of 8, 80 MiB of 16, 117 MiB of 64 (docs/scale.md)
 BLOCK = 8 << 20
+
+#: a large linear layer's float64 output this large on the CPU lies in a file
+#: (:func:`_linear_by_blocks`)
+FILED_FROM = 32 << 20
 
 
 def weight_bytes(model: object) -> int:
@@ -146,14 +153,26 @@ def running_bytes(module: nn.Module) -> int:
 
 
 def _linear_by_blocks(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` in float64, a block of output features at a time."""
+    """``module(x)`` in float64, a block of output features at a time. An output of
+    :data:`FILED_FROM` bytes or more on the CPU (a causal LM's logits: 148 MiB in
+    float64 for 128 tokens of a 152k-word vocabulary) lies in a file of the scratch
+    (:func:`gatekeeper.worker.filed.empty`), each token's row handed back as far as it
+    is written: the reference's logits are not resident beside the first call's."""
     w, b = module.weight, module.bias
     x = x.to(torch.float64)
     rows = max(1, BLOCK // (w.shape[1] * 8))
-    out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=torch.float64, device=x.device)
+    shape = (*x.shape[:-1], w.shape[0])
+    out = None
+    if x.device.type == "cpu" and math.prod(shape) * 8 >= FILED_FROM:
+        out = filed.empty(shape, torch.float64)
+    lines = None if out is None else out.view(-1, w.shape[0])
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float64, device=x.device)
     for i in range(0, w.shape[0], rows):
         part = None if b is None else b[i : i + rows].to(torch.float64)
         out[..., i : i + rows] = F.linear(x, w[i : i + rows].to(torch.float64), part)
+        for line in lines if lines is not None else ():
+            filed.let_go(line, 0, min(i + rows, w.shape[0]) * 8)
     return out
 
 

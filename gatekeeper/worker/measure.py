@@ -280,8 +280,8 @@ def _save_reference(path: str, cand: Outputs, later: Later) -> None:
     """The reference file, the first call's outputs in a file (:func:`parked`) while
     the float64 reference is computed and written beside them: a Qwen2-0.5B's logits
     and their float64 twin are not resident at once (docs/scale.md)."""
-    with parked(cand.tensors()) as spill:
-        save_reference(path, cand, later.value(), spill.let_go if spill else None)
+    with parked(cand.tensors()):
+        save_reference(path, cand, later.value())
 
 
 def _placed_again(first: _Side, second: _Side) -> None:

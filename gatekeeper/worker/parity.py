@@ -59,15 +59,10 @@ CHUNK = 1 << 20
 REFERENCE_FORMAT = 2
 
 
-def save_reference(
-    path: str,
-    compiled: Outputs,
-    fp64: Outputs | None,
-    let_go: Callable[[torch.Tensor, int, int], None] | None = None,
-) -> None:
+def save_reference(path: str, compiled: Outputs, fp64: Outputs | None) -> None:
     """The reference file: ``compiled``'s leaves and their float64 twin, written a
-    chunk at a time (:func:`gatekeeper.worker.saving.save`; ``let_go``: a parked
-    leaf's pages, handed back once written)."""
+    chunk at a time (:func:`gatekeeper.worker.saving.save`: a leaf that lies in a file
+    of the scratch is not read into memory whole)."""
     from .saving import save
 
     doc = {
@@ -76,7 +71,7 @@ def save_reference(
         "leaves": compiled.to_cpu().leaves,
         "fp64": fp64.to_cpu().leaves if fp64 is not None else None,
     }
-    save(path, doc, let_go)
+    save(path, doc)
 
 
 def gather_references(path: str | None) -> None:

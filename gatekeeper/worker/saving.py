@@ -7,7 +7,8 @@ has all its pages in the resident set at once: the reference file of a Qwen2-0.5
 written. :func:`save` writes the document without its storages' bytes
 (``torch.serialization.skip_data``), maps the file shared, and copies each tensor into
 its place :data:`CHUNK` bytes at a time, each chunk's pages of the file let go once
-written, and of the source, where it lies in a file, once read (``let_go``). Then each
+written, and of the source, where it lies in a file of the scratch, once read
+(:func:`gatekeeper.worker.filed.let_go`). Then each
 data record's CRC-32, which ``skip_data`` leaves unset, is computed from the file as
 read a chunk at a time and written into its headers (:func:`_fill_crcs`): the file is
 ``torch.save``'s, record for record, a zip that ``unzip -t`` passes. Where torch has no
@@ -20,12 +21,12 @@ import mmap
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
 
+from .filed import let_go
 from .procmaps import release
 
 #: bytes copied at a time
@@ -34,12 +35,9 @@ CHUNK = 8 << 20
 LARGE = 1 << 20
 
 
-def save(
-    path: str, doc: Any, let_go: Callable[[torch.Tensor, int, int], None] | None = None
-) -> None:
+def save(path: str, doc: Any) -> None:
     """``torch.save(doc, path)``, a large tensor's bytes copied a chunk at a time (see
-    the module docstring); ``let_go(tensor, at, n)``: called once bytes ``at`` to
-    ``at + n`` of a source tensor are written."""
+    the module docstring)."""
     skip = getattr(torch.serialization, "skip_data", None)
     leaves = tree_leaves(doc)
     tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
@@ -52,7 +50,7 @@ def save(
     try:
         for src, dst in zip(leaves, shared, strict=True):
             if isinstance(src, torch.Tensor):
-                _fill(dst, src, let_go)
+                _fill(dst, src)
     finally:
         del shared  # unmapped: what was written stays in the file
     _fill_crcs(path)
@@ -97,7 +95,7 @@ def _mapped_shared(path: str) -> Any:
         serialization.set_default_mmap_options(old)
 
 
-def _fill(dst: torch.Tensor, src: torch.Tensor, let_go: Any) -> None:
+def _fill(dst: torch.Tensor, src: torch.Tensor) -> None:
     src = src.detach()
     n = src.numel() * src.element_size()
     if n < LARGE or not (src.is_contiguous() and dst.is_contiguous()):
@@ -112,5 +110,4 @@ def _fill(dst: torch.Tensor, src: torch.Tensor, let_go: Any) -> None:
         size = min(CHUNK, n - at)
         to[at : at + size].copy_(frm[at : at + size])
         release(to.data_ptr() + at, size)
-        if let_go is not None:
-            let_go(src, at, size)
+        let_go(src, at, size)

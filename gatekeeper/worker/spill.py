@@ -20,63 +20,29 @@ weights paired, against 1.59x).
 from __future__ import annotations
 
 import mmap
-import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
+from . import filed
 from .memory import give_back
 from .placement import FileMaps, outgrows_cache, owns_its_storage, storages
-from .procmaps import PAGE, release
+from .procmaps import PAGE
 
 # a weight is copied back this many bytes at a time, each chunk's file pages let go after
 _CHUNK = 16 << 20
 # below this, the weights stay: the write and the read back would cost more than they free
 SPILL_FROM = 256 << 20
-_MEMORY_FILESYSTEMS = {"tmpfs", "ramfs"}
-
-
-def _filesystem(folder: str) -> str:
-    """The type of the filesystem ``folder`` lies on (``/proc/self/mounts``); "" unknown."""
-    path, best, kind = os.path.realpath(folder), -1, ""
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return ""
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > best:
-            best, kind = len(point), fields[2]
-    return kind
 
 
 class Spill:
     """The head's weights in a file while the base builds: each weight's ``.data`` a view
     of a private mapping of it, until :meth:`restore` copies it back into memory."""
 
-    def __init__(
-        self,
-        spilled: dict[int, tuple[torch.Tensor, int]],
-        mapping: mmap.mmap,
-        base: int | None = None,
-    ):
-        self._spilled, self._mapping, self._base = spilled, mapping, base
-
-    def let_go(self, t: torch.Tensor, at: int, n: int) -> None:
-        """The file's pages behind bytes ``at`` to ``at + n`` of ``t`` out of the resident
-        set once read (nothing where ``t`` is not a view of the file): it is never
-        written through the mapping, so they read the same when read again."""
-        base = self._base
-        ptr = t.data_ptr() + at
-        if base is not None and base <= ptr and ptr + n <= base + len(self._mapping):
-            release(ptr, n)
+    def __init__(self, spilled: dict[int, tuple[torch.Tensor, int]], mapping: mmap.mmap):
+        self._spilled, self._mapping = spilled, mapping
 
     def restore(self, t: torch.Tensor) -> None:
         """``t``'s bytes back in memory of its own, a chunk at a time, each chunk's pages
@@ -139,15 +105,16 @@ def _spill(tensors: list[torch.Tensor], folder: str | None) -> Spill:
         mapping = mmap.mmap(
             f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
         )
-    spilled, base = {}, None
+    spilled = {}
     with torch.no_grad():
         for t, at in zip(tensors, offsets, strict=True):
             n = t.numel() * t.element_size()
             flat = torch.frombuffer(mapping, dtype=torch.uint8, count=n, offset=at)
-            base = flat.data_ptr() - at
+            if not spilled:
+                filed.register(mapping, flat.data_ptr() - at)  # never written through
             t.data = flat.view(t.dtype).view(t.shape)
             spilled[id(t)] = (t, at)
-    return Spill(spilled, mapping, base)
+    return Spill(spilled, mapping)
 
 
 @contextmanager
@@ -157,11 +124,11 @@ def parked(
     """While the block runs, each of ``tensors`` (a call's outputs, kept to be saved)
     that is on the CPU, contiguous, owns its storage and takes ``least`` bytes or more
     lies in a file in the temporary folder, its pages read back only as it is read
-    (:meth:`Spill.let_go` hands them back): the first call's outputs are not held beside
-    the float64 reference while it is computed and saved. They stay in the file when
-    the block ends (the mapping goes with the last of them). None where nothing moved
-    (nothing that large, a scratch in memory, a full disk). ``folder``: the temporary
-    folder unless given."""
+    (:func:`gatekeeper.worker.filed.let_go` hands them back): the first call's
+    outputs are not held beside the float64 reference while it is computed and saved.
+    They stay in the file when the block ends (the mapping goes with the last of them).
+    None where nothing moved (nothing that large, a scratch in memory, a full disk).
+    ``folder``: the temporary folder unless given."""
     folder = folder or tempfile.gettempdir()
     movable = {
         id(t): t
@@ -171,7 +138,7 @@ def parked(
         and t.numel() * t.element_size() >= least
         and owns_its_storage([t])
     }
-    if not movable or _filesystem(folder) in _MEMORY_FILESYSTEMS:
+    if not movable or not filed.on_disk(folder):
         yield None
         return
     try:
@@ -198,7 +165,7 @@ def spilled(
         not tensors
         or sum(t.numel() * t.element_size() for t in tensors) < least
         or not outgrows_cache(model, cache)  # type: ignore[arg-type]
-        or _filesystem(folder) in _MEMORY_FILESYSTEMS
+        or not filed.on_disk(folder)
     ):
         yield None
         return

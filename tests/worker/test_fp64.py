@@ -138,3 +138,43 @@ def test_a_mixture_of_experts_trains_in_float64():
     for name, p in want["params"].items():
         assert got["params"][name].dtype == torch.float64
         torch.testing.assert_close(got["params"][name], p, rtol=1e-10, atol=1e-12)
+
+
+def _rss() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_large_output_layers_float64_logits_lie_in_a_file(tmp_path, monkeypatch):
+    """An output layer whose float64 output is 64 MiB (128 tokens x 65,536 words, 512
+    features in): its float64 reference reads as the layer's product in float64, and
+    computing and holding it adds less than its own 64 MiB to the resident set (it lies
+    in a file of the scratch, each row handed back as it is written; what remains is
+    the blocks' cast weights and products, about 40 MiB); held in memory, as before, it
+    added the 64 MiB and the blocks, about 125 MiB."""
+    import tempfile
+
+    import torch.nn.functional as F
+
+    from gatekeeper.worker.filed import on_disk
+    from gatekeeper.worker.fp64 import FILED_FROM, in_float64
+    from gatekeeper.worker.memory import give_back
+
+    if not on_disk(str(tmp_path)):
+        pytest.skip("the temporary folder is memory (tmpfs): nothing to hand back")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    torch.manual_seed(0)
+    head = torch.nn.Linear(512, 1 << 16, bias=False)
+    x = torch.randn(1, 128, 512)
+    give_back()
+    before = _rss()
+    with torch.no_grad(), in_float64(head):
+        got = head(x)
+    grew = _rss() - before
+    assert got.dtype == torch.float64 and got.numel() * 8 >= FILED_FROM
+    for cols in (slice(0, 3000), slice(40000, 41000), slice(-500, None)):
+        want = F.linear(x.double(), head.weight[cols].double())
+        assert torch.equal(got[..., cols], want)
+    assert grew < got.numel() * 8, f"the resident set grew by {grew >> 20} MiB"

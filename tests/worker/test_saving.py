@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from gatekeeper.worker.filed import let_go
 from gatekeeper.worker.outputs import Outputs
 from gatekeeper.worker.parity import load_reference, save_reference
 from gatekeeper.worker.procmaps import PAGE
@@ -68,7 +69,7 @@ def test_parked_outputs_are_not_all_resident_while_the_reference_is_written(tmp_
     with parked(out.tensors(), folder=str(tmp_path)) as spill:
         assert spill is not None
         before = _rss()
-        save_reference(str(tmp_path / "reference.pt"), out, None, spill.let_go)
+        save_reference(str(tmp_path / "reference.pt"), out, None)
         grew = _rss() - before
     assert grew < (16 << 20), f"the resident set grew by {grew >> 20} MiB"
     leaves, _ = load_reference(str(tmp_path / "reference.pt"))
@@ -85,7 +86,7 @@ def test_a_parked_tensor_reads_as_it_was_and_a_small_one_stays(tmp_path):
         assert spill is not None
         assert torch.equal(big, torch.arange(1 << 20, dtype=torch.float32))
         assert small.untyped_storage().nbytes() == 40
-        spill.let_go(big, 0, big.numel() * 4)  # read again from the file: the same
+        let_go(big, 0, big.numel() * 4)  # read again from the file: the same
         assert torch.equal(big, torch.arange(1 << 20, dtype=torch.float32))
     assert PAGE > 0
 

@@ -11,8 +11,9 @@ import textwrap
 import pytest
 import torch
 
+from gatekeeper.worker.filed import filesystem
 from gatekeeper.worker.placement import FileMaps
-from gatekeeper.worker.spill import _filesystem, spilled
+from gatekeeper.worker.spill import spilled
 
 # a tied Qwen2 whose 65,536-word embedding (128 MiB in fp32) is most of its weights: its
 # build allocates the LM head's own weight before post_init() ties it, as a stock
@@ -115,7 +116,7 @@ def test_a_spill_leaves_no_head_weight_in_the_file(tmp_path):
     assert all(torch.equal(p, want[n]) for n, p in m.named_parameters())
 
 
-@pytest.mark.skipif(_filesystem("/dev/shm") != "tmpfs", reason="no tmpfs at /dev/shm")
+@pytest.mark.skipif(filesystem("/dev/shm") != "tmpfs", reason="no tmpfs at /dev/shm")
 def test_weights_stay_where_the_scratch_is_memory():
     """A tmpfs file's pages are memory whatever maps them: spilling there would lower
     the resident set and nothing else, so the weights stay."""
