@@ -105,7 +105,7 @@ def _spill(tensors: list[torch.Tensor], folder: str | None) -> Spill:
         mapping = mmap.mmap(
             f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
         )
-    spilled = {}
+    spilled: dict[int, tuple[torch.Tensor, int]] = {}
     with torch.no_grad():
         for t, at in zip(tensors, offsets, strict=True):
             n = t.numel() * t.element_size()
