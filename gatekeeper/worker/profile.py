@@ -16,7 +16,7 @@ from typing import Any
 from .timing import sync
 
 TOP = 25  # operators kept per profile
-SESSION = 5  # calls profiled in one profiler session (profile_calls)
+SESSION = 2  # calls profiled in one profiler session (profile_calls)
 COMPILED_GRAPH = "inductor kernels (compiled graph)"
 _GRAPH_ROW = re.compile(r"^## Call CompiledFxGraph \S+ ##$")
 
@@ -36,7 +36,9 @@ def profile_calls(
     dropped, and the heap's free pages handed back before the next: the profiler's
     record of a call grows the resident set with the call's operators (about 10 MB a
     call of a 24-layer Qwen2-0.5B on CPU), and 20 calls in one session stood 0.2 GB
-    above the timed rounds, the highest point of that model's check (docs/scale.md)."""
+    above the timed rounds, the highest point of that model's check; five a session,
+    0.04 GiB, still its highest once its outputs and float64 logits lay in files
+    (docs/scale.md)."""
     from torch.profiler import ProfilerActivity, profile
 
     from .memory import give_back
@@ -61,10 +63,10 @@ def profile_calls(
             if self_us <= 0:
                 continue
             row = totals.setdefault(_name(e.key), [0.0, 0.0])
-            row[0] += self_us / calls
-            row[1] += e.count / calls
+            row[0] += self_us
+            row[1] += e.count
         del prof
         give_back()
     top = sorted(totals.items(), key=lambda kv: -kv[1][0])[:TOP]
-    ops = [{"name": k, "self_us": v[0], "count": v[1]} for k, v in top]
+    ops = [{"name": k, "self_us": v[0] / calls, "count": v[1] / calls} for k, v in top]
     return {"calls": calls, "device_time": cuda, "ops": ops}

@@ -30,7 +30,7 @@ def test_calls_are_profiled_a_session_at_a_time_and_summed_per_call(monkeypatch,
 
     trace = tmp_path / "trace.json"
     got = profile.profile_calls(call, "cpu", calls=12, trace=str(trace))
-    assert len(sessions) == 3 == -(-12 // profile.SESSION)
+    assert len(sessions) == -(-12 // profile.SESSION) > 1
     ops = {op["name"]: op for op in got["ops"]}
     assert got["calls"] == 12
     for name in ("aten::mm", "aten::add", "aten::relu"):
