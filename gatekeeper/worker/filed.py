@@ -92,3 +92,28 @@ def empty(
     flat = torch.frombuffer(mapping, dtype=torch.uint8, count=n)
     register(mapping, flat.data_ptr())
     return flat.view(dtype).view(shape)
+
+
+#: bytes copied into a file at a time by :func:`copy`
+_STEP = 8 << 20
+
+
+def copy(t: torch.Tensor, least: int = 1 << 20) -> torch.Tensor | None:
+    """``t``'s values in a new tensor over a file (:func:`empty`), written a chunk at a
+    time, each chunk's pages handed back once written; None where ``t`` is not a
+    contiguous CPU tensor of ``least`` bytes or more, or no file can be made."""
+    n = t.numel() * t.element_size()
+    if t.device.type != "cpu" or n < least or not t.is_contiguous():
+        return None
+    out = empty(tuple(t.shape), t.dtype)
+    if out is None:
+        return None
+    try:
+        src, dst = t.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
+    except RuntimeError:  # a dtype without a byte view
+        return None
+    for at in range(0, n, _STEP):
+        size = min(_STEP, n - at)
+        dst[at : at + size].copy_(src[at : at + size])
+        let_go(dst, at, size)
+    return out

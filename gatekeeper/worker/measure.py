@@ -37,7 +37,7 @@ from .placement import outgrows_cache, same_placement, share_identical
 from .plan import before_build, fits
 from .precision import autocast, check_precision, parity_tolerance, under_autocast
 from .recompiles import start_counting
-from .spill import parked, spilled
+from .spill import spilled
 from .task import fresh_frames, measure_calls
 from .tf32 import accuracy_settings, bakes_tf32
 from .timing import first_call
@@ -217,7 +217,7 @@ def _measured(
     with accuracy_settings(device, baked):
         out, compile_seconds = first_call(head.compiled, head.inputs, device, kind.first_step)
     head.traced_graphs()
-    cand = Outputs.of(out).cloned()
+    cand = Outputs.of(out).kept()  # in a file of the scratch where large (worker.filed)
     del out
     if kind.ahead_of_time:
         compile_seconds += prepared
@@ -239,7 +239,7 @@ def _measured(
     del base_out
     parity, later = _parity(head, eager, cand, vs_base, tol, baked)
     outputs = cand.summary()
-    _save_reference(req.reference_out, cand, later)
+    save_reference(req.reference_out, cand, later.value())
     del cand, later  # not held through the timed rounds (logits: vocabulary x tokens)
     give_back()  # what the compiles and the float64 reference freed
     start_counting()  # recompiles from here on: the measured calls
@@ -274,14 +274,6 @@ def _measured(
         deps=head.deps,
         quantization=quant.figures(head.model),
     )
-
-
-def _save_reference(path: str, cand: Outputs, later: Later) -> None:
-    """The reference file, the first call's outputs in a file (:func:`parked`) while
-    the float64 reference is computed and written beside them: a Qwen2-0.5B's logits
-    and their float64 twin are not resident at once (docs/scale.md)."""
-    with parked(cand.tensors()):
-        save_reference(path, cand, later.value())
 
 
 def _placed_again(first: _Side, second: _Side) -> None:
@@ -324,7 +316,7 @@ def _compile_base(kind: Builder, base: _Side, baked: bool) -> tuple[dict | None,
     with accuracy_settings(device, baked):
         first, seconds = first_call(base.compiled, base.inputs, device, f"base {kind.first_step}")
     base.traced_graphs()
-    out = Outputs.of(first).cloned()
+    out = Outputs.of(first).kept()
     del first
     base.call()
     eager = base.eager(device, req.precision)

@@ -70,6 +70,23 @@ class Outputs:
         overwrites the buffers it returned)."""
         return Outputs(self.structure, {k: _clone(v) for k, v in self.leaves.items()})
 
+    def kept(self) -> Outputs:
+        """:meth:`cloned`, each large CPU tensor copied into a file of the scratch
+        (:func:`gatekeeper.worker.filed.copy`) rather than the heap: parity reads it a
+        chunk at a time and the reference file is written from it, so the first call's
+        outputs are not resident beside eager's, the float64 reference's or the next
+        call's (a 152k-word vocabulary's logits over 128 tokens: 78 MB each)."""
+        from .filed import copy
+
+        def kept(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return v
+            t = plain_tensor(v).detach()
+            filed = copy(t)
+            return filed if filed is not None else t.clone()
+
+        return Outputs(self.structure, {k: kept(v) for k, v in self.leaves.items()})
+
     def to_cpu(self) -> Outputs:
         return Outputs(
             self.structure,

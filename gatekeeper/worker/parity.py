@@ -30,6 +30,7 @@ import torch
 from ..config import ParityTolerance
 from ..errors import first_line
 from .calls import Inputs, entry
+from .filed import let_go
 from .fp64 import COPY_LIMIT, Float64Kernels, in_float64, plain, weight_bytes
 from .memory import give_back
 from .outputs import Outputs, UnreadableOutput
@@ -209,10 +210,15 @@ class Later:
 
 
 def _chunks(*ts: torch.Tensor, dtype: torch.dtype = torch.float64) -> Iterator[list[torch.Tensor]]:
-    """Tensors of one shape, flattened, :data:`CHUNK` elements at a time, in ``dtype``."""
+    """Tensors of one shape, flattened, :data:`CHUNK` elements at a time, in ``dtype``;
+    the pages of a chunk of one that lies in a file of the scratch (the first call's
+    kept outputs, the float64 logits) handed back once it is used."""
     flat = [t.reshape(-1) for t in ts]
-    for i in range(0, flat[0].numel(), CHUNK):
+    n = flat[0].numel()
+    for i in range(0, n, CHUNK):
         yield [f[i : i + CHUNK].to(dtype) for f in flat]
+        for f in flat:
+            let_go(f, i * f.element_size(), min(CHUNK, n - i) * f.element_size())
 
 
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:

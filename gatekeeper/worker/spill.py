@@ -118,39 +118,6 @@ def _spill(tensors: list[torch.Tensor], folder: str | None) -> Spill:
 
 
 @contextmanager
-def parked(
-    tensors: list[torch.Tensor], least: int = 1 << 20, folder: str | None = None
-) -> Iterator[Spill | None]:
-    """While the block runs, each of ``tensors`` (a call's outputs, kept to be saved)
-    that is on the CPU, contiguous, owns its storage and takes ``least`` bytes or more
-    lies in a file in the temporary folder, its pages read back only as it is read
-    (:func:`gatekeeper.worker.filed.let_go` hands them back): the first call's
-    outputs are not held beside the float64 reference while it is computed and saved.
-    They stay in the file when the block ends (the mapping goes with the last of them).
-    None where nothing moved (nothing that large, a scratch in memory, a full disk).
-    ``folder``: the temporary folder unless given."""
-    folder = folder or tempfile.gettempdir()
-    movable = {
-        id(t): t
-        for t in tensors
-        if t.device.type == "cpu"
-        and t.is_contiguous()
-        and t.numel() * t.element_size() >= least
-        and owns_its_storage([t])
-    }
-    if not movable or not filed.on_disk(folder):
-        yield None
-        return
-    try:
-        spill = _spill(list(movable.values()), folder)
-    except OSError:  # no room: they stay where they are
-        yield None
-        return
-    give_back()  # their own memory, now freed
-    yield spill
-
-
-@contextmanager
 def spilled(
     model: object, cache: int | None = None, least: int = SPILL_FROM, folder: str | None = None
 ) -> Iterator[Spill | None]:

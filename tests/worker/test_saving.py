@@ -4,14 +4,14 @@ while it is written."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from gatekeeper.worker.filed import let_go
+from gatekeeper.worker.filed import let_go, on_disk
 from gatekeeper.worker.outputs import Outputs
 from gatekeeper.worker.parity import load_reference, save_reference
-from gatekeeper.worker.procmaps import PAGE
+from gatekeeper.worker.placement import FileMaps
 from gatekeeper.worker.saving import save
-from gatekeeper.worker.spill import parked
 
 
 def _rss() -> int:
@@ -56,39 +56,49 @@ def test_a_document_saved_by_chunks_loads_as_torch_saves_does(tmp_path):
     )
 
 
-def test_parked_outputs_are_not_all_resident_while_the_reference_is_written(tmp_path):
-    """A 64 MiB output parked in a file and saved: torch.save read every page of it
-    into the resident set at once (and they stayed while it was mapped); saved a chunk
-    at a time with the parked pages let go, the resident set grows by a few chunks at
-    most, and the file holds the same values."""
+def test_kept_outputs_are_not_all_resident_while_the_reference_is_written(tmp_path, monkeypatch):
+    """A first call's 64 MiB output kept (in a file of the scratch) and saved as the
+    reference: torch.save read every page of it into the resident set at once (and they
+    stayed while it was mapped); saved a chunk at a time with the file's pages handed
+    back, the resident set grows by a few chunks at most, and the file holds the same
+    values. Keeping it added a chunk, where a clone added all 64 MiB."""
+    import tempfile
+
+    if not on_disk(str(tmp_path)):
+        pytest.skip("the temporary folder is memory (tmpfs): nothing to hand back")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     n = 16 << 20  # float32: 64 MiB
     logits = torch.randn(n, generator=torch.Generator().manual_seed(1))
-    want = logits.clone()
-    out = Outputs({"output": "dict{logits}"}, {"output['logits']": logits})
-    del logits
-    with parked(out.tensors(), folder=str(tmp_path)) as spill:
-        assert spill is not None
-        before = _rss()
-        save_reference(str(tmp_path / "reference.pt"), out, None)
-        grew = _rss() - before
+    before = _rss()
+    out = Outputs({"output": "dict{logits}"}, {"output['logits']": logits}).kept()
+    kept = _rss() - before
+    assert kept < (16 << 20), f"keeping the outputs took {kept >> 20} MiB"
+    before = _rss()
+    save_reference(str(tmp_path / "reference.pt"), out, None)
+    grew = _rss() - before
     assert grew < (16 << 20), f"the resident set grew by {grew >> 20} MiB"
     leaves, _ = load_reference(str(tmp_path / "reference.pt"))
-    assert torch.equal(leaves.leaves["output['logits']"], want)
+    assert torch.equal(leaves.leaves["output['logits']"], logits)
 
 
-def test_a_parked_tensor_reads_as_it_was_and_a_small_one_stays(tmp_path):
-    """Parking moves a large contiguous tensor into the file (its values the same) and
-    leaves a small one, a view and a non-contiguous one where they are."""
+def test_a_kept_tensor_reads_as_it_was_and_a_small_one_is_a_clone(tmp_path, monkeypatch):
+    """Keeping copies a large contiguous tensor into a file (its values the same, also
+    once its pages are handed back and read again) and clones a small one and a
+    non-contiguous one."""
+    import tempfile
+
+    if not on_disk(str(tmp_path)):
+        pytest.skip("the temporary folder is memory (tmpfs)")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     big = torch.arange(1 << 20, dtype=torch.float32)
-    small = torch.arange(10.0)
-    view = big[: 1 << 19]
-    with parked([big, small, view], folder=str(tmp_path)) as spill:
-        assert spill is not None
-        assert torch.equal(big, torch.arange(1 << 20, dtype=torch.float32))
-        assert small.untyped_storage().nbytes() == 40
-        let_go(big, 0, big.numel() * 4)  # read again from the file: the same
-        assert torch.equal(big, torch.arange(1 << 20, dtype=torch.float32))
-    assert PAGE > 0
+    out = Outputs(None, {"big": big, "small": torch.arange(10.0), "t": big.view(1024, -1).t()})
+    kept = out.kept().leaves
+    assert FileMaps().place(kept["big"]) is not None  # a file's
+    assert FileMaps().place(kept["small"]) is None and FileMaps().place(kept["t"]) is None
+    assert all(torch.equal(kept[k], v) for k, v in out.leaves.items())
+    let_go(kept["big"], 0, big.numel() * 4)  # read again from the file: the same
+    assert torch.equal(kept["big"], big)
+    assert kept["small"].data_ptr() != out.leaves["small"].data_ptr()
 
 
 def test_a_reference_saved_by_chunks_is_a_whole_zip(tmp_path):
