@@ -18,6 +18,7 @@ read a chunk at a time and written into its headers (:func:`_fill_crcs`): the fi
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import zipfile
 import zlib
@@ -46,6 +47,8 @@ def save(path: str, doc: Any) -> None:
         return
     with skip():
         torch.save(doc, path)
+    with open(path, "r+b") as f:  # its blocks reserved: a full disk fails here, not as
+        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)  # a fault in a write
     shared = tree_leaves(_mapped_shared(path))
     try:
         for src, dst in zip(leaves, shared, strict=True):

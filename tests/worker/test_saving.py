@@ -111,3 +111,38 @@ def test_a_reference_saved_by_chunks_is_a_whole_zip(tmp_path):
     with zipfile.ZipFile(tmp_path / "r.pt") as z:
         assert z.testzip() is None
         assert any(i.filename.endswith("data/0") for i in z.infolist())
+
+
+def test_a_scratch_without_room_keeps_outputs_in_memory_and_the_save_fails_cleanly(tmp_path):
+    """Where no file of the outputs' size can be written (here: the process may write
+    4 MiB into any file, as on a full disk), a kept output is a clone in memory with
+    the same values, and a reference too large to write fails with torch's own error
+    (an exception the target reports, never a signal: its blocks are reserved before any
+    is written through a mapping, where a full disk would end the worker by SIGBUS)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import resource, signal, sys, tempfile, torch
+        tempfile.tempdir = sys.argv[1]
+        from gatekeeper.worker.outputs import Outputs
+        from gatekeeper.worker.placement import FileMaps
+        from gatekeeper.worker.saving import save
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+        big = torch.randn(2 << 20)  # 8 MiB
+        kept = Outputs(None, {"x": big}).kept().leaves["x"]
+        assert FileMaps().place(kept) is None and torch.equal(kept, big)
+        assert kept.data_ptr() != big.data_ptr()
+        try:
+            save(sys.argv[1] + "/r.pt", {"leaves": {"x": big}})
+        except (OSError, RuntimeError) as e:
+            print("refused", type(e).__name__)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.startswith("refused"), done.stderr
