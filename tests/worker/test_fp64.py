@@ -152,8 +152,8 @@ def test_a_large_output_layers_float64_logits_lie_in_a_file(tmp_path, monkeypatc
     features in): its float64 reference reads as the layer's product in float64, and
     computing and holding it adds less than its own 64 MiB to the resident set (it lies
     in a file of the scratch, each row handed back as it is written; what remains is
-    the blocks' cast weights and products, about 40 MiB); held in memory, as before, it
-    added the 64 MiB and the blocks, about 125 MiB."""
+    the blocks' cast weights and products, about 30 MiB); held in memory, as before, it
+    added the 64 MiB and the blocks, 89 MiB."""
     import tempfile
 
     import torch.nn.functional as F
