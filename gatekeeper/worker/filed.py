@@ -94,26 +94,34 @@ def empty(
     return flat.view(dtype).view(shape)
 
 
-#: bytes copied into a file at a time by :func:`copy`
+#: bytes copied into a file at a time by :func:`copy_into`
 _STEP = 8 << 20
 
 
 def copy(t: torch.Tensor, least: int = 1 << 20) -> torch.Tensor | None:
     """``t``'s values in a new tensor over a file (:func:`empty`), written a chunk at a
-    time, each chunk's pages handed back once written; None where ``t`` is not a
-    contiguous CPU tensor of ``least`` bytes or more, or no file can be made."""
+    time (:func:`copy_into`); None where ``t`` is not a contiguous CPU tensor of
+    ``least`` bytes or more, or no file can be made."""
     n = t.numel() * t.element_size()
     if t.device.type != "cpu" or n < least or not t.is_contiguous():
         return None
     out = empty(tuple(t.shape), t.dtype)
-    if out is None:
-        return None
+    return out if out is not None and copy_into(out, t) else None
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """``src``'s bytes into ``dst`` (both contiguous, of one size; ``dst`` over a file's
+    mapping) :data:`_STEP` at a time, each chunk's pages of ``dst`` handed back once
+    written and of ``src``, where it lies in a file mapped here, once read. False (and
+    nothing copied) for a dtype without a byte view."""
     try:
-        src, dst = t.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
-    except RuntimeError:  # a dtype without a byte view
-        return None
+        to, frm = dst.reshape(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8)
+    except RuntimeError:
+        return False
+    n = frm.numel()
     for at in range(0, n, _STEP):
         size = min(_STEP, n - at)
-        dst[at : at + size].copy_(src[at : at + size])
-        let_go(dst, at, size)
-    return out
+        to[at : at + size].copy_(frm[at : at + size])
+        release(to.data_ptr() + at, size)
+        let_go(frm, at, size)
+    return True

@@ -162,16 +162,16 @@ def _linear_by_blocks(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     x = x.to(torch.float64)
     rows = max(1, BLOCK // (w.shape[1] * 8))
     shape = (*x.shape[:-1], w.shape[0])
-    out = None
-    if x.device.type == "cpu" and math.prod(shape) * 8 >= FILED_FROM:
-        out = filed.empty(shape, torch.float64)
-    lines = None if out is None else out.view(-1, w.shape[0])
-    if out is None:
-        out = torch.empty(shape, dtype=torch.float64, device=x.device)
+    big = x.device.type == "cpu" and math.prod(shape) * 8 >= FILED_FROM
+    in_file = filed.empty(shape, torch.float64) if big else None
+    out = (
+        in_file if in_file is not None else torch.empty(shape, dtype=torch.float64, device=x.device)
+    )
+    lines = [] if in_file is None else list(in_file.view(-1, w.shape[0]))
     for i in range(0, w.shape[0], rows):
         part = None if b is None else b[i : i + rows].to(torch.float64)
         out[..., i : i + rows] = F.linear(x, w[i : i + rows].to(torch.float64), part)
-        for line in lines if lines is not None else ():
+        for line in lines:  # each token's row, as far as it is written
             filed.let_go(line, 0, min(i + rows, w.shape[0]) * 8)
     return out
 

@@ -7,10 +7,13 @@ forked child maps again)."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
 import os
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PAGEMAP = "/proc/self/pagemap"
@@ -73,16 +76,20 @@ def release(ptr: int, n: int) -> None:
     them, so a shared mapping's writes stay in the file and an unwritten private
     mapping reads the file's bytes again. Only ever for a file's mapping: anonymous
     memory would read zeros after it. Nothing where the C library has no ``madvise``."""
-    import ctypes
-    import mmap
-
     lo = (ptr + PAGE - 1) // PAGE * PAGE
     hi = (ptr + n) // PAGE * PAGE
-    if hi <= lo:
-        return
+    madvise = _madvise()
+    if hi > lo and madvise is not None:
+        madvise(lo, hi - lo, mmap.MADV_DONTNEED)
+
+
+@functools.cache
+def _madvise() -> Any:
+    """The C library's ``madvise``, looked up once (a check calls :func:`release` for
+    each chunk it compares and each block of float64 logits it writes); None without."""
     try:
         madvise = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
-        return
+        return None
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise(lo, hi - lo, mmap.MADV_DONTNEED)
+    return madvise

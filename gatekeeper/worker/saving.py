@@ -1,14 +1,14 @@
 """``torch.save`` of a document whose large tensors need not all be resident at once.
 
 ``torch.save`` reads every storage whole, and a tensor over a file's mapping (a call's
-outputs parked in the worker's scratch, :func:`gatekeeper.worker.spill.parked`) then
-has all its pages in the resident set at once: the reference file of a Qwen2-0.5B check
+outputs kept in the worker's scratch, :meth:`gatekeeper.worker.outputs.Outputs.kept`)
+then has all its pages in the resident set at once: the reference file of a Qwen2-0.5B check
 (its logits and their float64 twin, 0.22 GiB) stood on top of the weights while it was
 written. :func:`save` writes the document without its storages' bytes
 (``torch.serialization.skip_data``), maps the file shared, and copies each tensor into
-its place :data:`CHUNK` bytes at a time, each chunk's pages of the file let go once
-written, and of the source, where it lies in a file of the scratch, once read
-(:func:`gatekeeper.worker.filed.let_go`). Then each
+its place a chunk at a time, each chunk's pages of the file let go once written, and
+of the source, where it lies in a file of the scratch, once read
+(:func:`gatekeeper.worker.filed.copy_into`). Then each
 data record's CRC-32, which ``skip_data`` leaves unset, is computed from the file as
 read a chunk at a time and written into its headers (:func:`_fill_crcs`): the file is
 ``torch.save``'s, record for record, a zip that ``unzip -t`` passes. Where torch has no
@@ -27,10 +27,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .filed import let_go
-from .procmaps import release
+from .filed import copy_into
 
-#: bytes copied at a time
+#: bytes read at a time to compute a record's CRC-32
 CHUNK = 8 << 20
 #: a document with no tensor this large is written by ``torch.save`` as it is
 LARGE = 1 << 20
@@ -100,17 +99,6 @@ def _mapped_shared(path: str) -> Any:
 
 def _fill(dst: torch.Tensor, src: torch.Tensor) -> None:
     src = src.detach()
-    n = src.numel() * src.element_size()
-    if n < LARGE or not (src.is_contiguous() and dst.is_contiguous()):
+    large = src.numel() * src.element_size() >= LARGE
+    if not (large and src.is_contiguous() and dst.is_contiguous() and copy_into(dst, src)):
         dst.copy_(src)
-        return
-    try:
-        to, frm = dst.reshape(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8)
-    except RuntimeError:  # a dtype without a byte view
-        dst.copy_(src)
-        return
-    for at in range(0, n, CHUNK):
-        size = min(CHUNK, n - at)
-        to[at : at + size].copy_(frm[at : at + size])
-        release(to.data_ptr() + at, size)
-        let_go(src, at, size)
